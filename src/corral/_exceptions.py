@@ -1,0 +1,130 @@
+"""Corral's one exception tree.
+
+Every error Corral raises on purpose is a `CorralError`; nothing else escapes the public API except
+programming errors (`TypeError`, `ValueError` for misuse of Python types).
+
+```
+CorralError                      code             meaning
+ ├── InvalidRequestError         invalid_request  bad input: paths, limits, specs. Nothing was changed.
+ ├── NotFoundError               not_found        no such sandbox, template, process or file
+ ├── ConflictError               conflict         the target is in the wrong state (paused, exists, not empty)
+ ├── AuthenticationError         unauthenticated  missing or wrong credentials (API key, agent token)
+ ├── PermissionDeniedError       permission_denied the caller may not do this (role, file mode)
+ ├── QuotaExceededError          quota_exceeded   a quota or capacity limit refused the request
+ │    └── DiskFullError          disk_full        the sandbox's disk quota is full (ENOSPC inside it)
+ ├── SandboxTimeoutError         sandbox_timeout  the sandbox reached its timeout (TTL) and was destroyed
+ └── ServerError                 server_error     Corral itself failed; the message says what and why
+      ├── RuntimeUnavailableError runtime_unavailable  fail closed: runtime, namespaces, cgroups or
+      │                                            overlayfs missing; nothing ran unsandboxed
+      ├── AgentError             agent_error      the in-sandbox agent is unreachable or broke protocol
+      └── TemplateBuildError     template_build_failed building or importing a template failed
+```
+
+Each class has a stable `code`. Codes cross every wire (agent protocol, HTTP API) and are turned back into
+classes by `error_from_code`, the one table that maps them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+__all__ = [
+    "AgentError",
+    "AuthenticationError",
+    "ConflictError",
+    "CorralError",
+    "DiskFullError",
+    "InvalidRequestError",
+    "NotFoundError",
+    "PermissionDeniedError",
+    "QuotaExceededError",
+    "RuntimeUnavailableError",
+    "SandboxTimeoutError",
+    "ServerError",
+    "TemplateBuildError",
+    "error_from_code",
+]
+
+
+class CorralError(Exception):
+    """Root of every error Corral raises on purpose."""
+
+    code: ClassVar[str] = "error"
+
+    def __init__(self, message: str, *, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details: dict[str, Any] = details or {}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The wire form: `{"code", "message", "details"}`."""
+        return {"code": self.code, "message": self.message, "details": self.details}
+
+
+class InvalidRequestError(CorralError):
+    code = "invalid_request"
+
+
+class NotFoundError(CorralError):
+    code = "not_found"
+
+
+class ConflictError(CorralError):
+    code = "conflict"
+
+
+class AuthenticationError(CorralError):
+    code = "unauthenticated"
+
+
+class PermissionDeniedError(CorralError):
+    code = "permission_denied"
+
+
+class QuotaExceededError(CorralError):
+    code = "quota_exceeded"
+
+
+class DiskFullError(QuotaExceededError):
+    code = "disk_full"
+
+
+class SandboxTimeoutError(CorralError):
+    code = "sandbox_timeout"
+
+
+class ServerError(CorralError):
+    code = "server_error"
+
+
+class RuntimeUnavailableError(ServerError):
+    code = "runtime_unavailable"
+
+
+class AgentError(ServerError):
+    code = "agent_error"
+
+
+class TemplateBuildError(ServerError):
+    code = "template_build_failed"
+
+
+def _all_subclasses(cls: type[CorralError]) -> list[type[CorralError]]:
+    found = [cls]
+    for sub in cls.__subclasses__():
+        found.extend(_all_subclasses(sub))
+    return found
+
+
+_BY_CODE: dict[str, type[CorralError]] = {c.code: c for c in _all_subclasses(CorralError)}
+
+
+def error_from_code(code: str, message: str, details: dict[str, Any] | None = None) -> CorralError:
+    """Rebuild an error that crossed a wire; an unknown code becomes a `ServerError` that keeps it."""
+    cls = _BY_CODE.get(code)
+    if cls is None:
+        return ServerError(f"{message} (unknown error code {code!r})", details=details)
+    return cls(message, details=details)
