@@ -1,0 +1,65 @@
+"""A blocking, thread-safe framed channel over one accepted Unix socket (the agent's side)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from typing import Any
+
+from . import protocol
+
+
+class Closed(Exception):
+    """The host went away."""
+
+
+class Channel:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._send_lock = threading.Lock()
+
+    def _recv_exact(self, n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = self.sock.recv(min(n - len(buf), 1024 * 1024))
+            if not chunk:
+                raise Closed
+            buf += chunk
+        return bytes(buf)
+
+    def recv(self) -> tuple[int, bytes]:
+        try:
+            kind, length = protocol.parse_header(self._recv_exact(protocol.HEADER.size))
+            return kind, self._recv_exact(length) if length else b""
+        except OSError as exc:
+            raise Closed from exc
+
+    def recv_json(self, expected: int) -> dict[str, Any]:
+        kind, payload = self.recv()
+        if kind != expected:
+            raise protocol.ProtocolError(f"expected frame kind {expected}, got {kind}")
+        return protocol.decode_json(payload)
+
+    def send(self, kind: int, payload: bytes = b"") -> None:
+        frames = [protocol.encode(kind, payload[i : i + protocol.CHUNK])
+                  for i in range(0, max(len(payload), 1), protocol.CHUNK)]
+        try:
+            with self._send_lock:
+                for frame in frames:
+                    self.sock.sendall(frame)
+        except OSError as exc:
+            raise Closed from exc
+
+    def send_json(self, kind: int, obj: dict[str, Any]) -> None:
+        frame = protocol.encode_json(kind, obj)
+        try:
+            with self._send_lock:
+                self.sock.sendall(frame)
+        except OSError as exc:
+            raise Closed from exc
+
+    def event(self, **fields: Any) -> None:
+        self.send_json(protocol.EVENT, fields)
+
+    def error(self, code: str, message: str, **details: Any) -> None:
+        self.send_json(protocol.ERROR, {"code": code, "message": message, "details": details})

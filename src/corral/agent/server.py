@@ -1,0 +1,206 @@
+"""Accept connections, check the token, run one operation per connection."""
+
+from __future__ import annotations
+
+import hmac
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+from . import files, protocol
+from .channel import Channel, Closed
+from .processes import Process, ProcessError, ProcessTable
+
+STARTED = time.time()
+
+
+class Agent:
+    def __init__(self, token: str) -> None:
+        self.token = token.encode()
+        self.table = ProcessTable()
+
+    def handle(self, sock: socket.socket) -> None:
+        ch = Channel(sock)
+        try:
+            req = ch.recv_json(protocol.REQUEST)
+            token = req.pop("token", "")
+            if not isinstance(token, str) or not hmac.compare_digest(token.encode(), self.token):
+                ch.error("unauthenticated", "the agent token is missing or wrong")
+                return
+            self.dispatch(ch, req)
+        except (files.FileError, ProcessError) as exc:
+            _send_error(ch, exc.code, exc.message)
+        except protocol.ProtocolError as exc:
+            _send_error(ch, "invalid_request", f"protocol error: {exc}")
+        except Closed:
+            pass
+        except Exception as exc:  # the agent must outlive any one request
+            _send_error(ch, "server_error", f"agent failure: {type(exc).__name__}: {exc}")
+        finally:
+            sock.close()
+
+    def dispatch(self, ch: Channel, req: dict[str, Any]) -> None:
+        op = req.get("op")
+        if op in files.OPS:
+            files.OPS[op](ch, req)
+        elif op == "ping":
+            ch.event(event="pong", version=protocol.VERSION, uptime=time.time() - STARTED,
+                     python=sys.version.split()[0])
+        elif op == "exec":
+            self.op_exec(ch, req)
+        elif op == "ps":
+            ch.event(event="done", processes=self.table.list())
+        elif op == "kill":
+            proc = self.table.get(req.get("id"))
+            sig = int(req.get("signal") or signal.SIGKILL)
+            if sig == signal.SIGKILL:
+                proc.kill_tree()
+            else:
+                proc.signal(sig)
+            ch.event(event="done")
+        elif op == "stdin":
+            self.op_stdin(ch, req)
+        elif op == "wait":
+            self.op_wait(ch, req)
+        elif op == "attach":
+            self.op_attach(ch, req)
+        else:
+            raise ProcessError("invalid_request", f"unknown operation {op!r}")
+
+    # -- processes -----------------------------------------------------------------------------
+
+    def op_exec(self, ch: Channel, req: dict[str, Any]) -> None:
+        background = bool(req.get("background"))
+
+        def live(stream: str, data: bytes) -> None:
+            try:
+                ch.send(protocol.STDOUT if stream == "stdout" else protocol.STDERR, data)
+            except Closed:
+                pass
+
+        proc = self.table.spawn(req)
+        if not background:
+            with proc.lock:
+                proc.sinks.append(live)
+        ch.event(event="started", id=proc.id, pid=proc.pid)
+        if background:
+            return
+        reader = threading.Thread(target=self._pump_input, args=(ch, proc), daemon=True)
+        reader.start()
+        proc.done.wait()
+        _send_kept(ch, proc)
+        ch.send_json(protocol.EVENT, proc.result())
+
+    def _pump_input(self, ch: Channel, proc: Process) -> None:
+        """Host -> process: stdin, EOF, resize, signals. A vanished host kills a foreground tree."""
+        try:
+            while not proc.done.is_set():
+                kind, payload = ch.recv()
+                if kind == protocol.STDIN:
+                    proc.write_stdin(payload)
+                elif kind == protocol.STDIN_EOF:
+                    proc.close_stdin()
+                elif kind == protocol.CONTROL:
+                    _control(proc, protocol.decode_json(payload))
+        except (Closed, protocol.ProtocolError, ProcessError, OSError):
+            if not proc.done.is_set() and not proc.background:
+                proc.kill_tree()
+
+    def op_stdin(self, ch: Channel, req: dict[str, Any]) -> None:
+        proc = self.table.get(req.get("id"))
+        ch.event(event="ready")
+        while True:
+            kind, payload = ch.recv()
+            if kind == protocol.STDIN:
+                proc.write_stdin(payload)
+            elif kind == protocol.STDIN_EOF:
+                proc.close_stdin()
+                break
+            elif kind == protocol.DATA_END:
+                break
+        ch.event(event="done")
+
+    def op_wait(self, ch: Channel, req: dict[str, Any]) -> None:
+        proc = self.table.get(req.get("id"))
+        timeout = req.get("timeout")
+        if not proc.done.wait(None if timeout is None else float(timeout)):
+            ch.event(event="running", id=proc.id)
+            return
+        if req.get("output", True):
+            _send_all_kept(ch, proc)
+        ch.send_json(protocol.EVENT, proc.result())
+
+    def op_attach(self, ch: Channel, req: dict[str, Any]) -> None:
+        """Replay what is kept, then follow every new byte live until the process ends."""
+        proc = self.table.get(req.get("id"))
+
+        def follow(stream: str, data: bytes) -> None:
+            try:
+                ch.send(protocol.STDOUT if stream == "stdout" else protocol.STDERR, data)
+            except Closed:
+                pass
+
+        with proc.lock:
+            _send_all_kept(ch, proc)
+            proc.follow.append(follow)
+        try:
+            proc.done.wait()
+            ch.send_json(protocol.EVENT, proc.result())
+        finally:
+            with proc.lock:
+                proc.follow.remove(follow)
+
+
+def _control(proc: Process, msg: dict[str, Any]) -> None:
+    if "resize" in msg:
+        rows, cols = msg["resize"]
+        proc.resize(int(rows), int(cols))
+    if "signal" in msg:
+        proc.signal(int(msg["signal"]))
+    if msg.get("kill"):
+        proc.kill_tree()
+
+
+def _send_kept(ch: Channel, proc: Process) -> None:
+    """After a foreground run: what the live stream could not carry (past the head) is the kept tail."""
+    for name, buf, kind in (("stdout", proc.stdout, protocol.STDOUT), ("stderr", proc.stderr, protocol.STDERR)):
+        if buf.tail_len:
+            ch.event(event="tail", stream=name, omitted=buf.omitted)
+            ch.send(kind, buf.tail_bytes())
+
+
+def _send_all_kept(ch: Channel, proc: Process) -> None:
+    for name, buf, kind in (("stdout", proc.stdout, protocol.STDOUT), ("stderr", proc.stderr, protocol.STDERR)):
+        if buf.head:
+            ch.send(kind, bytes(buf.head))
+        if buf.tail_len:
+            ch.event(event="tail", stream=name, omitted=buf.omitted)
+            ch.send(kind, buf.tail_bytes())
+
+
+def _send_error(ch: Channel, code: str, message: str) -> None:
+    try:
+        ch.error(code, message)
+    except Closed:
+        pass
+
+
+def serve(listener: socket.socket, token: str) -> None:
+    agent = Agent(token)
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except InterruptedError:
+            continue
+        except OSError:
+            time.sleep(0.01)  # e.g. EMFILE under the open-files limit: back off, never die
+            continue
+        threading.Thread(target=agent.handle, args=(conn,), daemon=True).start()
+
+
+__all__ = ["Agent", "serve"]
+_ = os

@@ -1,0 +1,42 @@
+"""The backend contract: where a sandbox's isolation comes from.
+
+A backend turns a `SandboxSpec` and a template into a running, isolated sandbox whose agent can be reached,
+and takes it down again. Everything that happens *inside* a sandbox (exec, files, code) goes through the
+agent protocol and is the same for every backend; a backend only owns the lifecycle.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from ..engine._agent_client import AgentClient
+from ..engine._models import SandboxSpec
+from ..templates._store import Template
+
+Record = dict[str, Any]  # what a backend needs to find a sandbox again after a restart; JSON-serialisable
+
+
+class Backend(Protocol):
+    name: str
+
+    def check(self) -> None:
+        """Raise `RuntimeUnavailableError` naming whatever isolation needs and is missing."""
+
+    async def create(self, sandbox_id: str, spec: SandboxSpec, template: Template) -> Record: ...
+
+    def agent(self, record: Record) -> AgentClient: ...
+
+    async def pause(self, record: Record) -> None: ...
+
+    async def resume(self, record: Record) -> None: ...
+
+    async def destroy(self, record: Record) -> None:
+        """Stop the sandbox and remove every trace of it (processes, mounts, cgroups, runtime state)."""
+
+    async def alive(self, record: Record) -> bool: ...
+
+    def oom_kills(self, record: Record) -> int:
+        """How many processes the OOM killer has killed in the sandbox so far."""
+
+    async def sweep(self, known: set[str]) -> list[str]:
+        """Remove leftovers of sandboxes not in `known` (half-created, crashed); return their ids."""

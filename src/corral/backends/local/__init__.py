@@ -1,0 +1,5 @@
+"""The local backend: sandboxes as OCI bundles run by runc or runsc on this host."""
+
+from ._backend import LocalBackend
+
+__all__ = ["LocalBackend"]

@@ -1,0 +1,121 @@
+"""The OCI runtime-spec `config.json` of a sandbox: every hardening item of DESIGN.md in one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ...engine._models import Limits
+from ._seccomp import seccomp_profile
+
+SANDBOX_UID = 1000
+SANDBOX_GID = 1000
+ID_RANGE = 65536  # container ids 0..65535 map to one host range per sandbox
+AGENT_DIR = "/.corral/agent"
+CPU_PERIOD = 100_000
+
+# Paths under /proc and /sys that leak host information or offer kernel knobs.
+MASKED_PATHS = [
+    "/proc/acpi", "/proc/asound", "/proc/interrupts", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+    "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/proc/sysrq-trigger",
+    "/sys/firmware", "/sys/devices/virtual/powercap", "/sys/kernel/debug", "/sys/kernel/security",
+]
+READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys"]
+
+
+@dataclass(frozen=True)
+class BundleParams:
+    sandbox_id: str
+    rootfs: Path
+    agent_source: Path  # the host directory of the agent package, bind-mounted read-only
+    host_uid_base: int
+    limits: Limits
+    token: str
+    cgroups_path: str
+    swap_limit: bool  # whether the kernel accounts swap (cgroup v1 memsw / v2 memory.swap.max)
+    hostname: str = "sandbox"
+    agent_listen: str | None = None  # for runtimes that cannot inherit a socket: a path to bind instead
+
+
+def build_config(p: BundleParams) -> dict[str, Any]:
+    env = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8",
+           f"CORRAL_AGENT_TOKEN={p.token}"]
+    if p.agent_listen:
+        env.append(f"CORRAL_AGENT_LISTEN={p.agent_listen}")
+    return {
+        "ociVersion": "1.0.2",
+        "hostname": p.hostname,
+        "root": {"path": str(p.rootfs), "readonly": False},
+        "process": _process(p, env),
+        "mounts": _mounts(p),
+        "linux": _linux(p),
+    }
+
+
+def _process(p: BundleParams, env: list[str]) -> dict[str, Any]:
+    return {
+        "terminal": False,
+        "user": {"uid": SANDBOX_UID, "gid": SANDBOX_GID, "additionalGids": []},
+        "args": ["/usr/bin/python3", "-S", "-B", "-m", "agent"],
+        "env": env,
+        "cwd": "/.corral",
+        "capabilities": {k: [] for k in ("bounding", "effective", "inheritable", "permitted", "ambient")},
+        "rlimits": [
+            {"type": "RLIMIT_NOFILE", "hard": p.limits.open_files, "soft": p.limits.open_files},
+            {"type": "RLIMIT_CORE", "hard": 0, "soft": 0},
+        ],
+        "noNewPrivileges": True,
+        # No oomScoreAdj for the agent: lowering it needs CAP_SYS_RESOURCE, which many hosts (and user
+        # namespaces) lack. Instead the agent's children raise their own score (see agent/processes.py).
+    }
+
+
+def _mounts(p: BundleParams) -> list[dict[str, Any]]:
+    lim = p.limits
+    return [
+        {"destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"]},
+        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+         "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+        {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
+         "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]},
+        {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+         "options": ["nosuid", "noexec", "nodev", "mode=1777", f"size={lim.shm}"]},
+        {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue",
+         "options": ["nosuid", "noexec", "nodev"]},
+        {"destination": "/sys", "type": "sysfs", "source": "sysfs",
+         "options": ["nosuid", "noexec", "nodev", "ro"]},
+        {"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
+         "options": ["nosuid", "noexec", "nodev", "relatime", "ro"]},
+        {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
+         "options": ["nosuid", "nodev", "mode=1777", f"size={lim.tmp}"]},
+        {"destination": AGENT_DIR, "type": "bind", "source": str(p.agent_source),
+         "options": ["rbind", "ro", "nosuid", "nodev"]},
+    ]
+
+
+def _linux(p: BundleParams) -> dict[str, Any]:
+    mapping = [{"containerID": 0, "hostID": p.host_uid_base, "size": ID_RANGE}]
+    return {
+        "uidMappings": mapping,
+        "gidMappings": mapping,
+        "namespaces": [{"type": t} for t in ("pid", "ipc", "uts", "mount", "network", "user", "cgroup")],
+        "cgroupsPath": p.cgroups_path,
+        "resources": _resources(p),
+        "seccomp": seccomp_profile(),
+        "maskedPaths": MASKED_PATHS,
+        "readonlyPaths": READONLY_PATHS,
+    }
+
+
+def _resources(p: BundleParams) -> dict[str, Any]:
+    lim = p.limits
+    memory: dict[str, Any] = {"limit": lim.memory}
+    if p.swap_limit:
+        memory["swap"] = lim.memory  # memory+swap == memory: no swap at all
+    return {
+        "devices": [{"allow": False, "access": "rwm"}],
+        "memory": memory,
+        "cpu": {"quota": max(1000, int(lim.cpus * CPU_PERIOD)), "period": CPU_PERIOD},
+        "pids": {"limit": lim.pids},
+    }

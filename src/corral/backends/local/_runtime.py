@@ -1,0 +1,116 @@
+"""The OCI runtime CLI (runc, or runsc for gVisor): the boundary where its failures become Corral errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..._exceptions import RuntimeUnavailableError, ServerError
+from ._system import run
+
+AGENT_FD = 3
+
+INSTALL_HINT = {
+    "runc": "apt-get install runc",
+    "runsc": "apt-get install runsc (gVisor)",
+}
+
+
+@dataclass(frozen=True)
+class OCIRuntime:
+    name: str  # "runc" | "runsc"
+    state_root: Path
+
+    @property
+    def binary(self) -> str:
+        path = shutil.which(self.name)
+        if path is None:
+            raise RuntimeUnavailableError(
+                f"the OCI runtime {self.name!r} is not installed; install it with `{INSTALL_HINT[self.name]}`")
+        return path
+
+    def _base(self) -> list[str]:
+        argv = [self.binary, "--root", str(self.state_root)]
+        if self.name == "runsc":
+            # The KVM platform hangs on many hosts; ptrace works everywhere gVisor does.
+            argv += ["--platform=ptrace", "--network=sandbox"]
+        return argv
+
+    async def start(self, container_id: str, bundle: Path, *, listen_fd: int | None, log: Path,
+                    timeout: float = 60.0) -> None:
+        """`run --detach`: returns once the container's PID 1 (the agent) is running."""
+        self.state_root.mkdir(parents=True, exist_ok=True)
+        argv = [*self._base(), "run", "--detach", "--bundle", str(bundle), "--pid-file", str(bundle / "pid")]
+        if listen_fd is not None:
+            argv += ["--preserve-fds", "1"]
+        argv.append(container_id)
+        with open(log, "ab") as logf:
+            # With --detach the runtime hands its own stdio to the container: a file, never a pipe we wait on.
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=logf, stderr=logf,
+                pass_fds=(AGENT_FD,) if listen_fd is not None else (),
+                preexec_fn=_dup_to_agent_fd(listen_fd) if listen_fd is not None else None,
+            )
+        try:
+            code = await asyncio.wait_for(proc.wait(), timeout)
+        except TimeoutError as exc:
+            proc.kill()
+            await proc.wait()
+            raise ServerError(f"{self.name} did not start sandbox {container_id} within {timeout:.0f}s") from exc
+        if code != 0:
+            detail = _tail(log)
+            raise ServerError(f"{self.name} failed to start sandbox {container_id} (exit {code}): {detail}")
+
+    async def state(self, container_id: str) -> dict[str, Any] | None:
+        code, out = await run([*self._base(), "state", container_id], what="reading sandbox state", check=False)
+        if code != 0:
+            return None
+        try:
+            state: dict[str, Any] = json.loads(out)
+        except ValueError:
+            return None
+        return state
+
+    async def list(self) -> list[dict[str, Any]]:
+        if not self.state_root.exists():
+            return []
+        code, out = await run([*self._base(), "list", "--format", "json"], what="listing sandboxes", check=False)
+        if code != 0 or not out.strip() or out.strip() == "null":
+            return []
+        try:
+            items: list[dict[str, Any]] = json.loads(out)
+        except ValueError:
+            return []
+        return items
+
+    async def kill(self, container_id: str, signal: str = "KILL") -> None:
+        await run([*self._base(), "kill", container_id, signal], what="killing a sandbox", check=False)
+
+    async def delete(self, container_id: str) -> None:
+        await run([*self._base(), "delete", "--force", container_id], what="deleting a sandbox", check=False,
+                  timeout=30)
+
+    async def pause(self, container_id: str) -> None:
+        await run([*self._base(), "pause", container_id], what="pausing a sandbox")
+
+    async def resume(self, container_id: str) -> None:
+        await run([*self._base(), "resume", container_id], what="resuming a sandbox")
+
+
+def _dup_to_agent_fd(fd: int) -> Any:
+    def setup() -> None:  # runs in the child before exec: the runtime passes fds 3.. to the container
+        os.dup2(fd, AGENT_FD)
+
+    return setup
+
+
+def _tail(log: Path, limit: int = 2000) -> str:
+    try:
+        return log.read_text(errors="replace")[-limit:].strip() or "(no output)"
+    except OSError:
+        return "(no log)"

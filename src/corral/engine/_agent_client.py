@@ -1,0 +1,390 @@
+"""The host side of the agent protocol: one asyncio connection per operation.
+
+Foreign errors (OSError, asyncio.IncompleteReadError, protocol violations) are mapped to `AgentError` here, at
+the boundary; errors the agent reports come back through `error_from_code`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
+from typing import IO, Any
+
+from .._exceptions import AgentError, CorralError, error_from_code
+from ..agent import protocol
+from ._models import Entry, ExecResult, OutputCollector, ProcessInfo
+
+OutputCallback = Callable[[bytes], Awaitable[None] | None]
+Source = bytes | bytearray | memoryview | str | IO[bytes] | AsyncIterable[bytes] | Iterable[bytes]
+
+
+class _Conn:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, label: str) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.label = label
+
+    async def send(self, kind: int, payload: bytes = b"") -> None:
+        for i in range(0, max(len(payload), 1), protocol.CHUNK):
+            self.writer.write(protocol.encode(kind, payload[i : i + protocol.CHUNK]))
+        await self.writer.drain()
+
+    async def send_json(self, kind: int, obj: dict[str, Any]) -> None:
+        self.writer.write(protocol.encode_json(kind, obj))
+        await self.writer.drain()
+
+    async def recv(self) -> tuple[int, bytes]:
+        header = await self.reader.readexactly(protocol.HEADER.size)
+        kind, length = protocol.parse_header(header)
+        payload = await self.reader.readexactly(length) if length else b""
+        if kind == protocol.ERROR:
+            err = protocol.decode_json(payload)
+            raise error_from_code(str(err.get("code")), str(err.get("message")), err.get("details"))
+        return kind, payload
+
+    async def event(self) -> dict[str, Any]:
+        kind, payload = await self.recv()
+        if kind != protocol.EVENT:
+            raise protocol.ProtocolError(f"expected an event frame, got kind {kind}")
+        return protocol.decode_json(payload)
+
+    async def close(self) -> None:
+        self.writer.close()
+        with contextlib.suppress(OSError, asyncio.CancelledError):
+            await self.writer.wait_closed()
+
+
+class AgentClient:
+    """Talks to one sandbox's agent over its Unix socket."""
+
+    def __init__(self, socket_path: str | os.PathLike[str], token: str, *, label: str = "sandbox") -> None:
+        self.socket_path = os.fspath(socket_path)
+        self.token = token
+        self.label = label
+
+    @contextlib.asynccontextmanager
+    async def _op(self, op: str, **args: Any) -> AsyncIterator[_Conn]:
+        try:
+            reader, writer = await asyncio.open_unix_connection(self.socket_path, limit=2 * protocol.MAX_FRAME)
+        except OSError as exc:
+            raise AgentError(f"the agent of {self.label} is unreachable ({exc.strerror or exc}); "
+                             "the sandbox may have stopped") from exc
+        conn = _Conn(reader, writer, self.label)
+        try:
+            await conn.send_json(protocol.REQUEST, {"op": op, "token": self.token, **args})
+            yield conn
+        except CorralError:
+            raise
+        except asyncio.IncompleteReadError as exc:
+            raise AgentError(f"the agent of {self.label} closed the connection during {op!r}; "
+                             "the sandbox may have been killed or run out of memory") from exc
+        except (OSError, protocol.ProtocolError) as exc:
+            raise AgentError(f"talking to the agent of {self.label} failed during {op!r}: {exc}") from exc
+        finally:
+            await conn.close()
+
+    async def _simple(self, op: str, **args: Any) -> dict[str, Any]:
+        async with self._op(op, **args) as conn:
+            return await conn.event()
+
+    # -- health ------------------------------------------------------------------------------------
+
+    async def ping(self) -> dict[str, Any]:
+        return await self._simple("ping")
+
+    # -- processes -------------------------------------------------------------------------------
+
+    async def exec(
+        self,
+        cmd: str | list[str],
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        stdin: Source | None = None,
+        timeout: float | None = None,
+        max_output: int | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        on_start: Callable[[str, int], None] | None = None,
+    ) -> ExecResult:
+        args = {"cmd": cmd, "cwd": cwd, "env": env, "timeout": timeout, "max_output": max_output,
+                "stdin": stdin is not None}
+        async with self._op("exec", **args) as conn:
+            started = await conn.event()
+            if on_start is not None:
+                on_start(str(started["id"]), int(started["pid"]))
+            feeder = None
+            if stdin is not None:
+                feeder = asyncio.create_task(_feed_stdin(conn, stdin))
+            try:
+                return await _collect(conn, on_stdout, on_stderr)
+            finally:
+                if feeder is not None:
+                    feeder.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, OSError, CorralError):
+                        await feeder
+
+    async def start(self, cmd: str | list[str], *, cwd: str | None = None, env: dict[str, str] | None = None,
+                    timeout: float | None = None, max_output: int | None = None,
+                    stdin: bool = False) -> ProcessInfo:
+        args = {"cmd": cmd, "cwd": cwd, "env": env, "timeout": timeout, "max_output": max_output,
+                "stdin": stdin, "background": True}
+        async with self._op("exec", **args) as conn:
+            ev = await conn.event()
+        argv = cmd if isinstance(cmd, list) else ["/bin/bash", "-lc", cmd]
+        return ProcessInfo(id=str(ev["id"]), pid=int(ev["pid"]), argv=argv, running=True)
+
+    async def ps(self) -> list[ProcessInfo]:
+        ev = await self._simple("ps")
+        return [_process_info(p) for p in ev["processes"]]
+
+    async def kill(self, process_id: str, signal: int | None = None) -> None:
+        await self._simple("kill", id=process_id, signal=signal)
+
+    async def send_stdin(self, process_id: str, data: bytes, *, eof: bool = False) -> None:
+        async with self._op("stdin", id=process_id) as conn:
+            await conn.event()
+            if data:
+                await conn.send(protocol.STDIN, data)
+            await conn.send(protocol.STDIN_EOF if eof else protocol.DATA_END)
+            await conn.event()
+
+    async def wait(self, process_id: str, timeout: float | None = None) -> ExecResult | None:
+        """The result with the kept output, or None if still running after `timeout` seconds."""
+        async with self._op("wait", id=process_id, timeout=timeout) as conn:
+            return await _collect(conn, None, None, allow_running=True)
+
+    async def attach(self, process_id: str, on_stdout: OutputCallback | None = None,
+                     on_stderr: OutputCallback | None = None) -> ExecResult:
+        async with self._op("attach", id=process_id) as conn:
+            result = await _collect(conn, on_stdout, on_stderr)
+            assert result is not None
+            return result
+
+    async def pty(self, cmd: str | list[str], *, rows: int = 24, cols: int = 80, cwd: str | None = None,
+                  env: dict[str, str] | None = None, timeout: float | None = None) -> PtySession:
+        cm = self._op("exec", cmd=cmd, cwd=cwd, env=env, timeout=timeout, pty={"rows": rows, "cols": cols})
+        conn = await cm.__aenter__()
+        try:
+            started = await conn.event()
+        except BaseException:
+            await cm.__aexit__(None, None, None)
+            raise
+        return PtySession(conn, cm, str(started["id"]), int(started["pid"]))
+
+    # -- files -----------------------------------------------------------------------------------
+
+    async def read_file(self, path: str, *, roots: list[str] | None = None) -> bytes:
+        out = bytearray()
+        async for chunk in self.iter_file(path, roots=roots):
+            out += chunk
+        return bytes(out)
+
+    async def iter_file(self, path: str, *, roots: list[str] | None = None) -> AsyncIterator[bytes]:
+        async with self._op("read", path=path, roots=roots) as conn:
+            head = await conn.event()
+            received = 0
+            while True:
+                kind, payload = await conn.recv()
+                if kind == protocol.DATA_END:
+                    break
+                received += len(payload)
+                yield payload
+            done = await conn.event()
+            if received != done["size"]:
+                raise AgentError(f"download of {path} lost bytes: got {received} of {done['size']}")
+            _ = head
+
+    async def write_file(self, path: str, data: Source, *, mode: int = 0o644,
+                         roots: list[str] | None = None) -> int:
+        async with self._op("write", path=path, mode=mode, roots=roots) as conn:
+            await conn.event()  # ready
+            sent = await _send_data(conn, data)
+            done = await conn.event()
+            if done["size"] != sent:
+                raise AgentError(f"upload of {path} lost bytes: agent wrote {done['size']} of {sent}")
+            return sent
+
+    async def list(self, path: str, *, roots: list[str] | None = None) -> list[Entry]:
+        ev = await self._simple("list", path=path, roots=roots)
+        return [_entry(e) for e in ev["entries"]]
+
+    async def stat(self, path: str, *, roots: list[str] | None = None) -> Entry:
+        ev = await self._simple("stat", path=path, roots=roots)
+        return _entry(ev["entry"])
+
+    async def exists(self, path: str, *, roots: list[str] | None = None) -> bool:
+        ev = await self._simple("exists", path=path, roots=roots)
+        return bool(ev["exists"])
+
+    async def make_dir(self, path: str, *, parents: bool = True, roots: list[str] | None = None) -> bool:
+        ev = await self._simple("mkdir", path=path, parents=parents, roots=roots)
+        return bool(ev["created"])
+
+    async def remove(self, path: str, *, recursive: bool = True, roots: list[str] | None = None) -> None:
+        await self._simple("remove", path=path, recursive=recursive, roots=roots)
+
+    async def rename(self, src: str, dst: str, *, overwrite: bool = False,
+                     roots: list[str] | None = None) -> None:
+        await self._simple("rename", src=src, dst=dst, overwrite=overwrite, roots=roots)
+
+    async def download_tar(self, path: str, *, roots: list[str] | None = None) -> AsyncIterator[bytes]:
+        async with self._op("tar_get", path=path, roots=roots) as conn:
+            await conn.event()
+            while True:
+                kind, payload = await conn.recv()
+                if kind == protocol.DATA_END:
+                    break
+                yield payload
+            await conn.event()
+
+    async def upload_tar(self, path: str, data: Source, *, roots: list[str] | None = None) -> int:
+        async with self._op("tar_put", path=path, roots=roots) as conn:
+            await conn.event()
+            await _send_data(conn, data)
+            done = await conn.event()
+            return int(done["entries"])
+
+
+class PtySession:
+    """An interactive terminal: raw bytes both ways, resize, and the exit result at the end."""
+
+    def __init__(self, conn: _Conn, cm: contextlib.AbstractAsyncContextManager[_Conn], pid_id: str,
+                 pid: int) -> None:
+        self._conn = conn
+        self._cm = cm
+        self.id = pid_id
+        self.pid = pid
+        self.result: ExecResult | None = None
+
+    async def write(self, data: bytes) -> None:
+        await self._conn.send(protocol.STDIN, data)
+
+    async def resize(self, rows: int, cols: int) -> None:
+        await self._conn.send_json(protocol.CONTROL, {"resize": [rows, cols]})
+
+    async def kill(self) -> None:
+        await self._conn.send_json(protocol.CONTROL, {"kill": True})
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        """Terminal output until the process ends; then `result` is set."""
+        collector = OutputCollector()
+        while True:
+            kind, payload = await self._conn.recv()
+            if kind in (protocol.STDOUT, protocol.STDERR):
+                yield payload
+                continue
+            ev = protocol.decode_json(payload)
+            if ev.get("event") == "tail":
+                collector.mark_tail(int(ev["omitted"]))
+            elif ev.get("event") == "exit":
+                self.result = _result(ev, b"", b"", None, None)
+                return
+
+    async def close(self) -> None:
+        await self._cm.__aexit__(None, None, None)
+
+
+async def _collect(conn: _Conn, on_stdout: OutputCallback | None, on_stderr: OutputCallback | None,
+                   *, allow_running: bool = False) -> ExecResult:
+    out, err = OutputCollector(), OutputCollector()
+    tail_mode = {"stdout": False, "stderr": False}
+    while True:
+        kind, payload = await conn.recv()
+        if kind == protocol.STDOUT:
+            out.data += payload
+            if on_stdout is not None and not tail_mode["stdout"]:
+                await _call(on_stdout, payload)
+        elif kind == protocol.STDERR:
+            err.data += payload
+            if on_stderr is not None and not tail_mode["stderr"]:
+                await _call(on_stderr, payload)
+        elif kind == protocol.EVENT:
+            ev = protocol.decode_json(payload)
+            if ev.get("event") == "tail":
+                stream = str(ev["stream"])
+                (out if stream == "stdout" else err).mark_tail(int(ev["omitted"]))
+                tail_mode[stream] = bool(ev["omitted"])
+            elif ev.get("event") == "exit":
+                return _result(ev, bytes(out.data), bytes(err.data), out.cut, err.cut)
+            elif ev.get("event") == "running" and allow_running:
+                return None  # type: ignore[return-value]
+        else:
+            raise protocol.ProtocolError(f"unexpected frame kind {kind} in command output")
+
+
+async def _call(cb: OutputCallback, data: bytes) -> None:
+    res = cb(data)
+    if res is not None:
+        await res
+
+
+def _result(ev: dict[str, Any], out: bytes, err: bytes, out_cut: int | None, err_cut: int | None) -> ExecResult:
+    return ExecResult(
+        exit_code=ev.get("exit_code"),
+        stdout_bytes=out,
+        stderr_bytes=err,
+        signal=ev.get("signal"),
+        duration=float(ev.get("duration") or 0.0),
+        timed_out=bool(ev.get("timed_out")),
+        killed=bool(ev.get("killed")),
+        truncated=bool(ev.get("truncated")),
+        stdout_size=int(ev.get("stdout_size") or 0),
+        stderr_size=int(ev.get("stderr_size") or 0),
+        stdout_cut=out_cut,
+        stderr_cut=err_cut,
+        pid=int(ev.get("pid") or 0),
+        id=str(ev.get("id") or ""),
+    )
+
+
+async def _feed_stdin(conn: _Conn, stdin: Source) -> None:
+    async for chunk in _chunks(stdin):
+        await conn.send(protocol.STDIN, chunk)
+    await conn.send(protocol.STDIN_EOF)
+
+
+async def _send_data(conn: _Conn, data: Source) -> int:
+    sent = 0
+    async for chunk in _chunks(data):
+        await conn.send(protocol.DATA, chunk)
+        sent += len(chunk)
+    await conn.send(protocol.DATA_END)
+    return sent
+
+
+async def _chunks(data: Source) -> AsyncIterator[bytes]:
+    """Any supported source as chunks of at most one frame."""
+    if isinstance(data, str):
+        data = data.encode()
+    if isinstance(data, bytes | bytearray | memoryview):
+        view = memoryview(data)
+        for i in range(0, len(view), protocol.CHUNK):
+            yield bytes(view[i : i + protocol.CHUNK])
+        return
+    if hasattr(data, "read"):
+        while chunk := data.read(protocol.CHUNK):  # type: ignore[union-attr]
+            yield bytes(chunk)
+        return
+    if isinstance(data, AsyncIterable):
+        async for piece in data:
+            for i in range(0, len(piece), protocol.CHUNK):
+                yield bytes(piece[i : i + protocol.CHUNK])
+        return
+    for piece in data:
+        for i in range(0, len(piece), protocol.CHUNK):
+            yield bytes(piece[i : i + protocol.CHUNK])
+
+
+def _entry(e: dict[str, Any]) -> Entry:
+    return Entry(name=e["name"], path=e["path"], type=e["type"], size=int(e["size"]), mode=int(e["mode"]),
+                 mtime=float(e["mtime"]), target=e.get("target"))
+
+
+def _process_info(p: dict[str, Any]) -> ProcessInfo:
+    exit_ = p.get("exit") or {}
+    return ProcessInfo(id=str(p["id"]), pid=int(p["pid"]), argv=list(p["argv"]), running=bool(p["running"]),
+                       pty=bool(p.get("pty")), started_at=float(p.get("started_at") or 0),
+                       exit_code=exit_.get("exit_code"))

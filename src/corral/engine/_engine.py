@@ -1,0 +1,501 @@
+"""The engine: sandboxes' lifecycle over a backend, their timeouts, their state on disk, a warm pool.
+
+The control plane serves this API. It is async; every method is safe to call concurrently.
+
+State: each sandbox's `state.json` (spec, times, state) sits beside the backend's own record in
+`<home>/sandboxes/<id>/`. A restarted engine reads them back, reattaches to every sandbox that still runs and
+removes whatever is half-created or dead, so nothing leaks across restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .._exceptions import (
+    ConflictError,
+    CorralError,
+    InvalidRequestError,
+    NotFoundError,
+    SandboxTimeoutError,
+)
+from .._settings import corral_home
+from ..templates._store import TemplateStore
+from ._agent_client import AgentClient, OutputCallback, PtySession, Source
+from ._models import Entry, ExecResult, ProcessInfo, SandboxInfo, SandboxSpec, SandboxState
+
+if TYPE_CHECKING:
+    from ..backends import Backend
+
+Record = dict[str, Any]
+logger = logging.getLogger("corral.engine")
+
+REAP_INTERVAL = 1.0
+TOMBSTONES_KEPT = 1000
+
+
+@dataclass
+class _Sandbox:
+    id: str
+    spec: SandboxSpec
+    record: Record
+    created_at: float
+    expires_at: float
+    state: SandboxState = SandboxState.RUNNING
+    template_env: dict[str, str] = field(default_factory=dict)
+    pooled: bool = False
+
+    def info(self) -> SandboxInfo:
+        return SandboxInfo(
+            id=self.id,
+            state=self.state,
+            template=self.spec.template,
+            runtime=self.spec.runtime.value,
+            limits=self.spec.limits,
+            created_at=datetime.fromtimestamp(self.created_at, UTC),
+            expires_at=datetime.fromtimestamp(self.expires_at, UTC),
+            env=dict(self.spec.env),
+            metadata=dict(self.spec.metadata),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "spec": self.spec.model_dump(mode="json"),
+            "created_at": self.created_at,
+            "expires_at": self.expires_at,
+            "state": self.state.value,
+            "template_env": self.template_env,
+            "pooled": self.pooled,
+        }
+
+
+class Engine:
+    """Creates, runs and destroys sandboxes on one backend.
+
+    ```python
+    async with Engine() as engine:
+        sb = await engine.create(SandboxSpec(template="default", limits=Limits(memory="512M")))
+        result = await sb.exec("echo hi")
+        await sb.files.write("/workspace/a.bin", b"\\x00\\xff")
+        await sb.destroy()
+    ```
+
+    **Parameters:**
+    * **home** - the state directory (default: `$CORRAL_HOME` or `/var/lib/corral`).
+    * **backend** - where isolation comes from (default: the local OCI backend with runc).
+    * **pool_size** - how many sandboxes of the default spec to keep started ahead of demand.
+    """
+
+    def __init__(self, home: str | os.PathLike[str] | None = None, *, backend: Backend | None = None,
+                 templates: TemplateStore | None = None, pool_size: int = 0,
+                 pool_spec: SandboxSpec | None = None) -> None:
+        self.home = corral_home(home)
+        if backend is None:
+            from ..backends.local import LocalBackend
+
+            backend = LocalBackend(self.home)
+        self.backend = backend
+        self.templates = templates or TemplateStore(self.home)
+        self.pool_size = pool_size
+        self.pool_spec = pool_spec or SandboxSpec()
+        self._sandboxes: dict[str, _Sandbox] = {}
+        self._tombstones: dict[str, str] = {}
+        self._pool: list[_Sandbox] = []
+        self._pool_wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._started = False
+
+    # -- lifecycle of the engine itself ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        (self.home / "sandboxes").mkdir(parents=True, exist_ok=True)
+        await self._recover()
+        self._tasks.append(asyncio.create_task(self._reaper(), name="corral-reaper"))
+        if self.pool_size:
+            self._tasks.append(asyncio.create_task(self._pool_filler(), name="corral-pool"))
+
+    async def close(self, *, destroy_all: bool = False) -> None:
+        """Stop background work. Sandboxes keep running (a new engine reattaches) unless `destroy_all`."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        pool, self._pool = self._pool, []
+        victims = pool + (list(self._sandboxes.values()) if destroy_all else [])
+        await asyncio.gather(*(self._destroy(sb, reason="engine closed") for sb in victims),
+                             return_exceptions=True)
+        self._started = False
+
+    async def __aenter__(self) -> Engine:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- sandboxes ---------------------------------------------------------------------------------
+
+    async def create(self, spec: SandboxSpec | None = None) -> SandboxHandle:
+        """Create a sandbox and wait until its agent answers. Fails closed; a failure leaves nothing."""
+        spec = spec or SandboxSpec()
+        template = self.templates.get(spec.template)  # NotFoundError names the available ones
+        sb = self._take_pooled(spec)
+        if sb is None:
+            sb = await self._create(spec, template_env=dict(template.env))
+        self._sandboxes[sb.id] = sb
+        logger.info("sandbox.created", extra={"sandbox": sb.id, "template": spec.template,
+                                              "runtime": spec.runtime.value, "pooled": sb.pooled})
+        sb.pooled = False
+        self._save(sb)
+        return SandboxHandle(self, sb.id)
+
+    async def _create(self, spec: SandboxSpec, *, template_env: dict[str, str], pooled: bool = False) -> _Sandbox:
+        template = self.templates.get(spec.template)
+        sandbox_id = f"sb-{secrets.token_hex(8)}"
+        record = await self.backend.create(sandbox_id, spec, template)
+        now = time.time()
+        sb = _Sandbox(id=sandbox_id, spec=spec, record=record, created_at=now, expires_at=now + spec.timeout,
+                      template_env=template_env, pooled=pooled)
+        self._save(sb)
+        return sb
+
+    def _take_pooled(self, spec: SandboxSpec) -> _Sandbox | None:
+        key = spec.pool_key()
+        for i, sb in enumerate(self._pool):
+            if sb.spec.pool_key() == key:
+                self._pool.pop(i)
+                self._pool_wake.set()
+                now = time.time()
+                sb.spec = spec
+                sb.created_at, sb.expires_at = now, now + spec.timeout
+                return sb
+        return None
+
+    def get(self, sandbox_id: str) -> SandboxHandle:
+        self._lookup(sandbox_id)
+        return SandboxHandle(self, sandbox_id)
+
+    def info(self, sandbox_id: str) -> SandboxInfo:
+        return self._lookup(sandbox_id).info()
+
+    def list(self) -> list[SandboxInfo]:
+        return [sb.info() for sb in sorted(self._sandboxes.values(), key=lambda s: s.created_at)]
+
+    async def destroy(self, sandbox_id: str) -> None:
+        sb = self._lookup(sandbox_id)
+        await self._destroy(sb, reason="destroyed")
+
+    async def pause(self, sandbox_id: str) -> None:
+        sb = self._running(sandbox_id)
+        await self.backend.pause(sb.record)
+        sb.state = SandboxState.PAUSED
+        self._save(sb)
+
+    async def resume(self, sandbox_id: str) -> None:
+        sb = self._lookup(sandbox_id)
+        if sb.state != SandboxState.PAUSED:
+            raise ConflictError(f"sandbox {sandbox_id} is not paused")
+        await self.backend.resume(sb.record)
+        sb.state = SandboxState.RUNNING
+        self._save(sb)
+
+    def set_timeout(self, sandbox_id: str, seconds: float) -> SandboxInfo:
+        """Make the sandbox expire `seconds` from now."""
+        if not 0 < seconds <= 7 * 24 * 3600:
+            raise InvalidRequestError("timeout must be between 0 and 604800 seconds")
+        sb = self._lookup(sandbox_id)
+        sb.expires_at = time.time() + seconds
+        self._save(sb)
+        return sb.info()
+
+    # -- inside a sandbox -------------------------------------------------------------------------
+
+    async def exec(self, sandbox_id: str, cmd: str | list[str], *, cwd: str | None = None,
+                   env: dict[str, str] | None = None, stdin: Source | None = None, timeout: float | None = None,
+                   max_output: int | None = None, on_stdout: OutputCallback | None = None,
+                   on_stderr: OutputCallback | None = None) -> ExecResult:
+        """Run a shell string (`bash -lc`) or an argv list. Never raises for exit codes, timeouts or OOM."""
+        sb = self._running(sandbox_id)
+        before = self.backend.oom_kills(sb.record)
+        result = await self._agent(sb).exec(cmd, cwd=cwd, env=self._env(sb, env), stdin=stdin, timeout=timeout,
+                                            max_output=max_output, on_stdout=on_stdout, on_stderr=on_stderr)
+        return self._with_oom(sb, result, before)
+
+    def _with_oom(self, sb: _Sandbox, result: ExecResult, before: int) -> ExecResult:
+        # A SIGKILL we did not send, with the cgroup's OOM counter moved meanwhile, is the OOM killer.
+        if result.signal == 9 and not (result.timed_out or result.killed):
+            if self.backend.oom_kills(sb.record) > before:
+                return replace(result, oom_killed=True)
+        return result
+
+    def agent(self, sandbox_id: str) -> AgentClient:
+        return self._agent(self._running(sandbox_id))
+
+    def sandbox_env(self, sandbox_id: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+        return self._env(self._lookup(sandbox_id), extra)
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _env(self, sb: _Sandbox, extra: dict[str, str] | None) -> dict[str, str]:
+        env = {**sb.template_env, **sb.spec.env}
+        if extra:
+            env.update(extra)
+        return env
+
+    def _agent(self, sb: _Sandbox) -> AgentClient:
+        return self.backend.agent(sb.record)
+
+    def _lookup(self, sandbox_id: str) -> _Sandbox:
+        sb = self._sandboxes.get(sandbox_id)
+        if sb is not None:
+            return sb
+        reason = self._tombstones.get(sandbox_id)
+        if reason == "timeout":
+            raise SandboxTimeoutError(f"sandbox {sandbox_id} reached its timeout and was destroyed; "
+                                      "create a new one, or extend the timeout with set_timeout next time")
+        raise NotFoundError(f"no sandbox {sandbox_id!r}" + (f" (it was {reason})" if reason else ""))
+
+    def _running(self, sandbox_id: str) -> _Sandbox:
+        sb = self._lookup(sandbox_id)
+        if sb.state == SandboxState.PAUSED:
+            raise ConflictError(f"sandbox {sandbox_id} is paused; resume it first")
+        return sb
+
+    async def _destroy(self, sb: _Sandbox, *, reason: str) -> None:
+        self._sandboxes.pop(sb.id, None)
+        self._tombstones[sb.id] = "timeout" if reason == "timeout" else "destroyed"
+        while len(self._tombstones) > TOMBSTONES_KEPT:
+            self._tombstones.pop(next(iter(self._tombstones)))
+        sb.state = SandboxState.STOPPED
+        await self.backend.destroy(sb.record)
+        logger.info("sandbox.destroyed", extra={"sandbox": sb.id, "reason": reason})
+
+    def _state_path(self, sandbox_id: str) -> Path:
+        return self.home / "sandboxes" / sandbox_id / "state.json"
+
+    def _save(self, sb: _Sandbox) -> None:
+        path = self._state_path(sb.id)
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(sb.to_json(), f)
+        os.replace(tmp, path)
+
+    async def _recover(self) -> None:
+        """Reattach to running sandboxes; remove the half-created, the dead, the expired and old pool ones."""
+        known: set[str] = set()
+        for state_path in sorted((self.home / "sandboxes").glob("*/state.json")):
+            sb = self._load(state_path)
+            if sb is None or sb.pooled:
+                continue
+            if sb.expires_at <= time.time() or not await self.backend.alive(sb.record):
+                continue
+            self._sandboxes[sb.id] = sb
+            adopt = getattr(self.backend, "adopt", None)
+            if adopt is not None:
+                adopt(sb.record)
+            known.add(sb.id)
+            logger.info("sandbox.reattached", extra={"sandbox": sb.id})
+        removed = await self.backend.sweep(known)
+        for sid in removed:
+            logger.info("sandbox.swept", extra={"sandbox": sid})
+
+    def _load(self, state_path: Path) -> _Sandbox | None:
+        load_record = getattr(self.backend, "load_record", None)
+        try:
+            data = json.loads(state_path.read_text())
+            record = load_record(data["id"]) if load_record else data.get("record")
+            if record is None:
+                return None
+            return _Sandbox(id=data["id"], spec=SandboxSpec.model_validate(data["spec"]), record=record,
+                            created_at=float(data["created_at"]), expires_at=float(data["expires_at"]),
+                            state=SandboxState(data["state"]), template_env=dict(data.get("template_env", {})),
+                            pooled=bool(data.get("pooled")))
+        except (OSError, ValueError, KeyError, CorralError):
+            return None
+
+    async def _reaper(self) -> None:
+        while True:
+            await asyncio.sleep(REAP_INTERVAL)
+            now = time.time()
+            for sb in [s for s in self._sandboxes.values() if s.expires_at <= now]:
+                try:
+                    await self._destroy(sb, reason="timeout")
+                except CorralError:
+                    logger.exception("sandbox.reap_failed", extra={"sandbox": sb.id})
+
+    async def _pool_filler(self) -> None:
+        template_env: dict[str, str] | None = None
+        while True:
+            if len(self._pool) < self.pool_size:
+                try:
+                    if template_env is None:
+                        template_env = dict(self.templates.get(self.pool_spec.template).env)
+                    self._pool.append(await self._create(self.pool_spec, template_env=template_env, pooled=True))
+                    continue
+                except CorralError:
+                    logger.exception("pool.fill_failed")
+                    await asyncio.sleep(5)
+                    continue
+            self._pool_wake.clear()
+            await self._pool_wake.wait()
+
+    @property
+    def pool_ready(self) -> int:
+        return len(self._pool)
+
+
+class SandboxHandle:
+    """One sandbox: `exec`, `files`, `processes`, `pty`, `pause`/`resume`, `destroy`."""
+
+    def __init__(self, engine: Engine, sandbox_id: str) -> None:
+        self._engine = engine
+        self.id = sandbox_id
+        self.files = Files(engine, sandbox_id)
+        self.processes = Processes(engine, sandbox_id)
+
+    def __repr__(self) -> str:
+        return f"<SandboxHandle {self.id}>"
+
+    @property
+    def info(self) -> SandboxInfo:
+        return self._engine.info(self.id)
+
+    async def exec(self, cmd: str | list[str], **kwargs: Any) -> ExecResult:
+        return await self._engine.exec(self.id, cmd, **kwargs)
+
+    async def pty(self, cmd: str | list[str] = "bash", *, rows: int = 24, cols: int = 80,
+                  cwd: str | None = None, env: dict[str, str] | None = None,
+                  timeout: float | None = None) -> PtySession:
+        return await self._engine.agent(self.id).pty(cmd, rows=rows, cols=cols, cwd=cwd,
+                                                     env=self._engine.sandbox_env(self.id, env), timeout=timeout)
+
+    async def pause(self) -> None:
+        await self._engine.pause(self.id)
+
+    async def resume(self) -> None:
+        await self._engine.resume(self.id)
+
+    def set_timeout(self, seconds: float) -> SandboxInfo:
+        return self._engine.set_timeout(self.id, seconds)
+
+    async def destroy(self) -> None:
+        await self._engine.destroy(self.id)
+
+    async def __aenter__(self) -> SandboxHandle:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        with contextlib.suppress(NotFoundError, SandboxTimeoutError):
+            await self.destroy()
+
+
+WORKSPACE = "/workspace"
+
+
+def sandbox_path(path: str) -> str:
+    """Relative paths resolve against /workspace; the agent validates the rest (NUL, encoding)."""
+    if not isinstance(path, str):
+        raise InvalidRequestError("path must be a string")
+    if "\x00" in path:
+        raise InvalidRequestError("path contains a NUL byte")
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequestError("path is not valid UTF-8") from exc
+    if not path:
+        raise InvalidRequestError("path is empty")
+    return path if path.startswith("/") else f"{WORKSPACE}/{path}"
+
+
+class Files:
+    """File operations, resolved inside the sandbox."""
+
+    def __init__(self, engine: Engine, sandbox_id: str) -> None:
+        self._engine = engine
+        self._id = sandbox_id
+
+    def _agent(self) -> AgentClient:
+        return self._engine.agent(self._id)
+
+    async def read(self, path: str) -> bytes:
+        return await self._agent().read_file(sandbox_path(path))
+
+    async def iter_read(self, path: str) -> AsyncIterator[bytes]:
+        async for chunk in self._agent().iter_file(sandbox_path(path)):
+            yield chunk
+
+    async def write(self, path: str, data: Source, *, mode: int = 0o644) -> int:
+        return await self._agent().write_file(sandbox_path(path), data, mode=mode)
+
+    async def list(self, path: str = WORKSPACE) -> list[Entry]:
+        return await self._agent().list(sandbox_path(path))
+
+    async def stat(self, path: str) -> Entry:
+        return await self._agent().stat(sandbox_path(path))
+
+    async def exists(self, path: str) -> bool:
+        return await self._agent().exists(sandbox_path(path))
+
+    async def make_dir(self, path: str, *, parents: bool = True) -> bool:
+        return await self._agent().make_dir(sandbox_path(path), parents=parents)
+
+    async def remove(self, path: str, *, recursive: bool = True) -> None:
+        await self._agent().remove(sandbox_path(path), recursive=recursive)
+
+    async def rename(self, src: str, dst: str, *, overwrite: bool = False) -> None:
+        await self._agent().rename(sandbox_path(src), sandbox_path(dst), overwrite=overwrite)
+
+    async def download_tar(self, path: str) -> AsyncIterator[bytes]:
+        async for chunk in self._agent().download_tar(sandbox_path(path)):
+            yield chunk
+
+    async def upload_tar(self, path: str, data: Source) -> int:
+        return await self._agent().upload_tar(sandbox_path(path), data)
+
+
+class Processes:
+    """Background processes: start, list, send stdin, kill, wait, fetch output."""
+
+    def __init__(self, engine: Engine, sandbox_id: str) -> None:
+        self._engine = engine
+        self._id = sandbox_id
+
+    async def start(self, cmd: str | list[str], *, cwd: str | None = None, env: dict[str, str] | None = None,
+                    timeout: float | None = None, max_output: int | None = None,
+                    stdin: bool = False) -> ProcessInfo:
+        return await self._engine.agent(self._id).start(
+            cmd, cwd=cwd, env=self._engine.sandbox_env(self._id, env), timeout=timeout, max_output=max_output,
+            stdin=stdin)
+
+    async def list(self) -> list[ProcessInfo]:
+        return await self._engine.agent(self._id).ps()
+
+    async def send_stdin(self, process_id: str, data: bytes, *, eof: bool = False) -> None:
+        await self._engine.agent(self._id).send_stdin(process_id, data, eof=eof)
+
+    async def kill(self, process_id: str, signal: int | None = None) -> None:
+        await self._engine.agent(self._id).kill(process_id, signal)
+
+    async def wait(self, process_id: str, timeout: float | None = None) -> ExecResult | None:
+        return await self._engine.agent(self._id).wait(process_id, timeout)
+
+    async def attach(self, process_id: str, on_stdout: OutputCallback | None = None,
+                     on_stderr: OutputCallback | None = None) -> ExecResult:
+        return await self._engine.agent(self._id).attach(process_id, on_stdout, on_stderr)

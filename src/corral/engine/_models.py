@@ -1,0 +1,215 @@
+"""Typed specs and results of the engine API.
+
+Specs are pydantic models (they validate user input and say what is wrong); results are plain frozen
+dataclasses (they are made by us, often, and must be cheap).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def parse_size(value: int | str, what: str = "size") -> int:
+    """`512M`, `1G`, `1.5GiB`, `1048576` -> bytes (binary units)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{what} must be a byte count or a string like '512M'")
+    if isinstance(value, int):
+        n = value
+    else:
+        m = _SIZE.match(value)
+        if not m:
+            raise ValueError(f"{what} {value!r} is not a size; use bytes or a string like '512M' or '1G'")
+        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if n <= 0:
+        raise ValueError(f"{what} must be positive")
+    return n
+
+
+class Runtime(StrEnum):
+    RUNC = "runc"
+    RUNSC = "runsc"
+
+
+class Limits(BaseModel):
+    """Resource limits of one sandbox. Sizes take bytes or strings like `512M`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    memory: int = 512 * 1024**2
+    cpus: float = 1.0
+    pids: int = 256
+    disk: int = 1024**3
+    open_files: int = 4096
+    tmp: int = 256 * 1024**2  # /tmp tmpfs; counts against memory
+    shm: int = 64 * 1024**2  # /dev/shm tmpfs; counts against memory
+
+    @field_validator("memory", "disk", "tmp", "shm", mode="before")
+    @classmethod
+    def _size(cls, value: Any, info: Any) -> int:
+        return parse_size(value, info.field_name)
+
+    @field_validator("memory")
+    @classmethod
+    def _memory_floor(cls, value: int) -> int:
+        if value < 32 * 1024**2:
+            raise ValueError("memory must be at least 32M (the in-sandbox agent needs about 12M)")
+        return value
+
+    @field_validator("disk")
+    @classmethod
+    def _disk_floor(cls, value: int) -> int:
+        if value < 16 * 1024**2:
+            raise ValueError("disk must be at least 16M")
+        return value
+
+    @field_validator("cpus")
+    @classmethod
+    def _cpus(cls, value: float) -> float:
+        if not 0.01 <= value <= 1024:
+            raise ValueError("cpus must be between 0.01 and 1024")
+        return value
+
+    @field_validator("pids")
+    @classmethod
+    def _pids(cls, value: int) -> int:
+        if not 16 <= value <= 1_000_000:
+            raise ValueError("pids must be between 16 and 1000000")
+        return value
+
+    @field_validator("open_files")
+    @classmethod
+    def _open_files(cls, value: int) -> int:
+        if not 64 <= value <= 1_048_576:
+            raise ValueError("open_files must be between 64 and 1048576")
+        return value
+
+
+class SandboxSpec(BaseModel):
+    """What to create: template, runtime, limits, timeout (TTL, seconds), env and metadata."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    template: str = "default"
+    runtime: Runtime = Runtime.RUNC
+    limits: Limits = Field(default_factory=Limits)
+    timeout: Annotated[float, Field(gt=0, le=7 * 24 * 3600)] = 300.0
+    env: dict[str, str] = Field(default_factory=dict)
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, val in value.items():
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                raise ValueError(f"environment variable name {key!r} is not valid")
+            if "\x00" in val:
+                raise ValueError(f"environment variable {key} contains a NUL byte")
+        return value
+
+    def pool_key(self) -> tuple[str, str, Limits]:
+        """Sandboxes that agree on this can be served from the same warm pool."""
+        return (self.template, self.runtime.value, self.limits)
+
+
+class SandboxState(StrEnum):
+    CREATING = "creating"
+    RUNNING = "running"
+    PAUSED = "paused"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    id: str
+    state: SandboxState
+    template: str
+    runtime: str
+    limits: Limits
+    created_at: datetime
+    expires_at: datetime
+    env: dict[str, str]
+    metadata: dict[str, str]
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """The outcome of one command: never raised for a non-zero exit, a timeout or an OOM kill."""
+
+    exit_code: int | None
+    stdout_bytes: bytes
+    stderr_bytes: bytes
+    signal: int | None = None
+    duration: float = 0.0
+    timed_out: bool = False
+    oom_killed: bool = False
+    killed: bool = False
+    truncated: bool = False
+    stdout_size: int = 0  # the true size, also when truncated
+    stderr_size: int = 0
+    stdout_cut: int | None = None  # where the omitted middle was, in stdout_bytes (None: nothing omitted)
+    stderr_cut: int | None = None
+    pid: int = 0
+    id: str = ""
+
+    @property
+    def stdout(self) -> str:
+        return self.stdout_bytes.decode("utf-8", errors="replace")
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_bytes.decode("utf-8", errors="replace")
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not (self.timed_out or self.oom_killed)
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """A background (or running) process inside a sandbox."""
+
+    id: str
+    pid: int
+    argv: list[str]
+    running: bool
+    pty: bool = False
+    started_at: float = 0.0
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One file system entry, as the sandbox sees it."""
+
+    name: str
+    path: str
+    type: str  # "file" | "dir" | "symlink" | "other"
+    size: int
+    mode: int
+    mtime: float
+    target: str | None = None
+
+    @property
+    def is_dir(self) -> bool:
+        return self.type == "dir"
+
+
+@dataclass
+class OutputCollector:
+    """Rebuilds one stream from live frames, a `tail` event and the tail frames (I/O-free)."""
+
+    data: bytearray = field(default_factory=bytearray)
+    cut: int | None = None
+
+    def mark_tail(self, omitted: int) -> None:
+        if omitted:
+            self.cut = len(self.data)

@@ -1,0 +1,280 @@
+"""`build_template`: a `TemplateSpec` turned into a root filesystem with debootstrap and a chroot.
+
+Steps, all inside a locked `.build-*` directory that only a final rename makes visible:
+
+1. `debootstrap --variant=minbase --include=<packages> <suite> <rootfs> <mirror>`
+2. the sandbox user (1000:1000) with `useradd`, inside the chroot
+3. `pip install` into /usr/local, inside the chroot
+4. the spec's files, the mount points, and a clean-up of apt's caches
+5. `template.json`, a filesystem sync, and the rename
+
+Commands in the chroot run under `unshare --mount --pid --fork --mount-proc`: /proc is mounted in a private
+mount namespace that dies with the command, so no exit path (exception, SIGKILL) can leave it mounted on the
+host, and everything the command started dies with it.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from types import FrameType
+
+from .._exceptions import TemplateBuildError
+from ._fs import resolve_in_root
+from ._rootfs import USER_GID, USER_HOME, USER_NAME, USER_UID, finish_rootfs, write_file, write_spec_files
+from ._spec import TemplateSpec
+from ._store import Template, TemplateStore
+
+__all__ = ["Progress", "build_template"]
+
+Progress = Callable[[str], None]
+
+_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# A build host behind a proxy needs these passed to debootstrap (wget) and pip; nothing else is inherited.
+_PROXY_VARS = ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY")
+_TAIL_LINES = 25
+_STOP_GRACE_S = 10.0
+
+_RESOLV_CONF = b"# Corral sandboxes reach the network only through the egress proxy (see HTTPS_PROXY).\n"
+_HOSTNAME = b"corral\n"
+
+
+def _discard(_line: str) -> None:
+    pass
+
+
+def build_template(
+    spec: TemplateSpec,
+    store: TemplateStore,
+    *,
+    progress: Progress | None = None,
+    force: bool = False,
+) -> Template:
+    """Build `spec` into `store` and name it `spec.name`; return the template.
+
+    A spec whose digest is already built returns at once (only the name is pointed at it) unless `force`.
+    `progress` receives one line at a time: Corral's own steps start with `==> `, the rest is the output of
+    debootstrap and pip. Needs root. Raises `TemplateBuildError` when a step fails; whatever the failure or
+    interruption (exception, Ctrl-C, SIGTERM), no partial template ever becomes visible.
+    """
+    emit = progress or _discard
+    digest = spec.digest()
+    if not force and store.lookup_digest(digest) is not None:
+        emit(f"==> template {spec.name!r} is up to date ({digest[:12]})")
+        store.reap()
+        return store.link(spec.name, digest)
+    _check_host()
+    emit(f"==> building template {spec.name!r} ({digest[:12]}) in {store.root}")
+    with _sigterm_raises(), store.staging(digest) as staging:
+        try:
+            _debootstrap(spec, staging.rootfs, emit)
+            _add_user(staging.rootfs, emit)
+            if spec.pip_packages:
+                _pip_install(staging.rootfs, spec.pip_packages, emit)
+            emit("==> writing files and cleaning up")
+            write_spec_files(staging.rootfs, spec.files)
+            _clean(staging.rootfs)
+            finish_rootfs(staging.rootfs)
+        except OSError as exc:
+            raise TemplateBuildError(f"building template {spec.name!r} failed: {exc}") from exc
+        template = staging.publish(
+            name=spec.name,
+            source="debootstrap",
+            spec=spec.model_dump(mode="json"),
+            env=dict(spec.env),
+            force=force,
+        )
+    emit(f"==> template {spec.name!r} built: {template.size_bytes / 1e6:.0f} MB ({digest[:12]})")
+    return template
+
+
+def _check_host() -> None:
+    if os.geteuid() != 0:
+        raise TemplateBuildError("building a template needs root (debootstrap and chroot)")
+    for tool in ("debootstrap", "chroot", "unshare"):
+        if shutil.which(tool, path=_PATH) is None:
+            raise TemplateBuildError(f"{tool} is not installed; on Debian: apt-get install debootstrap util-linux")
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """Turn SIGTERM into SystemExit for the build, so the cleanup in `finally` blocks runs.
+
+    Only where SIGTERM would otherwise kill the process outright (the main thread, default handler): an
+    application with its own handler (a server) keeps it.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def _raise(signum: int, _frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _command_env() -> dict[str, str]:
+    env = {"PATH": _PATH, "LANG": "C.UTF-8", "HOME": "/root", "DEBIAN_FRONTEND": "noninteractive"}
+    env.update({k: v for k, v in os.environ.items() if k in _PROXY_VARS})
+    return env
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """End `proc` and its process group if it is still running (an exception interrupted the build)."""
+    if proc.poll() is None:
+        # The group leader is alive, so its process group id cannot have been reused.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)  # debootstrap's exit trap unmounts what it mounted
+        try:
+            proc.wait(timeout=_STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+def _run(cmd: Sequence[str], *, emit: Progress, what: str, log: Path | None = None) -> None:
+    """Run `cmd`, streaming its merged output to `emit`; `TemplateBuildError` with the last lines if it fails."""
+    tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
+    try:
+        proc = subprocess.Popen(
+            list(cmd),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=_command_env(),
+            start_new_session=True,  # its own process group, so an interrupted build can stop all of it
+        )
+    except OSError as exc:
+        raise TemplateBuildError(f"{what}: cannot run {cmd[0]}: {exc.strerror}") from exc
+    try:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.decode(errors="replace").rstrip()
+            tail.append(line)
+            emit(line)
+        returncode = proc.wait()
+    finally:
+        _stop(proc)
+    if returncode != 0:
+        details = _log_tail(log) or list(tail)
+        raise TemplateBuildError(
+            f"{what} failed with exit code {returncode}:\n" + "\n".join(details),
+            details={"exit_code": returncode, "output_tail": details},
+        )
+
+
+def _log_tail(log: Path | None) -> list[str]:
+    if log is None:
+        return []
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return lines[-_TAIL_LINES:]
+
+
+def _in_chroot(rootfs: Path, *cmd: str) -> list[str]:
+    return [
+        "unshare",
+        "--mount",
+        "--pid",
+        "--fork",
+        "--kill-child",
+        f"--mount-proc={rootfs}/proc",
+        "chroot",
+        str(rootfs),
+        *cmd,
+    ]
+
+
+def _debootstrap(spec: TemplateSpec, rootfs: Path, emit: Progress) -> None:
+    packages = spec.effective_apt_packages()
+    emit(f"==> debootstrap {spec.suite} from {spec.mirror} with {len(packages)} extra packages")
+    cmd = ["debootstrap", f"--variant={spec.variant}"]
+    if packages:
+        cmd.append("--include=" + ",".join(packages))
+    cmd += [spec.suite, str(rootfs), spec.mirror]
+    # On failure debootstrap's own log says which package or download broke; its stdout often does not.
+    _run(cmd, emit=emit, what="debootstrap", log=rootfs / "debootstrap" / "debootstrap.log")
+
+
+def _add_user(rootfs: Path, emit: Progress) -> None:
+    emit(f"==> creating user {USER_NAME} ({USER_UID}:{USER_GID})")
+    _run(_in_chroot(rootfs, "groupadd", "--gid", str(USER_GID), USER_NAME), emit=emit, what="groupadd")
+    useradd = [
+        "useradd",
+        "--uid",
+        str(USER_UID),
+        "--gid",
+        str(USER_GID),
+        "--create-home",
+        "--home-dir",
+        USER_HOME,
+        "--shell",
+        "/bin/bash",
+        USER_NAME,
+    ]
+    _run(_in_chroot(rootfs, *useradd), emit=emit, what="useradd")
+
+
+def _pip_install(rootfs: Path, packages: Sequence[str], emit: Progress) -> None:
+    emit(f"==> pip install {' '.join(packages)}")
+    # pip resolves names with the build host's DNS settings; the template gets a neutral file afterwards.
+    with contextlib.suppress(OSError):
+        write_file(rootfs, "/etc/resolv.conf", Path("/etc/resolv.conf").read_bytes())
+    pip = [
+        "python3",
+        "-m",
+        "pip",
+        "install",
+        "--break-system-packages",  # bookworm's Python is "externally managed"; this goes to /usr/local
+        "--no-cache-dir",
+        "--root-user-action=ignore",
+        "--disable-pip-version-check",
+        "--no-input",
+        "--progress-bar=off",
+        "--",
+        *packages,
+    ]
+    _run(_in_chroot(rootfs, *pip), emit=emit, what="pip install")
+
+
+def _empty_dir(path: Path, *, keep: tuple[str, ...] = ()) -> None:
+    if not path.is_dir() or path.is_symlink():
+        return
+    for entry in os.scandir(path):
+        if entry.name in keep:
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path)
+        else:
+            os.unlink(entry.path)
+
+
+def _clean(rootfs: Path) -> None:
+    """Drop what only the build needed: downloaded packages, package lists, host network settings."""
+    # apt recreates all of these; `partial` and `lock` are kept so apt finds the layout it expects.
+    _empty_dir(resolve_in_root(rootfs, "/var/cache/apt/archives"), keep=("partial", "lock"))
+    _empty_dir(resolve_in_root(rootfs, "/var/lib/apt/lists"), keep=("partial", "lock"))
+    for cache in ("/var/cache/apt/pkgcache.bin", "/var/cache/apt/srcpkgcache.bin"):
+        resolve_in_root(rootfs, cache).unlink(missing_ok=True)
+    # debootstrap copied the build host's resolver and hostname; they mean nothing in a sandbox.
+    write_file(rootfs, "/etc/resolv.conf", _RESOLV_CONF)
+    write_file(rootfs, "/etc/hostname", _HOSTNAME)

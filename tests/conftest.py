@@ -1,0 +1,149 @@
+"""Shared fixtures: a real engine on a throwaway state directory, sandboxes that are always destroyed, and a
+leak check when the session ends (no mounts, runc containers, cgroups, loop devices or processes left)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from corral.backends.local import LocalBackend
+from corral.engine import Engine, Limits, SandboxHandle, SandboxSpec
+
+# Templates are read from the real store (building one takes minutes); sandbox state goes to a test home.
+TEMPLATE_HOME = Path(os.environ.get("CORRAL_TEST_TEMPLATE_HOME", os.environ.get("CORRAL_HOME", "/var/lib/corral")))
+TEMPLATE = os.environ.get("CORRAL_TEST_TEMPLATE", "default")
+DEV_ROOTFS = os.environ.get("CORRAL_TEST_ROOTFS")  # a bare rootfs instead of the store, for quick iteration
+TEST_HOME = Path(f"/var/tmp/corral-test-{os.getpid()}")
+CGROUP_PARENT = f"corral-test-{os.getpid()}"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@dataclass(frozen=True)
+class _DevTemplate:
+    name: str
+    digest: str
+    rootfs: Path
+    env: dict[str, str]
+    created_at: datetime
+    size_bytes: int
+    source: str
+
+
+class _DevStore:
+    def get(self, name: str) -> _DevTemplate:
+        assert DEV_ROOTFS is not None
+        return _DevTemplate(name, "dev", Path(DEV_ROOTFS), {}, datetime.now(UTC), 0, "dev")
+
+
+def template_store():  # type: ignore[no-untyped-def]
+    if DEV_ROOTFS:
+        return _DevStore()
+    from corral.templates import TemplateStore
+
+    store = TemplateStore(TEMPLATE_HOME)
+    if not store.exists(TEMPLATE):
+        pytest.fail(f"the {TEMPLATE!r} template is missing from {TEMPLATE_HOME}: build it first with "
+                    f"`CORRAL_HOME={TEMPLATE_HOME} corral templates build {TEMPLATE}`", pytrace=False)
+    return store
+
+
+def make_engine(home: Path, **kwargs: object) -> Engine:
+    backend = LocalBackend(home, cgroup_parent=CGROUP_PARENT)
+    return Engine(home, backend=backend, templates=template_store(), **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def test_home() -> Path:
+    TEST_HOME.mkdir(parents=True, exist_ok=True)
+    return TEST_HOME
+
+
+@pytest.fixture
+async def engine(test_home: Path) -> AsyncIterator[Engine]:
+    eng = make_engine(test_home)
+    await eng.start()
+    try:
+        yield eng
+    finally:
+        await eng.close(destroy_all=True)
+
+
+@pytest.fixture
+async def sandbox(engine: Engine) -> AsyncIterator[SandboxHandle]:
+    sb = await engine.create(SandboxSpec(template=TEMPLATE))
+    try:
+        yield sb
+    finally:
+        if sb.id in {s.id for s in engine.list()}:
+            await sb.destroy()
+
+
+def spec(**limits: object) -> SandboxSpec:
+    return SandboxSpec(template=TEMPLATE, limits=Limits(**limits))  # type: ignore[arg-type]
+
+
+# -- the leak check ---------------------------------------------------------------------------------
+
+
+def leaks(home: Path) -> list[str]:
+    found: list[str] = []
+    prefix = str(home).rstrip("/") + "/"
+    with open("/proc/self/mountinfo") as f:
+        found += [f"mount {line.split()[4]}" for line in f if line.split()[4].startswith(prefix)]
+    for runtime in ("runc", "runsc"):
+        root = home / "runtime" / runtime
+        if root.exists() and shutil.which(runtime):
+            out = subprocess.run([runtime, "--root", str(root), "list", "-q"], capture_output=True, text=True)
+            found += [f"{runtime} container {c}" for c in out.stdout.split()]
+    sandboxes = home / "sandboxes"
+    ids = {p.name for p in sandboxes.iterdir()} if sandboxes.exists() else set()
+    found += [f"sandbox directory {i}" for i in ids]
+    cg = Path("/sys/fs/cgroup")
+    for d in [cg / CGROUP_PARENT, *cg.glob(f"*/{CGROUP_PARENT}")]:
+        if d.is_dir():
+            found += [f"cgroup {c}" for c in d.iterdir() if c.is_dir()]
+    out = subprocess.run(["losetup", "-a"], capture_output=True, text=True)
+    found += [f"loop device {line.split(':')[0]}" for line in out.stdout.splitlines() if prefix in line]
+    uid_base = 1 << 20
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                uid = proc.stat().st_uid
+                state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            # A zombie holds nothing but its pid entry; reaping it is the host init's job (the runtime exited).
+            if uid >= uid_base and state != "Z":
+                found.append(f"process {proc.name} (host uid {uid})")
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def leak_check() -> Iterator[None]:
+    yield
+    if not TEST_HOME.exists():
+        return
+    found = leaks(TEST_HOME)
+    if found:
+        pytest.fail("sandboxes leaked: " + "; ".join(found[:20]), pytrace=False)
+    shutil.rmtree(TEST_HOME, ignore_errors=True)
+    for d in [Path("/sys/fs/cgroup") / CGROUP_PARENT, *Path("/sys/fs/cgroup").glob(f"*/{CGROUP_PARENT}")]:
+        if d.is_dir():
+            d.rmdir()
+
+
+@pytest.fixture
+def unique() -> str:
+    return uuid.uuid4().hex[:8]
