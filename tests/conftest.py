@@ -44,6 +44,10 @@ class _DevTemplate:
 class _DevStore:
     def get(self, name: str) -> _DevTemplate:
         assert DEV_ROOTFS is not None
+        if name != TEMPLATE:
+            from corral import NotFoundError
+
+            raise NotFoundError(f"no template {name!r}")
         return _DevTemplate(name, "dev", Path(DEV_ROOTFS), {}, datetime.now(UTC), 0, "dev")
 
 
@@ -125,9 +129,22 @@ def leaks(home: Path) -> list[str]:
             except (OSError, IndexError):
                 continue
             # A zombie holds nothing but its pid entry; reaping it is the host init's job (the runtime exited).
-            if uid >= uid_base and state != "Z":
+            if uid >= uid_base and state != "Z" and _ours(uid, uid_base, prefix):
                 found.append(f"process {proc.name} (host uid {uid})")
     return found
+
+
+def _ours(uid: int, uid_base: int, prefix: str) -> bool:
+    """Is this host uid in a range that this session's sandboxes held (or that nobody holds any more)?
+
+    Other engines on the machine (a server, another test run) own other slots; their sandboxes are theirs.
+    """
+    slot_file = Path("/run/corral/uid-slots") / str((uid - uid_base) // 65536)
+    try:
+        owner = slot_file.read_text()
+    except OSError:
+        return True  # a process in a released range: leaked by someone
+    return owner.startswith(prefix)
 
 
 @pytest.fixture(scope="session", autouse=True)

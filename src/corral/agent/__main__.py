@@ -13,6 +13,10 @@ from .processes import set_dumpable
 LISTEN_FD = 3  # the host passes a listening Unix socket as fd 3 (`runc run --preserve-fds 1`)
 
 
+def _ignore(signum: int, frame: object) -> None:
+    pass
+
+
 def main() -> None:
     token = os.environ.pop("CORRAL_AGENT_TOKEN", "")
     if not token:
@@ -21,9 +25,10 @@ def main() -> None:
     # Non-dumpable: /proc/1/{environ,mem,fd} become unreadable to sandbox code running as the same uid.
     set_dumpable(False)
     sys.setswitchinterval(0.0005)
-    # As PID 1 we get only the signals we handle; ignore the polite ones so sandbox code cannot stop us.
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
-        signal.signal(sig, signal.SIG_IGN)
+    # As PID 1 we get only the signals we handle: catch the polite ones so sandbox code cannot stop us.
+    # Caught, not ignored: an ignored signal stays ignored in every command we exec, a caught one does not.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _ignore)
     path = os.environ.pop("CORRAL_AGENT_LISTEN", "")
     if path:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

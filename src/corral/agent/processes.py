@@ -353,8 +353,11 @@ class ProcessTable:
             self._spawn_pipes(proc, env, cwd, want_stdin=bool(req.get("stdin")))
         with self.lock:
             self.processes[proc.id] = proc
-        threading.Thread(target=self._pump, args=(proc,), name=f"pump-{proc.id}", daemon=True).start()
         return proc
+
+    def pump(self, proc: Process) -> None:
+        """Start moving output; call after attaching sinks (until then output waits in the pipes)."""
+        threading.Thread(target=self._pump, args=(proc,), name=f"pump-{proc.id}", daemon=True).start()
 
     def _spawn_pipes(self, proc: Process, env: dict[str, str], cwd: str, *, want_stdin: bool) -> None:
         with self.reaper.lock:

@@ -84,9 +84,9 @@ class Agent:
 
         proc = self.table.spawn(req)
         if not background:
-            with proc.lock:
-                proc.sinks.append(live)
+            proc.sinks.append(live)
         ch.event(event="started", id=proc.id, pid=proc.pid)
+        self.table.pump(proc)
         if background:
             return
         reader = threading.Thread(target=self._pump_input, args=(ch, proc), daemon=True)

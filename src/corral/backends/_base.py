@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from ..engine._agent_client import AgentClient
 from ..engine._models import SandboxSpec
-from ..templates._store import Template
+from ..templates import Template
 
 Record = dict[str, Any]  # what a backend needs to find a sandbox again after a restart; JSON-serialisable
 

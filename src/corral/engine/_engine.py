@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -30,7 +31,7 @@ from .._exceptions import (
     SandboxTimeoutError,
 )
 from .._settings import corral_home
-from ..templates._store import TemplateStore
+from ..templates import TemplateStore
 from ._agent_client import AgentClient, OutputCallback, PtySession, Source
 from ._models import Entry, ExecResult, ProcessInfo, SandboxInfo, SandboxSpec, SandboxState
 
@@ -115,14 +116,16 @@ class Engine:
         self._pool_wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
+        self._lock_fd: int | None = None
 
     # -- lifecycle of the engine itself ---------------------------------------------------------------
 
     async def start(self) -> None:
         if self._started:
             return
-        self._started = True
         (self.home / "sandboxes").mkdir(parents=True, exist_ok=True)
+        self._take_ownership()
+        self._started = True
         await self._recover()
         self._tasks.append(asyncio.create_task(self._reaper(), name="corral-reaper"))
         if self.pool_size:
@@ -141,6 +144,20 @@ class Engine:
         await asyncio.gather(*(self._destroy(sb, reason="engine closed") for sb in victims),
                              return_exceptions=True)
         self._started = False
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _take_ownership(self) -> None:
+        """One engine per state directory: a second one would sweep the first one's sandboxes."""
+        fd = os.open(self.home / "engine.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            os.close(fd)
+            raise ConflictError(f"another Corral engine (a running `corral serve`?) owns {self.home}; "
+                                "stop it or use its API") from exc
+        self._lock_fd = fd
 
     async def __aenter__(self) -> Engine:
         await self.start()

@@ -39,7 +39,7 @@ Progress = Callable[[str], None]
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # A build host behind a proxy needs these passed to debootstrap (wget) and pip; nothing else is inherited.
 _PROXY_VARS = ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY")
-_TAIL_LINES = 25
+_TAIL_LINES = 12
 _STOP_GRACE_S = 10.0
 
 _RESOLV_CONF = b"# Corral sandboxes reach the network only through the egress proxy (see HTTPS_PROXY).\n"
@@ -98,9 +98,11 @@ def build_template(
 def _check_host() -> None:
     if os.geteuid() != 0:
         raise TemplateBuildError("building a template needs root (debootstrap and chroot)")
-    for tool in ("debootstrap", "chroot", "unshare"):
+    for tool in ("debootstrap", "chroot", "unshare", "setpriv"):
         if shutil.which(tool, path=_PATH) is None:
-            raise TemplateBuildError(f"{tool} is not installed; on Debian: apt-get install debootstrap util-linux")
+            raise TemplateBuildError(
+                f"{tool} is not installed; on Debian: apt-get install debootstrap util-linux"
+            )
 
 
 @contextlib.contextmanager
@@ -150,11 +152,12 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _run(cmd: Sequence[str], *, emit: Progress, what: str, log: Path | None = None) -> None:
-    """Run `cmd`, streaming its merged output to `emit`; `TemplateBuildError` with the last lines if it fails."""
+    """Run `cmd`, streaming its output to `emit`; `TemplateBuildError` with its last lines on failure."""
     tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
     try:
         proc = subprocess.Popen(
-            list(cmd),
+            # If this process dies outright (SIGKILL), the command gets SIGTERM instead of running on.
+            ["setpriv", "--pdeathsig", "TERM", "--", *cmd],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -173,7 +176,10 @@ def _run(cmd: Sequence[str], *, emit: Progress, what: str, log: Path | None = No
     finally:
         _stop(proc)
     if returncode != 0:
-        details = _log_tail(log) or list(tail)
+        details = list(tail)
+        log_tail = _log_tail(log)
+        if log_tail:
+            details += [f"--- last lines of {log.name if log else ''}:", *log_tail]
         raise TemplateBuildError(
             f"{what} failed with exit code {returncode}:\n" + "\n".join(details),
             details={"exit_code": returncode, "output_tail": details},

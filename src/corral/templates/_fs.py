@@ -98,7 +98,7 @@ def unmount_under(path: Path) -> None:
 
 
 def remove_tree(path: Path) -> None:
-    """Delete `path` recursively after unmounting anything below it, never crossing into another filesystem."""
+    """Delete `path` recursively after unmounting anything below it, never crossing to another filesystem."""
     if not os.path.lexists(path):
         return
     unmount_under(path)

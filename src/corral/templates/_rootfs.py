@@ -58,7 +58,9 @@ def ensure_dir(root: Path, path: str, *, owner: tuple[int, int] | None = None, m
     return host
 
 
-def write_file(root: Path, path: str, content: bytes, *, owner: tuple[int, int] = (0, 0), mode: int = 0o644) -> None:
+def write_file(
+    root: Path, path: str, content: bytes, *, owner: tuple[int, int] = (0, 0), mode: int = 0o644
+) -> None:
     """Create or replace regular file `path` inside `root` (a symlink there is replaced, not followed)."""
     parent = ensure_dir(root, posixpath.dirname(path), owner=owner)
     dest = parent / posixpath.basename(path)
@@ -132,7 +134,7 @@ def finish_rootfs(root: Path) -> None:
     try:
         for mount_point in MOUNT_POINTS:
             ensure_dir(root, mount_point)
-        os.chmod(resolve_in_root(root, "/tmp"), 0o1777)
+        os.chmod(resolve_in_root(root, "/tmp"), 0o1777)  # noqa: S103 - /tmp is shared, sticky
         for path in (USER_HOME, WORKDIR):
             _chown(resolve_in_root(root, path), USER_UID, USER_GID)
         _remove_device_nodes(root)

@@ -217,7 +217,9 @@ def load_spec(path: str | Path) -> TemplateSpec:
     try:
         data: Any = tomllib.loads(raw.decode()) if path.suffix == ".toml" else json.loads(raw)
     except (UnicodeDecodeError, ValueError) as exc:
-        raise InvalidRequestError(f"template spec {path} is not valid {path.suffix[1:] or 'JSON'}: {exc}") from exc
+        raise InvalidRequestError(
+            f"template spec {path} is not valid {path.suffix[1:] or 'JSON'}: {exc}"
+        ) from exc
     if not isinstance(data, dict):
         raise InvalidRequestError(f"template spec {path} must be a table/object of fields")
     return TemplateSpec.model_validate(data)

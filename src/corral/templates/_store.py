@@ -341,7 +341,7 @@ class Staging:
             "size_bytes": disk_usage(self.rootfs),
         }
         atomic_write(self.path / _METADATA, json.dumps(metadata, indent=2, sort_keys=True).encode() + b"\n")
-        os.chmod(self.path, 0o755)
+        os.chmod(self.path, 0o755)  # noqa: S103 - private while building, readable once done
         syncfs(self.path)
         final = self.store.root / self.digest
         if os.path.lexists(final) and force:

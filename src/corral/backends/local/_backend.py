@@ -28,7 +28,7 @@ from typing import Any
 from ..._exceptions import AgentError, ServerError
 from ...engine._agent_client import AgentClient
 from ...engine._models import SandboxSpec
-from ...templates._store import Template
+from ...templates import Template
 from .._base import Record
 from . import _cgroups, _disk, _preflight
 from ._bundle import ID_RANGE, SANDBOX_UID, BundleParams, build_config

@@ -1,0 +1,74 @@
+"""`corral bench engine`: run a benchmark from `benchmarks/` with a progress bar; print and save figures."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from .._settings import corral_home
+
+bench_app = typer.Typer(help="Benchmarks (medians, p95 and ratios to a baseline measured in the same run).",
+                        no_args_is_help=True)
+console = Console(stderr=True)
+
+
+def _benchmarks_dir() -> Path:
+    # A source checkout (src layout): <repo>/src/corral/cli/_bench.py -> <repo>/benchmarks
+    for parent in Path(__file__).resolve().parents:
+        candidate = parent / "benchmarks"
+        if (candidate / "engine.py").is_file():
+            return candidate
+    raise typer.BadParameter("benchmarks/ not found: run `corral bench` from a source checkout of Corral")
+
+
+def _load(name: str) -> ModuleType:
+    path = _benchmarks_dir() / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"corral_benchmarks_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@bench_app.command("engine")
+def engine(
+    n: int = typer.Option(30, help="Samples per measurement."),
+    concurrent: int = typer.Option(50, help="Sandboxes created at once."),
+    pool: int = typer.Option(4, help="Warm pool size."),
+    template: str = typer.Option("default"),
+    out: Path = typer.Option(Path("bench-results/engine.json"), help="Where to write the JSON figures."),
+) -> None:
+    """Sandbox create, exec, idle memory and concurrency, against bare `runc run`."""
+    module = _load("engine")
+    home = Path(f"/var/tmp/corral-bench-{int(time.time())}")
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as bar:
+        tasks: dict[str, Any] = {}
+
+        def progress(what: str, done: int, total: int) -> None:
+            if what not in tasks:
+                tasks[what] = bar.add_task(what, total=total)
+            bar.update(tasks[what], completed=done)
+
+        try:
+            results = asyncio.run(module.run(home=home, template_home=corral_home(), template=template, n=n,
+                                             concurrent=concurrent, pool=pool, progress=progress))
+        finally:
+            import shutil
+
+            shutil.rmtree(home, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    typer.echo(json.dumps(results, indent=2))
+    console.print(f"[dim]written to {out}[/dim]")

@@ -1,0 +1,131 @@
+"""Sandbox lifecycle on real runc: pause/resume, timeouts, restarts, crash cleanup, concurrency."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import anyio
+import pytest
+
+from corral import ConflictError, InvalidRequestError, NotFoundError, SandboxTimeoutError
+from corral.engine import SandboxSpec
+
+from .conftest import TEMPLATE, leaks, make_engine, spec
+
+pytestmark = [pytest.mark.anyio, pytest.mark.runc]
+
+
+async def test_destroy_leaves_nothing(engine, test_home):
+    sb = await engine.create(spec())
+    await sb.exec("sleep 1000 &")
+    await sb.destroy()
+    assert not [x for x in leaks(test_home) if sb.id in x]
+    with pytest.raises(NotFoundError):
+        await sb.exec("true")
+
+
+async def test_pause_freezes_and_resume_continues(engine):
+    async with await engine.create(spec()) as sb:
+        await sb.processes.start("i=0; while true; do i=$((i+1)); echo $i > /workspace/n; sleep 0.05; done")
+        await anyio.sleep(0.3)
+        await sb.pause()
+        with pytest.raises(ConflictError, match="paused"):
+            await sb.exec("true")
+        n1 = (await sb.files.read("/workspace/n")) if False else None  # files need a running agent too
+        assert n1 is None
+        await anyio.sleep(0.5)
+        await sb.resume()
+        a = int((await sb.files.read("/workspace/n")).strip())
+        await anyio.sleep(0.3)
+        b = int((await sb.files.read("/workspace/n")).strip())
+        assert b > a
+        with pytest.raises(ConflictError):
+            await sb.resume()
+
+
+async def test_timeout_destroys_and_says_so(engine, test_home):
+    sb = await engine.create(SandboxSpec(template=TEMPLATE, timeout=1))
+    await anyio.sleep(2.6)
+    with pytest.raises(SandboxTimeoutError, match="timeout"):
+        await sb.exec("true")
+    assert not [x for x in leaks(test_home) if sb.id in x]
+
+
+async def test_set_timeout_extends(engine):
+    sb = await engine.create(SandboxSpec(template=TEMPLATE, timeout=1))
+    info = sb.set_timeout(60)
+    assert info.expires_at.timestamp() > time.time() + 50
+    await anyio.sleep(1.8)
+    assert (await sb.exec("echo alive")).stdout == "alive\n"
+    with pytest.raises(InvalidRequestError):
+        sb.set_timeout(-1)
+    await sb.destroy()
+
+
+async def test_restart_reattaches(test_home):
+    first = make_engine(test_home)
+    await first.start()
+    sb = await first.create(spec())
+    await sb.files.write("/workspace/keep.txt", b"still here")
+    bg = await sb.processes.start("sleep 1000")
+    await first.close()  # the engine goes, the sandbox stays
+
+    second = make_engine(test_home)
+    await second.start()
+    try:
+        assert [s.id for s in second.list()] == [sb.id]
+        again = second.get(sb.id)
+        assert await again.files.read("/workspace/keep.txt") == b"still here"
+        assert any(p.id == bg.id and p.running for p in await again.processes.list())
+    finally:
+        await second.close(destroy_all=True)
+    assert not leaks(test_home)
+
+
+async def test_second_engine_on_same_home_is_refused(engine, test_home):
+    other = make_engine(test_home)
+    with pytest.raises(ConflictError, match="owns"):
+        await other.start()
+
+
+async def test_half_created_sandboxes_are_swept(test_home):
+    eng = make_engine(test_home)
+    await eng.start()
+    # The backend finished but the engine never recorded it (as if it crashed in between).
+    template = eng.templates.get(TEMPLATE)
+    await eng.backend.create("sb-halfmade0001", spec(), template)
+    # And a create cancelled half-way cleans up after itself.
+    task = asyncio.create_task(eng.create(spec()))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await eng.close()
+    assert any("sb-halfmade0001" in x for x in leaks(test_home))
+
+    fresh = make_engine(test_home)
+    await fresh.start()
+    await fresh.close()
+    assert not leaks(test_home)
+
+
+async def test_unknown_template_and_bad_limits(engine):
+    with pytest.raises(NotFoundError, match="no-such-template"):
+        await engine.create(SandboxSpec(template="no-such-template"))
+    with pytest.raises(ValueError, match="memory"):
+        spec(memory="1K")
+    with pytest.raises(ValueError, match="not a size"):
+        spec(disk="lots")
+
+
+@pytest.mark.slow
+async def test_fifty_at_once(engine, test_home):
+    async def one(i: int) -> str:
+        async with await engine.create(spec(memory="128M")) as sb:
+            r = await sb.exec(["python3", "-c", f"print(sum(range({i} * 1000)))"], timeout=120)
+            return r.stdout.strip()
+
+    results = await asyncio.gather(*(one(i) for i in range(50)))
+    assert results == [str(sum(range(i * 1000))) for i in range(50)]
+    assert not leaks(test_home)
