@@ -119,8 +119,10 @@ async def run(*, home: Path, template_home: Path, template: str = "default", n: 
         await engine.close(destroy_all=True)
 
     results["pool"] = await _pool(home, store, spec, pool, n, progress)
-    for key in ("create_to_first_exec",):
-        results[key]["ratio_to_bare_runc_p50"] = round(results[key]["p50_ms"] / results["bare_runc_run_true"]["p50_ms"], 2)
+    bare_p50 = results["bare_runc_run_true"]["p50_ms"]
+    for key in ("create_to_first_exec", "destroy"):
+        results[key]["ratio_to_bare_runc_p50"] = round(results[key]["p50_ms"] / bare_p50, 2)
+    results["pool"]["create"]["ratio_to_bare_runc_p50"] = round(results["pool"]["create"]["p50_ms"] / bare_p50, 3)
     return results
 
 

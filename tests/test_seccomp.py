@@ -355,30 +355,47 @@ def setns():
 def pidfd_getfd(child):
     call("pidfd_getfd", os.pidfd_open(child), 0, 0)
 
+def prctl(option, arg):
+    def run():
+        if libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+    return run
+
+I386 = []
+
 def int80(nr, a=0, b=0, c=0):
     """A 32-bit (i386) system call from this 64-bit process; returns the raw result (-errno on failure)."""
-    global _int80
-    if "_int80" not in globals():
-        page = mmap.mmap(-1, 4096, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x40, prot=7)  # MAP_32BIT
+    if not I386:
+        page = mmap.mmap(-1, 4096, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x40, prot=7)  # MAP_32BIT, rwx
+        # push rbx; eax, ebx, ecx, edx = edi, esi, edx, ecx; int 0x80; pop rbx; ret
         code = bytes.fromhex("53 89f8 89f3 4189d0 89ca 4489c1 cd80 5b c3")
         page[:len(code)] = code
         base = ctypes.addressof(ctypes.c_char.from_buffer(page))
-        _int80 = (page, base, ctypes.CFUNCTYPE(ctypes.c_int, *[ctypes.c_uint] * 4)(base))
-    return _int80[2](nr, a, b, c)
+        I386[:] = [page, base, ctypes.CFUNCTYPE(ctypes.c_int, *[ctypes.c_uint] * 4)(base)]
+    return I386[2](nr, a, b, c)
 
 def i386(nr, *args):
     def run():
         res = int80(nr, *args)
         if res < 0:
             raise OSError(-res, os.strerror(-res))
-        if nr in (359, 102):
+        if nr in (102, 359):  # socketcall, socket
             os.close(res)
     return run
 
-def i386_socketcall_unix():
-    page, base, _ = _int80 if "_int80" in globals() else (int80(20), *_int80[:2])[1:] + (None,)
-    _int80[0][512:524] = struct.pack("<3I", 1, 1, 0)  # AF_UNIX, SOCK_STREAM, 0
-    i386(102, 1, _int80[1] + 512)()  # socketcall(SYS_SOCKET, args)
+def i386_socketcall():
+    int80(20)
+    page, base = I386[0], I386[1]
+    page[512:524] = struct.pack("<3I", 1, 1, 0)  # AF_UNIX, SOCK_STREAM, 0
+    i386(102, 1, base + 512)()  # socketcall(SYS_SOCKET, args)
+
+def x32(nr, *args):
+    def run():
+        if libc.syscall(ctypes.c_long(0x4000_0000 | nr), *[ctypes.c_long(a) for a in args]) == -1:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+    return run
 
 probes = {
     # checklist 28: raw sockets and ptrace
@@ -400,8 +417,8 @@ probes = {
     "pidfd_getfd": with_child(pidfd_getfd),
     # checklist 29: mount, namespaces, io_uring, bpf, keyctl and friends
     "mount": mount_tmpfs,
-    "umount2": lambda: call("umount2", b"/tmp", 0),
-    "pivot_root": lambda: call("pivot_root", b"/tmp", b"/tmp"),
+    "umount2": lambda: call("umount2", b"/nonexistent", 0),
+    "pivot_root": lambda: call("pivot_root", b"/nonexistent", b"/nonexistent"),
     "fsopen": lambda: os.close(call("fsopen", b"tmpfs", 0)),
     "unshare user": lambda: call("unshare", 0x1000_0000),
     "unshare files": lambda: call("unshare", 0x400),
@@ -447,7 +464,8 @@ probes = {
     "fork": with_child(lambda pid: None),
     "personality query": lambda: call("personality", 0xFFFF_FFFF),
     "personality PER_LINUX32": lambda: call("personality", 0x0008),
-    "prctl subreaper": lambda: libc.prctl(36, 1, 0, 0, 0) == 0 or call("unknown"),
+    "prctl subreaper": prctl(36, 1),
+    "prctl pdeathsig": prctl(1, 9),
     "setsid": os.setsid,
     "pty ioctls": pty_ioctls,
     "getrandom": lambda: os.urandom(16),
@@ -458,11 +476,12 @@ if X86_64:
         "i386 getpid": i386(20),
         "i386 socket UNIX": i386(359, 1, 1, 0),
         "i386 socket AF_PACKET": i386(359, 17, 3, 0),
-        "i386 socketcall": i386_socketcall_unix,
+        "i386 socketcall": i386_socketcall,
         "i386 ptrace": i386(26, 16, 1, 0),
         "i386 unshare": i386(310, 0x1000_0000),
         "i386 mount": i386(21, 0, 0, 0),
-        "x32 ptrace": lambda: call("unknown") if False else libc.syscall(ctypes.c_long(0x4000_0000 | 521), ctypes.c_long(16), ctypes.c_long(1)) != -1 or (_ for _ in ()).throw(OSError(ctypes.get_errno(), "")),
+        "x32 getpid": x32(39),
+        "x32 ptrace": x32(521, 16, 1, 0, 0),
     })
 
 results = {name: isolated(fn) for name, fn in probes.items()}

@@ -277,7 +277,7 @@ def op_tar_get(ch: Channel, req: dict[str, Any]) -> None:
         raise FileError("not_found", f"{path}: No such file or directory")
     ch.event(event="archive")
     writer = _FrameWriter(ch)
-    with tarfile.open(fileobj=writer, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[arg-type]
+    with tarfile.open(fileobj=writer, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
         tar.add(path, arcname=posixpath.basename(path) or ".", recursive=True)
     writer.flush()
     ch.send(protocol.DATA_END)

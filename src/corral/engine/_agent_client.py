@@ -7,6 +7,7 @@ the boundary; errors the agent reports come back through `error_from_code`.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import os
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
@@ -17,6 +18,7 @@ from ..agent import protocol
 from ._models import Entry, ExecResult, OutputCollector, ProcessInfo
 
 OutputCallback = Callable[[bytes], Awaitable[None] | None]
+Roots = list[str] | None  # directories the file API may touch; None: anywhere the user can
 Source = bytes | bytearray | memoryview | str | IO[bytes] | AsyncIterable[bytes] | Iterable[bytes]
 
 
@@ -119,7 +121,9 @@ class AgentClient:
             if stdin is not None:
                 feeder = asyncio.create_task(_feed_stdin(conn, stdin))
             try:
-                return await _collect(conn, on_stdout, on_stderr)
+                result = await _collect(conn, on_stdout, on_stderr)
+                assert result is not None  # only `wait` may see a running process
+                return result
             finally:
                 if feeder is not None:
                     feeder.cancel()
@@ -136,7 +140,7 @@ class AgentClient:
         argv = cmd if isinstance(cmd, list) else ["/bin/bash", "-lc", cmd]
         return ProcessInfo(id=str(ev["id"]), pid=int(ev["pid"]), argv=argv, running=True)
 
-    async def ps(self) -> list[ProcessInfo]:
+    async def ps(self) -> builtins.list[ProcessInfo]:
         ev = await self._simple("ps")
         return [_process_info(p) for p in ev["processes"]]
 
@@ -160,7 +164,7 @@ class AgentClient:
                      on_stderr: OutputCallback | None = None) -> ExecResult:
         async with self._op("attach", id=process_id) as conn:
             result = await _collect(conn, on_stdout, on_stderr)
-            assert result is not None
+            assert result is not None  # only `wait` may see a running process
             return result
 
     async def pty(self, cmd: str | list[str], *, rows: int = 24, cols: int = 80, cwd: str | None = None,
@@ -176,13 +180,13 @@ class AgentClient:
 
     # -- files -----------------------------------------------------------------------------------
 
-    async def read_file(self, path: str, *, roots: list[str] | None = None) -> bytes:
+    async def read_file(self, path: str, *, roots: Roots = None) -> bytes:
         out = bytearray()
         async for chunk in self.iter_file(path, roots=roots):
             out += chunk
         return bytes(out)
 
-    async def iter_file(self, path: str, *, roots: list[str] | None = None) -> AsyncIterator[bytes]:
+    async def iter_file(self, path: str, *, roots: Roots = None) -> AsyncIterator[bytes]:
         async with self._op("read", path=path, roots=roots) as conn:
             head = await conn.event()
             received = 0
@@ -198,7 +202,7 @@ class AgentClient:
             _ = head
 
     async def write_file(self, path: str, data: Source, *, mode: int = 0o644,
-                         roots: list[str] | None = None) -> int:
+                         roots: Roots = None) -> int:
         async with self._op("write", path=path, mode=mode, roots=roots) as conn:
             await conn.event()  # ready
             sent = await _send_data(conn, data)
@@ -207,30 +211,30 @@ class AgentClient:
                 raise AgentError(f"upload of {path} lost bytes: agent wrote {done['size']} of {sent}")
             return sent
 
-    async def list(self, path: str, *, roots: list[str] | None = None) -> list[Entry]:
+    async def list(self, path: str, *, roots: Roots = None) -> builtins.list[Entry]:
         ev = await self._simple("list", path=path, roots=roots)
         return [_entry(e) for e in ev["entries"]]
 
-    async def stat(self, path: str, *, roots: list[str] | None = None) -> Entry:
+    async def stat(self, path: str, *, roots: Roots = None) -> Entry:
         ev = await self._simple("stat", path=path, roots=roots)
         return _entry(ev["entry"])
 
-    async def exists(self, path: str, *, roots: list[str] | None = None) -> bool:
+    async def exists(self, path: str, *, roots: Roots = None) -> bool:
         ev = await self._simple("exists", path=path, roots=roots)
         return bool(ev["exists"])
 
-    async def make_dir(self, path: str, *, parents: bool = True, roots: list[str] | None = None) -> bool:
+    async def make_dir(self, path: str, *, parents: bool = True, roots: Roots = None) -> bool:
         ev = await self._simple("mkdir", path=path, parents=parents, roots=roots)
         return bool(ev["created"])
 
-    async def remove(self, path: str, *, recursive: bool = True, roots: list[str] | None = None) -> None:
+    async def remove(self, path: str, *, recursive: bool = True, roots: Roots = None) -> None:
         await self._simple("remove", path=path, recursive=recursive, roots=roots)
 
     async def rename(self, src: str, dst: str, *, overwrite: bool = False,
-                     roots: list[str] | None = None) -> None:
+                     roots: Roots = None) -> None:
         await self._simple("rename", src=src, dst=dst, overwrite=overwrite, roots=roots)
 
-    async def download_tar(self, path: str, *, roots: list[str] | None = None) -> AsyncIterator[bytes]:
+    async def download_tar(self, path: str, *, roots: Roots = None) -> AsyncIterator[bytes]:
         async with self._op("tar_get", path=path, roots=roots) as conn:
             await conn.event()
             while True:
@@ -240,7 +244,7 @@ class AgentClient:
                 yield payload
             await conn.event()
 
-    async def upload_tar(self, path: str, data: Source, *, roots: list[str] | None = None) -> int:
+    async def upload_tar(self, path: str, data: Source, *, roots: Roots = None) -> int:
         async with self._op("tar_put", path=path, roots=roots) as conn:
             await conn.event()
             await _send_data(conn, data)
@@ -288,7 +292,7 @@ class PtySession:
 
 
 async def _collect(conn: _Conn, on_stdout: OutputCallback | None, on_stderr: OutputCallback | None,
-                   *, allow_running: bool = False) -> ExecResult:
+                   *, allow_running: bool = False) -> ExecResult | None:
     out, err = OutputCollector(), OutputCollector()
     tail_mode = {"stdout": False, "stderr": False}
     while True:
@@ -310,7 +314,7 @@ async def _collect(conn: _Conn, on_stdout: OutputCallback | None, on_stderr: Out
             elif ev.get("event") == "exit":
                 return _result(ev, bytes(out.data), bytes(err.data), out.cut, err.cut)
             elif ev.get("event") == "running" and allow_running:
-                return None  # type: ignore[return-value]
+                return None
         else:
             raise protocol.ProtocolError(f"unexpected frame kind {kind} in command output")
 
@@ -365,7 +369,7 @@ async def _chunks(data: Source) -> AsyncIterator[bytes]:
             yield bytes(view[i : i + protocol.CHUNK])
         return
     if hasattr(data, "read"):
-        while chunk := data.read(protocol.CHUNK):  # type: ignore[union-attr]
+        while chunk := data.read(protocol.CHUNK):
             yield bytes(chunk)
         return
     if isinstance(data, AsyncIterable):

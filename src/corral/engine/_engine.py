@@ -10,6 +10,7 @@ removes whatever is half-created or dead, so nothing leaks across restarts.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import fcntl
 import json
@@ -243,7 +244,7 @@ class Engine:
 
     # -- inside a sandbox -------------------------------------------------------------------------
 
-    async def exec(self, sandbox_id: str, cmd: str | list[str], *, cwd: str | None = None,
+    async def exec(self, sandbox_id: str, cmd: str | builtins.list[str], *, cwd: str | None = None,
                    env: dict[str, str] | None = None, stdin: Source | None = None, timeout: float | None = None,
                    max_output: int | None = None, on_stdout: OutputCallback | None = None,
                    on_stderr: OutputCallback | None = None) -> ExecResult:

@@ -37,8 +37,24 @@ __all__ = ["Progress", "build_template"]
 Progress = Callable[[str], None]
 
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# A build host behind a proxy needs these passed to debootstrap (wget) and pip; nothing else is inherited.
-_PROXY_VARS = ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY")
+# A build host behind a proxy or with its own package index needs these passed to debootstrap (wget) and
+# pip; nothing else is inherited from the caller's environment.
+_PASSED_VARS = (
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "PIP_INDEX_URL",
+    "PIP_EXTRA_INDEX_URL",
+    "PIP_TRUSTED_HOST",
+    "PIP_DEFAULT_TIMEOUT",
+)
+# Where the build host keeps the certificates it trusts (a TLS-inspecting proxy's CA, for one).
+_HOST_CA_SOURCES = ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE")
+_HOST_CA_DEFAULT = "/etc/ssl/certs/ca-certificates.crt"
+_BUILD_CA = "/tmp/corral-build-ca.pem"
 _TAIL_LINES = 12
 _STOP_GRACE_S = 10.0
 
@@ -131,7 +147,7 @@ def _sigterm_raises() -> Iterator[None]:
 
 def _command_env() -> dict[str, str]:
     env = {"PATH": _PATH, "LANG": "C.UTF-8", "HOME": "/root", "DEBIAN_FRONTEND": "noninteractive"}
-    env.update({k: v for k, v in os.environ.items() if k in _PROXY_VARS})
+    env.update({k: v for k, v in os.environ.items() if k in _PASSED_VARS})
     return env
 
 
@@ -245,6 +261,13 @@ def _pip_install(rootfs: Path, packages: Sequence[str], emit: Progress) -> None:
     # pip resolves names with the build host's DNS settings; the template gets a neutral file afterwards.
     with contextlib.suppress(OSError):
         write_file(rootfs, "/etc/resolv.conf", Path("/etc/resolv.conf").read_bytes())
+    # pip in the chroot trusts the template's certificates; downloads go through the build host's network,
+    # so they need the host's trust (a TLS-inspecting proxy, say). The copy is gone before publishing.
+    host_ca = _host_ca_bundle()
+    cert_args = []
+    if host_ca is not None:
+        write_file(rootfs, _BUILD_CA, host_ca.read_bytes())
+        cert_args = [f"--cert={_BUILD_CA}"]
     pip = [
         "python3",
         "-m",
@@ -256,10 +279,22 @@ def _pip_install(rootfs: Path, packages: Sequence[str], emit: Progress) -> None:
         "--disable-pip-version-check",
         "--no-input",
         "--progress-bar=off",
+        *cert_args,
         "--",
         *packages,
     ]
-    _run(_in_chroot(rootfs, *pip), emit=emit, what="pip install")
+    try:
+        _run(_in_chroot(rootfs, *pip), emit=emit, what="pip install")
+    finally:
+        resolve_in_root(rootfs, _BUILD_CA).unlink(missing_ok=True)
+
+
+def _host_ca_bundle() -> Path | None:
+    candidates = [os.environ.get(var) for var in _HOST_CA_SOURCES] + [_HOST_CA_DEFAULT]
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file():
+            return Path(candidate)
+    return None
 
 
 def _empty_dir(path: Path, *, keep: tuple[str, ...] = ()) -> None:

@@ -124,6 +124,11 @@ def _archive_path(name: str) -> str:
     return "/".join(parts)
 
 
+def _safe_name(name: str) -> str:
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    return "" if name.startswith("/") or ".." in parts else "/".join(parts)
+
+
 class _DirSource:
     def __init__(self, root: Path) -> None:
         self._root = root.resolve()
@@ -147,9 +152,9 @@ class _DirSource:
 class _TarSource:
     def __init__(self, archive: tarfile.TarFile) -> None:
         self._archive = archive
-        self._members = {
-            _archive_path(m.name): m for m in archive.getmembers() if m.name not in ("", ".", "./")
-        }
+        # Members with unsafe names are left out: nothing can refer to them through `_archive_path`.
+        self._members = {_safe_name(m.name): m for m in archive.getmembers()}
+        self._members.pop("", None)
 
     def has(self, name: str) -> bool:
         member = self._members.get(_archive_path(name))
@@ -170,14 +175,16 @@ def _open_source(path: Path) -> Iterator[_Source]:
         return
     if not path.is_file():
         raise InvalidRequestError(f"image {path} does not exist")
+    unreadable = (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError)
     try:
         archive = tarfile.open(path, "r:*")
-        source = _TarSource(archive)
-    except (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError) as exc:
-        raise InvalidRequestError(
-            f"image {path} is not a readable tar archive or image directory: {exc}"
-        ) from exc
+    except unreadable as exc:
+        raise InvalidRequestError(f"image {path} is not a readable tar archive: {exc}") from exc
     with archive:
+        try:
+            source = _TarSource(archive)  # reads the whole member list
+        except unreadable as exc:
+            raise InvalidRequestError(f"image {path} is not a readable tar archive: {exc}") from exc
         yield source
 
 

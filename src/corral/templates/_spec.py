@@ -242,6 +242,7 @@ DEFAULT_TEMPLATE = TemplateSpec(
         "less",
         "make",
         "nodejs",
+        "npm",  # ~350 small node-* packages, ~110 MB: worth it, agents expect `npm install` next to node
         "procps",
         "python-is-python3",  # agents type `python`, not `python3`
         "python3",

@@ -23,7 +23,7 @@ import shutil
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ..._exceptions import AgentError, ServerError
 from ...engine._agent_client import AgentClient
@@ -31,7 +31,7 @@ from ...engine._models import SandboxSpec
 from ...templates import Template
 from .._base import Record
 from . import _cgroups, _disk, _preflight
-from ._bundle import ID_RANGE, SANDBOX_UID, BundleParams, build_config
+from ._bundle import AGENT_RUN_DIR, ID_RANGE, SANDBOX_UID, BundleParams, build_config
 from ._runtime import OCIRuntime
 
 UID_BASE = 1 << 20  # host uid of sandbox slot 0's root; slot n uses [base + n*65536, base + (n+1)*65536)
@@ -64,7 +64,7 @@ class LocalBackend:
         self.check(runtime)
         sbdir = self.sandboxes_dir / sandbox_id
         self.sandboxes_dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.sandboxes_dir, 0o711)
+        os.chmod(self.sandboxes_dir, 0o711)  # noqa: S103 - traverse only: runc's init must reach the rootfs
         sbdir.mkdir(mode=0o711)  # before the slot: a slot whose directory exists is never taken as stale
         record: Record = {
             "id": sandbox_id,
@@ -88,7 +88,7 @@ class LocalBackend:
         return record
 
     def agent(self, record: Record) -> AgentClient:
-        return AgentClient(Path(record["dir"]) / "agent.sock", record["token"], label=f"sandbox {record['id']}")
+        return AgentClient(_socket_path(record), record["token"], label=f"sandbox {record['id']}")
 
     async def pause(self, record: Record) -> None:
         await self._runtime(record).pause(record["id"])
@@ -162,6 +162,11 @@ class LocalBackend:
 
     async def _start(self, record: Record, spec: SandboxSpec) -> None:
         sbdir = Path(record["dir"])
+        runtime = self._runtime(record)
+        run_dir = None if runtime.inherits_fds else sbdir / "run"
+        if run_dir is not None:
+            run_dir.mkdir(mode=0o700)
+            os.chown(run_dir, int(record["uid_base"]) + SANDBOX_UID, int(record["uid_base"]) + SANDBOX_UID)
         params = BundleParams(
             sandbox_id=record["id"],
             rootfs=sbdir / "rootfs",
@@ -172,8 +177,14 @@ class LocalBackend:
             cgroups_path=record["cgroups_path"],
             swap_limit=_cgroups.swap_accounting(),
             hostname="sandbox",
+            agent_listen=None if run_dir is None else f"{AGENT_RUN_DIR}/agent.sock",
+            agent_run_dir=run_dir,
         )
         _write_private(sbdir / "config.json", build_config(params))
+        if run_dir is not None:
+            await runtime.start(record["id"], sbdir, listen_fd=None, log=sbdir / "agent.log")
+            await self._wait_ready(record)
+            return
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             listener.bind(str(sbdir / "agent.sock"))
@@ -188,11 +199,16 @@ class LocalBackend:
     async def _wait_ready(self, record: Record) -> None:
         deadline = time.monotonic() + AGENT_READY_TIMEOUT[record["runtime"]]
         client = self.agent(record)
-        try:
-            await asyncio.wait_for(client.ping(), max(0.1, deadline - time.monotonic()))
-        except (AgentError, TimeoutError) as exc:
-            log = _tail(Path(record["dir"]) / "agent.log")
-            raise ServerError(f"sandbox {record['id']} started but its agent did not answer: {log}") from exc
+        while True:
+            try:
+                await asyncio.wait_for(client.ping(), max(0.1, deadline - time.monotonic()))
+                return
+            except (AgentError, TimeoutError) as exc:
+                # An inherited socket answers at once or never; a socket the agent binds itself appears later.
+                if self._runtime(record).inherits_fds or time.monotonic() >= deadline:
+                    log = _tail(Path(record["dir"]) / "agent.log")
+                    raise ServerError(f"sandbox {record['id']} started but its agent did not answer: {log}") from exc
+                await asyncio.sleep(0.02)
 
     def _agent_source(self) -> Path:
         """A private, stable copy of the agent package: mounted read-only into every sandbox."""
@@ -208,10 +224,10 @@ class LocalBackend:
                 for p in files:
                     shutil.copy2(p, tmp / p.name)
                     os.chmod(tmp / p.name, 0o644)
-                os.chmod(tmp, 0o755)
+                os.chmod(tmp, 0o755)  # noqa: S103 - read-only code, readable by the sandbox user
                 os.replace(tmp, dest)
             for parent in (self.home, self.home / "agent", dest.parent):
-                os.chmod(parent, os.stat(parent).st_mode | 0o711)
+                os.chmod(parent, os.stat(parent).st_mode | 0o711)  # noqa: S103 - traverse only
             self._agent_dir = dest
         return self._agent_dir
 
@@ -262,7 +278,7 @@ class LocalBackend:
 class DiskImagesHolder:
     """One `DiskImages` per cache directory, so concurrent creates share the golden-image locks."""
 
-    _by_dir: dict[Path, _disk.DiskImages] = {}
+    _by_dir: ClassVar[dict[Path, _disk.DiskImages]] = {}
 
     @classmethod
     def get(cls, cache_dir: Path) -> _disk.DiskImages:
@@ -310,6 +326,11 @@ def _prepare_upper(upper: Path, work: Path, uid_base: int) -> None:
         path.mkdir(exist_ok=True)
         os.chown(path, uid, uid)
         os.chmod(path, mode)
+
+
+def _socket_path(record: Record) -> Path:
+    sbdir = Path(record["dir"])
+    return sbdir / "run" / "agent.sock" if record.get("runtime") == "runsc" else sbdir / "agent.sock"
 
 
 def _write_private(path: Path, obj: Any) -> None:

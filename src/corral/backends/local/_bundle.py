@@ -13,6 +13,7 @@ SANDBOX_UID = 1000
 SANDBOX_GID = 1000
 ID_RANGE = 65536  # container ids 0..65535 map to one host range per sandbox
 AGENT_DIR = "/.corral/agent"
+AGENT_RUN_DIR = "/.corral/run"
 CPU_PERIOD = 100_000
 
 # Paths under /proc and /sys that leak host information or offer kernel knobs.
@@ -36,6 +37,7 @@ class BundleParams:
     swap_limit: bool  # whether the kernel accounts swap (cgroup v1 memsw / v2 memory.swap.max)
     hostname: str = "sandbox"
     agent_listen: str | None = None  # for runtimes that cannot inherit a socket: a path to bind instead
+    agent_run_dir: Path | None = None  # the host directory mounted where `agent_listen` lives
 
 
 def build_config(p: BundleParams) -> dict[str, Any]:
@@ -91,6 +93,8 @@ def _mounts(p: BundleParams) -> list[dict[str, Any]]:
          "options": ["nosuid", "nodev", "mode=1777", f"size={lim.tmp}"]},
         {"destination": AGENT_DIR, "type": "bind", "source": str(p.agent_source),
          "options": ["rbind", "ro", "nosuid", "nodev"]},
+        *([{"destination": AGENT_RUN_DIR, "type": "bind", "source": str(p.agent_run_dir),
+            "options": ["rbind", "rw", "nosuid", "nodev", "noexec"]}] if p.agent_run_dir else []),
     ]
 
 
