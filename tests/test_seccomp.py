@@ -477,13 +477,15 @@ if X86_64:
         "i386 socket UNIX": i386(359, 1, 1, 0),
         "i386 socket AF_PACKET": i386(359, 17, 3, 0),
         "i386 socketcall": i386_socketcall,
-        "i386 ptrace": i386(26, 16, 1, 0),
+        "i386 ptrace": with_child(lambda pid: i386(26, 16, pid, 0)()),
         "i386 unshare": i386(310, 0x1000_0000),
         "i386 mount": i386(21, 0, 0, 0),
         "x32 getpid": x32(39),
-        "x32 ptrace": x32(521, 16, 1, 0, 0),
+        "x32 ptrace": with_child(lambda pid: x32(521, 16, pid, 0, 0)()),
     })
 
+if "--unfiltered" in sys.argv:
+    del probes["ptrace attach 1"]  # would succeed and stop this process for good
 results = {name: isolated(fn) for name, fn in probes.items()}
 with open("/proc/self/status") as f:
     status = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)

@@ -18,6 +18,7 @@ import itertools
 import os
 import pty
 import selectors
+import shutil
 import signal
 import struct
 import subprocess
@@ -36,6 +37,8 @@ EXIT_GRACE = 0.1  # after the root exits, how long leftover holders of its pipes
 KILL_PASSES = 200
 FINISHED_KEPT = 64
 CHILD_OOM_SCORE_ADJ = 500
+# Built by the host from spawn.c next to this file; see there for why. Absent: fall back to preexec_fn.
+SPAWN_SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corral-spawn")
 
 BASE_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -359,11 +362,18 @@ class ProcessTable:
         """Start moving output; call after attaching sinks (until then output waits in the pipes)."""
         threading.Thread(target=self._pump, args=(proc,), name=f"pump-{proc.id}", daemon=True).start()
 
+    def pump_here(self, proc: Process, watch_fd: int, on_readable: Callable[[], bool]) -> None:
+        """Move output in this thread, also watching `watch_fd` (the host's socket): one thread per command.
+
+        `on_readable` handles what arrived there and returns False once that fd is finished with.
+        """
+        self._pump(proc, watch=(watch_fd, on_readable))
+
     def _spawn_pipes(self, proc: Process, env: dict[str, str], cwd: str, *, want_stdin: bool) -> None:
         with self.reaper.lock:
             popen = _popen(proc.argv, env=env, cwd=cwd,
                            stdin=subprocess.PIPE if want_stdin else subprocess.DEVNULL,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_child_setup)
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, tty=False)
             proc.pid = popen.pid
             self.reaper.registry[popen.pid] = proc
         self.reaper.have_children.set()
@@ -382,8 +392,7 @@ class ProcessTable:
         fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
         try:
             with self.reaper.lock:
-                popen = _popen(proc.argv, env=env, cwd=cwd, stdin=slave, stdout=slave, stderr=slave,
-                               preexec_fn=_child_setup_tty)
+                popen = _popen(proc.argv, env=env, cwd=cwd, stdin=slave, stdout=slave, stderr=slave, tty=True)
                 proc.pid = popen.pid
                 self.reaper.registry[popen.pid] = proc
         finally:
@@ -393,12 +402,14 @@ class ProcessTable:
         proc.master_fd = master
         proc.fds = {master: "stdout"}
 
-    def _pump(self, proc: Process) -> None:
+    def _pump(self, proc: Process, watch: tuple[int, Callable[[], bool]] | None = None) -> None:
         fds = proc.fds
         sel = selectors.DefaultSelector()
         for fd in fds:
             sel.register(fd, selectors.EVENT_READ)
         sel.register(proc._wake_r, selectors.EVENT_READ)
+        if watch is not None:
+            sel.register(watch[0], selectors.EVENT_READ)
         open_fds = set(fds)
         exit_deadline: float | None = None
         try:
@@ -417,6 +428,11 @@ class ProcessTable:
                     if fd == proc._wake_r:
                         os.read(fd, 64)
                         continue
+                    if watch is not None and fd == watch[0]:
+                        if not watch[1]():
+                            sel.unregister(fd)
+                            watch = None
+                        continue
                     if not self._read_into(proc, fd, fds[fd]):
                         sel.unregister(fd)
                         open_fds.discard(fd)
@@ -426,7 +442,10 @@ class ProcessTable:
                 if proc.deadline is not None and now >= proc.deadline:
                     proc.kill_tree(timed_out=True)
                     proc.deadline = None
-                sel.select(_min_wait(now, proc.deadline, None))
+                for key, _ in sel.select(_min_wait(now, proc.deadline, None)):
+                    if watch is not None and key.fd == watch[0] and not watch[1]():
+                        sel.unregister(key.fd)
+                        watch = None
                 if proc.status is None:
                     try:
                         os.read(proc._wake_r, 64)
@@ -544,9 +563,17 @@ def _check_text(value: str, what: str) -> None:
         raise ProcessError("invalid_request", f"{what} is not valid UTF-8") from exc
 
 
-def _popen(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+def _popen(argv: list[str], *, tty: bool, env: dict[str, str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    # Check here: with the shim, a missing program would only show as exit code 127.
+    found = shutil.which(argv[0], path=env.get("PATH")) if "/" not in argv[0] else argv[0]
+    if found is None or not os.path.exists(found):
+        raise ProcessError("invalid_request", f"command not found: {argv[0]}")
+    if os.access(SPAWN_SHIM, os.X_OK):
+        argv = [SPAWN_SHIM, *(["--tty"] if tty else []), *argv]
+    else:
+        kwargs["preexec_fn"] = _child_setup_tty if tty else _child_setup
     try:
-        return subprocess.Popen(argv, close_fds=True, start_new_session=True, **kwargs)
+        return subprocess.Popen(argv, close_fds=True, start_new_session=True, env=env, **kwargs)
     except FileNotFoundError as exc:
         raise ProcessError("invalid_request", f"command not found: {argv[0]}") from exc
     except PermissionError as exc:

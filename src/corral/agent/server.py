@@ -86,14 +86,30 @@ class Agent:
         if not background:
             proc.sinks.append(live)
         ch.event(event="started", id=proc.id, pid=proc.pid)
-        self.table.pump(proc)
         if background:
+            self.table.pump(proc)
             return
-        reader = threading.Thread(target=self._pump_input, args=(ch, proc), daemon=True)
-        reader.start()
-        proc.done.wait()
+        if proc.stdin_fd is None and not proc.is_pty:
+            # Nothing to feed: this thread moves the output and watches the socket for controls and hang-ups.
+            self.table.pump_here(proc, ch.sock.fileno(), lambda: self._one_input(ch, proc))
+        else:
+            # Feeding stdin may block on a process that does not read it: feed from a thread of its own.
+            self.table.pump(proc)
+            threading.Thread(target=self._pump_input, args=(ch, proc), daemon=True).start()
+            proc.done.wait()
         _send_kept(ch, proc)
         ch.send_json(protocol.EVENT, proc.result())
+
+    def _one_input(self, ch: Channel, proc: Process) -> bool:
+        try:
+            kind, payload = ch.recv()
+            if kind == protocol.CONTROL:
+                _control(proc, protocol.decode_json(payload))
+            return True
+        except (Closed, protocol.ProtocolError, ProcessError, OSError):
+            if not proc.done.is_set():
+                proc.kill_tree()
+            return False
 
     def _pump_input(self, ch: Channel, proc: Process) -> None:
         """Host -> process: stdin, EOF, resize, signals. A vanished host kills a foreground tree."""

@@ -20,7 +20,9 @@ import json
 import os
 import secrets
 import shutil
+import logging
 import socket
+import subprocess
 import time
 from pathlib import Path
 from typing import Any, ClassVar
@@ -33,6 +35,8 @@ from .._base import Record
 from . import _cgroups, _disk, _preflight
 from ._bundle import AGENT_RUN_DIR, ID_RANGE, SANDBOX_UID, BundleParams, build_config
 from ._runtime import OCIRuntime
+
+logger = logging.getLogger("corral.backends.local")
 
 UID_BASE = 1 << 20  # host uid of sandbox slot 0's root; slot n uses [base + n*65536, base + (n+1)*65536)
 MAX_SLOTS = 60_000
@@ -214,7 +218,7 @@ class LocalBackend:
         """A private, stable copy of the agent package: mounted read-only into every sandbox."""
         if self._agent_dir is None:
             src = Path(__file__).resolve().parents[2] / "agent"
-            files = sorted(p for p in src.glob("*.py"))
+            files = sorted([*src.glob("*.py"), src / "spawn.c"])
             digest = hashlib.sha256(b"".join(p.name.encode() + p.read_bytes() for p in files)).hexdigest()[:16]
             dest = self.home / "agent" / digest / "agent"
             if not dest.exists():
@@ -224,6 +228,7 @@ class LocalBackend:
                 for p in files:
                     shutil.copy2(p, tmp / p.name)
                     os.chmod(tmp / p.name, 0o644)
+                _build_spawn_shim(tmp)
                 os.chmod(tmp, 0o755)  # noqa: S103 - read-only code, readable by the sandbox user
                 os.replace(tmp, dest)
             for parent in (self.home, self.home / "agent", dest.parent):
@@ -326,6 +331,22 @@ def _prepare_upper(upper: Path, work: Path, uid_base: int) -> None:
         path.mkdir(exist_ok=True)
         os.chown(path, uid, uid)
         os.chmod(path, mode)
+
+
+def _build_spawn_shim(agent_dir: Path) -> None:
+    """Compile the agent's static spawn helper (see agent/spawn.c); without a compiler the agent does without."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        logger.warning("agent.no_spawn_shim", extra={"reason": "no C compiler on the host; commands start slower"})
+        return
+    out = agent_dir / "corral-spawn"
+    proc = subprocess.run([cc, "-static", "-Os", "-s", "-o", str(out), str(agent_dir / "spawn.c")],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        logger.warning("agent.no_spawn_shim", extra={"reason": proc.stderr.strip()[-500:]})
+        out.unlink(missing_ok=True)
+        return
+    os.chmod(out, 0o755)  # noqa: S103 - the sandbox user executes it
 
 
 def _socket_path(record: Record) -> Path:
