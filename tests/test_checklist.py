@@ -35,6 +35,7 @@ from corral import (
     ServerError,
 )
 from corral.backends.local import _cgroups
+from corral.engine import SandboxSpec
 
 from .conftest import CGROUP_PARENT, TEMPLATE, make_engine, spec
 
@@ -370,7 +371,7 @@ async def test_09_exponential_fork_bomb_is_stopped_by_timeout(engine):
         elapsed = time.monotonic() - t0
         assert r.timed_out and elapsed < 10, f"the bomb took {elapsed:.1f}s to stop: {r}"
         r = await asyncio.wait_for(sb.exec("ps -eo stat=,args=", timeout=10), 15)
-        assert "python3" not in r.stdout, f"bomb processes survived the timeout:\n{r.stdout}"
+        assert "python3 -c" not in r.stdout, f"bomb processes survived the timeout:\n{r.stdout}"
 
 
 ALLOC = "b = b'\\x01' * (128 << 20)\nprint(len(b))\n"
@@ -842,12 +843,12 @@ for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
     for name in ("environ", "cmdline"):
         try:
             with open(f"/proc/{pid}/{name}", "rb") as f:
-                if sys.argv[1].encode() in f.read():
+                if TOKEN in f.read():
                     hits.append(f"{pid}/{name}")
         except OSError:
             pass
 print(json.dumps(hits))
-""".replace("sys.argv[1]", repr(token)))
+""".replace("TOKEN", f"{token[::-1]!r}[::-1].encode()"))  # the probe's own cmdline must not hold it
     assert found == [], f"the agent token is readable inside: {found}"
 
 
@@ -1147,7 +1148,7 @@ async def test_36_fail_closed_without_runtime(tmp_path, monkeypatch, runtime):
     cgroups_before = set(_cgroup_children())
     try:
         with pytest.raises(RuntimeUnavailableError) as exc:
-            await eng.create(spec().model_copy(update={"runtime": runtime}))
+            await eng.create(SandboxSpec(template=TEMPLATE, runtime=runtime))
         assert eng.list() == []
     finally:
         await eng.close(destroy_all=True)

@@ -37,7 +37,7 @@ def cgroup_dirs(cgroups_path: str) -> list[Path]:
     if is_v2():
         return [CGROUP_ROOT / rel]
     return [CGROUP_ROOT / c / rel for c in ("memory", "pids", "cpu", "cpuacct", "cpuset", "freezer",
-                                              "devices", "blkio", "systemd")]
+                                              "devices", "blkio", "systemd", "unified")]
 
 
 def oom_kills(cgroups_path: str) -> int:
