@@ -14,6 +14,7 @@ from ._exceptions import (
     SandboxTimeoutError,
     ServerError,
     TemplateBuildError,
+    error_from_code,
 )
 
 __version__ = "0.1.0"
@@ -33,4 +34,5 @@ __all__ = [
     "ServerError",
     "TemplateBuildError",
     "__version__",
+    "error_from_code",
 ]

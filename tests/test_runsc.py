@@ -1,0 +1,33 @@
+"""The same bundle under gVisor (runsc, ptrace platform): the hardened runtime class."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from corral.engine import SandboxSpec
+
+from .conftest import TEMPLATE
+
+pytestmark = [pytest.mark.anyio, pytest.mark.runsc]
+
+
+async def test_gvisor_sandbox_reports_gvisor_and_works(engine):
+    async with await engine.create(SandboxSpec(template=TEMPLATE, runtime="runsc")) as sb:
+        r = await sb.exec("dmesg | head -1; id -u; uname -r", timeout=60)
+        lines = r.stdout.splitlines()
+        assert "gVisor" in lines[0] and lines[1] == "1000"
+        host_release = Path("/proc/sys/kernel/osrelease").read_text().strip()
+        assert lines[2] != host_release  # gVisor's own kernel, not the host's
+        data = bytes(range(256)) * 100
+        await sb.files.write("/workspace/x.bin", data)
+        assert await sb.files.read("/workspace/x.bin") == data
+        r = await sb.exec("python3 -c 'import socket; socket.create_connection((\"1.1.1.1\", 53), timeout=2)'",
+                          timeout=60)
+        assert r.exit_code != 0  # loopback only
+
+
+async def test_runc_sandbox_reports_host_kernel(sandbox):
+    r = await sandbox.exec("uname -r")
+    assert r.stdout.strip() == Path("/proc/sys/kernel/osrelease").read_text().strip()
