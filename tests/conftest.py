@@ -8,7 +8,6 @@ import shutil
 import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 
 from corral.backends.local import LocalBackend
 from corral.engine import Engine, Limits, SandboxHandle, SandboxSpec
+from corral.templates import Template
 
 # Templates are read from the real store (building one takes minutes); sandbox state goes to a test home.
 TEMPLATE_HOME = Path(os.environ.get("CORRAL_TEST_TEMPLATE_HOME", os.environ.get("CORRAL_HOME", "/var/lib/corral")))
@@ -30,25 +30,17 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@dataclass(frozen=True)
-class _DevTemplate:
-    name: str
-    digest: str
-    rootfs: Path
-    env: dict[str, str]
-    created_at: datetime
-    size_bytes: int
-    source: str
-
-
 class _DevStore:
-    def get(self, name: str) -> _DevTemplate:
+    """Serves a bare root filesystem (CORRAL_TEST_ROOTFS) as the one template, for quick iteration."""
+
+    def get(self, name: str) -> Template:
         assert DEV_ROOTFS is not None
         if name != TEMPLATE:
             from corral import NotFoundError
 
             raise NotFoundError(f"no template {name!r}")
-        return _DevTemplate(name, "dev", Path(DEV_ROOTFS), {}, datetime.now(UTC), 0, "dev")
+        return Template(name=name, digest="dev", rootfs=Path(DEV_ROOTFS), env={}, created_at=datetime.now(UTC),
+                        size_bytes=0, source="debootstrap", spec={})
 
 
 def template_store():  # type: ignore[no-untyped-def]

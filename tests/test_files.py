@@ -128,3 +128,17 @@ async def test_unsafe_archives_are_refused_whole(sandbox, members):
         await sandbox.files.upload_tar("/workspace/t", _tar(*members))
     assert not await sandbox.files.exists("/workspace/t/ok.txt")
     assert not await sandbox.files.exists("/workspace/escape.txt")
+
+
+async def test_upload_past_the_disk_limit_is_disk_full_and_leaves_nothing(engine):
+    from corral import DiskFullError
+
+    from .conftest import spec
+
+    async with await engine.create(spec(disk="32M")) as sb:
+        with pytest.raises(DiskFullError, match="disk limit"):
+            await sb.files.write("/workspace/big.bin", os.urandom(64 * 2**20))
+        r = await sb.exec("ls -A /workspace; df -k /workspace | tail -1")
+        assert "big.bin" not in r.stdout and ".corral-upload" not in r.stdout
+        await sb.files.write("/workspace/small.txt", b"still works")  # the space came back
+        assert await sb.files.read("/workspace/small.txt") == b"still works"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import gzip
 import hashlib
@@ -39,6 +40,7 @@ from corral.templates import (
     load_spec,
 )
 from corral.templates import _spec as spec_module
+from corral.templates import _store as store_module
 
 is_root = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not is_root, reason="needs root")
@@ -106,9 +108,7 @@ def test_spec_reports_every_problem_at_once() -> None:
 
 
 def test_spec_is_frozen_and_normalised() -> None:
-    spec = TemplateSpec(
-        name="t", apt_packages=["git", "curl", "git"], files={"/etc//a/./b": "x", "/home/user/c": "y"}
-    )
+    spec = TemplateSpec(name="t", apt_packages=["git", "curl", "git"], files={"/etc//a/./b": "x", "/home/user/c": "y"})
     assert spec.apt_packages == ["curl", "git"]
     assert spec.files == {"/etc/a/b": "x", "/home/user/c": "y"}
     with pytest.raises(Exception, match="frozen"):
@@ -116,12 +116,8 @@ def test_spec_is_frozen_and_normalised() -> None:
 
 
 def test_digest_is_stable_and_ignores_order_and_name() -> None:
-    a = TemplateSpec(
-        name="a", apt_packages=["git", "curl"], env={"X": "1", "Y": "2"}, files={"/a": "1", "/b": "2"}
-    )
-    b = TemplateSpec(
-        name="b", apt_packages=["curl", "git"], env={"Y": "2", "X": "1"}, files={"/b": "2", "/a": "1"}
-    )
+    a = TemplateSpec(name="a", apt_packages=["git", "curl"], env={"X": "1", "Y": "2"}, files={"/a": "1", "/b": "2"})
+    b = TemplateSpec(name="b", apt_packages=["curl", "git"], env={"Y": "2", "X": "1"}, files={"/b": "2", "/a": "1"})
     assert a.digest() == b.digest()
     assert len(a.digest()) == 64 and int(a.digest(), 16) >= 0
     # Stable across processes (no hash randomisation, no object ids).
@@ -295,9 +291,7 @@ EXPECTED = {
     "etc/group": "file:root:x:0:\nuser:x:1000:\n",
     "etc/hosts": "file:127.0.0.1 localhost\n",
     "etc/os-release": "file:ID=test\n",
-    "etc/passwd": (
-        "file:root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:Corral sandbox user:/home/user:/bin/sh\n"
-    ),
+    "etc/passwd": ("file:root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:Corral sandbox user:/home/user:/bin/sh\n"),
     "evil": "link:../../../..",
     "fresh": "file:fresh",
     "hl": "file:keep",
@@ -445,9 +439,7 @@ def build_dirs(store: TemplateStore) -> list[str]:
 
 
 @pytest.mark.parametrize("layout", ["oci-dir", "oci-tar", "docker-archive"])
-def test_import_applies_layers_exactly(
-    layout: str, tmp_path: Path, store: TemplateStore, image: Image
-) -> None:
+def test_import_applies_layers_exactly(layout: str, tmp_path: Path, store: TemplateStore, image: Image) -> None:
     if layout == "oci-dir":
         source = write_oci_dir(image, tmp_path / "oci")
     elif layout == "oci-tar":
@@ -490,9 +482,7 @@ def test_import_keeps_ownership_and_modes(tmp_path: Path, store: TemplateStore, 
     assert stat.S_IMODE(os.lstat(template.rootfs / "tmp").st_mode) == 0o1777
 
 
-def test_same_config_gives_same_digest_in_every_format(
-    tmp_path: Path, store: TemplateStore, image: Image
-) -> None:
+def test_same_config_gives_same_digest_in_every_format(tmp_path: Path, store: TemplateStore, image: Image) -> None:
     oci = import_image(write_oci_dir(image, tmp_path / "oci"), "a", store)
     lines: list[str] = []
     docker = import_image(write_docker_archive(image, tmp_path / "d.tar"), "b", store, progress=lines.append)
@@ -501,9 +491,7 @@ def test_same_config_gives_same_digest_in_every_format(
     assert [t.name for t in store.list()] == ["a", "b"]
 
 
-def test_reimport_is_instant_and_force_swaps_atomically(
-    tmp_path: Path, store: TemplateStore, image: Image
-) -> None:
+def test_reimport_is_instant_and_force_swaps_atomically(tmp_path: Path, store: TemplateStore, image: Image) -> None:
     source = write_oci_dir(image, tmp_path / "oci")
     first = import_image(source, "img", store)
     marker = first.rootfs / "marker"
@@ -520,9 +508,23 @@ def test_reimport_is_instant_and_force_swaps_atomically(
     assert build_dirs(store) == []
 
 
-def test_corrupt_layer_is_rejected_and_leaves_nothing(
-    tmp_path: Path, store: TemplateStore, image: Image
+def test_force_works_where_atomic_swap_is_unsupported(
+    tmp_path: Path, store: TemplateStore, image: Image, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    source = write_oci_dir(image, tmp_path / "oci")
+    first = import_image(source, "img", store)
+    (first.rootfs / "marker").write_text("old")
+
+    def unsupported(a: Path, b: Path) -> None:
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(store_module, "exchange", unsupported)
+    forced = import_image(source, "img", store, force=True)
+    assert forced.rootfs == first.rootfs and not (forced.rootfs / "marker").exists()
+    assert build_dirs(store) == []
+
+
+def test_corrupt_layer_is_rejected_and_leaves_nothing(tmp_path: Path, store: TemplateStore, image: Image) -> None:
     source = write_oci_dir(image, tmp_path / "oci", tamper_layer=0)
     with pytest.raises(InvalidRequestError, match="corrupt"):
         import_image(source, "img", store)
@@ -531,9 +533,7 @@ def test_corrupt_layer_is_rejected_and_leaves_nothing(
     assert [p.name for p in store.root.iterdir() if not p.name.startswith(".")] == []
 
 
-def test_layer_not_matching_its_diff_id_is_rejected(
-    tmp_path: Path, store: TemplateStore, image: Image
-) -> None:
+def test_layer_not_matching_its_diff_id_is_rejected(tmp_path: Path, store: TemplateStore, image: Image) -> None:
     config = json.loads(image.config)
     config["rootfs"]["diff_ids"][1] = sha(b"something else")
     forged = Image(image.layers, config["rootfs"]["diff_ids"], json.dumps(config).encode())
@@ -544,9 +544,7 @@ def test_layer_not_matching_its_diff_id_is_rejected(
 
 def test_zstd_layer_gets_a_clear_error(tmp_path: Path, store: TemplateStore) -> None:
     fake_zstd = b"\x28\xb5\x2f\xfd" + b"\x00" * 32
-    image = Image(
-        [fake_zstd], [sha(b"unknown")], json.dumps({"rootfs": {"diff_ids": [sha(b"unknown")]}}).encode()
-    )
+    image = Image([fake_zstd], [sha(b"unknown")], json.dumps({"rootfs": {"diff_ids": [sha(b"unknown")]}}).encode())
     with pytest.raises(InvalidRequestError, match=r"zstd-compressed.*gzip"):
         import_image(write_oci_dir(image, tmp_path / "oci"), "img", store)
     assert build_dirs(store) == []
@@ -582,9 +580,7 @@ def test_existing_user_and_passwd_are_kept(tmp_path: Path, store: TemplateStore)
         {"manifest.json": json.dumps([{"Config": "/etc/passwd", "Layers": []}]).encode()},
     ],
 )
-def test_malformed_images_are_rejected(
-    content: dict[str, bytes], tmp_path: Path, store: TemplateStore
-) -> None:
+def test_malformed_images_are_rejected(content: dict[str, bytes], tmp_path: Path, store: TemplateStore) -> None:
     src = tmp_path / "img"
     for name, data in content.items():
         (src / name).parent.mkdir(parents=True, exist_ok=True)
@@ -596,9 +592,7 @@ def test_malformed_images_are_rejected(
     assert build_dirs(store) == []
 
 
-def test_layer_path_escaping_the_archive_is_rejected(
-    tmp_path: Path, store: TemplateStore, image: Image
-) -> None:
+def test_layer_path_escaping_the_archive_is_rejected(tmp_path: Path, store: TemplateStore, image: Image) -> None:
     archive = write_docker_archive(image, tmp_path / "d.tar", layer_paths=["../../etc/shadow", "x/layer.tar"])
     with pytest.raises(InvalidRequestError, match="outside the image"):
         import_image(archive, "img", store)
@@ -686,9 +680,7 @@ def test_leftover_build_dirs_are_reaped_but_live_ones_kept(tmp_path: Path, store
     fd = os.open(live, os.O_RDONLY | os.O_DIRECTORY)
     fcntl.flock(fd, fcntl.LOCK_EX)  # as a build in progress holds it
     try:
-        import_image(
-            write_docker_archive(make_image([[Entry("f", data=b"1")]]), tmp_path / "d.tar"), "img", store
-        )
+        import_image(write_docker_archive(make_image([[Entry("f", data=b"1")]]), tmp_path / "d.tar"), "img", store)
         assert build_dirs(store) == [".build-live-0000"]
     finally:
         os.close(fd)
@@ -697,9 +689,7 @@ def test_leftover_build_dirs_are_reaped_but_live_ones_kept(tmp_path: Path, store
 
 
 @needs_root
-def test_reaping_unmounts_first_and_never_deletes_through_a_mount(
-    tmp_path: Path, store: TemplateStore
-) -> None:
+def test_reaping_unmounts_first_and_never_deletes_through_a_mount(tmp_path: Path, store: TemplateStore) -> None:
     host_dir = tmp_path / "host"
     host_dir.mkdir()
     (host_dir / "precious").write_text("must survive")
@@ -773,9 +763,7 @@ def processes_mentioning(text: str) -> list[str]:
     for pid in os.listdir("/proc"):
         if pid.isdigit() and int(pid) != os.getpid():
             with contextlib.suppress(OSError):
-                cmdline = (
-                    Path("/proc", pid, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                )
+                cmdline = Path("/proc", pid, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                 if text in cmdline:
                     found.append(f"{pid}: {cmdline}")
     return found
@@ -861,6 +849,7 @@ def test_sigkill_leaves_no_template_and_next_build_reaps(store: TemplateStore) -
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # a debootstrap run takes 40-200 s, depending on the mirror and the machine
 @needs_debootstrap
 def test_build_minimal_template_then_rebuild_instantly(store: TemplateStore) -> None:
     spec = TemplateSpec(
@@ -903,7 +892,8 @@ def test_build_minimal_template_then_rebuild_instantly(store: TemplateStore) -> 
     assert (root / "home" / "user" / ".bashrc").is_file()  # useradd copied /etc/skel
     assert not list((root / "var" / "cache" / "apt" / "archives").glob("*.deb"))
     assert [p.name for p in (root / "var" / "lib" / "apt" / "lists").iterdir()] == ["partial"]
-    assert not [p for p in (root / "dev").iterdir() if p.is_char_device() or p.is_block_device()]
+    dev_modes = [os.lstat(p).st_mode for p in (root / "dev").iterdir()]
+    assert not [m for m in dev_modes if stat.S_ISCHR(m) or stat.S_ISBLK(m)]
     assert build_dirs(store) == []
     assert str(store.root) not in Path("/proc/self/mountinfo").read_text()
     metadata = json.loads((template.path / "template.json").read_text())
@@ -922,6 +912,7 @@ def test_build_minimal_template_then_rebuild_instantly(store: TemplateStore) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # a debootstrap run takes 40-200 s, depending on the mirror and the machine
 @needs_debootstrap
 def test_build_installs_pip_packages(store: TemplateStore) -> None:
     spec = TemplateSpec(name="pip", pip_packages=["six==1.16.0"])

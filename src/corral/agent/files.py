@@ -170,9 +170,20 @@ def _receive_into(ch: Channel, fd: int, path: str) -> int:
         if kind != protocol.DATA:
             raise FileError("invalid_request", f"unexpected frame kind {kind} during upload of {path}")
         view = memoryview(payload)
-        while view:
-            view = view[os.write(fd, view) :]
+        try:
+            while view:
+                view = view[os.write(fd, view) :]
+        except OSError:
+            # Read the rest of the upload before answering: closing on unread data resets the connection,
+            # and the host would see "connection reset" instead of our error (disk full, say).
+            _drain(ch)
+            raise
         size += len(payload)
+
+
+def _drain(ch: Channel) -> None:
+    while ch.recv()[0] != protocol.DATA_END:
+        pass
 
 
 def op_list(ch: Channel, req: dict[str, Any]) -> None:

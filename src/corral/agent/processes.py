@@ -360,7 +360,12 @@ class ProcessTable:
 
     def pump(self, proc: Process) -> None:
         """Start moving output; call after attaching sinks (until then output waits in the pipes)."""
-        threading.Thread(target=self._pump, args=(proc,), name=f"pump-{proc.id}", daemon=True).start()
+        try:
+            threading.Thread(target=self._pump, args=(proc,), name=f"pump-{proc.id}", daemon=True).start()
+        except RuntimeError:  # no thread to be had under a full pids limit: do not leave it running unwatched
+            kill_tree(proc.pid)
+            self._pump(proc)  # inline: closes its pipes once the killed tree is gone
+            raise ProcessError("quota_exceeded", "the sandbox's process limit is reached") from None
 
     def pump_here(self, proc: Process, watch_fd: int, on_readable: Callable[[], bool]) -> None:
         """Move output in this thread, also watching `watch_fd` (the host's socket): one thread per command.

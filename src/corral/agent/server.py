@@ -95,7 +95,11 @@ class Agent:
         else:
             # Feeding stdin may block on a process that does not read it: feed from a thread of its own.
             self.table.pump(proc)
-            threading.Thread(target=self._pump_input, args=(ch, proc), daemon=True).start()
+            try:
+                threading.Thread(target=self._pump_input, args=(ch, proc), daemon=True).start()
+            except RuntimeError:
+                proc.kill_tree()
+                raise ProcessError("quota_exceeded", "the sandbox's process limit is reached") from None
             proc.done.wait()
         _send_kept(ch, proc)
         ch.send_json(protocol.EVENT, proc.result())
@@ -205,6 +209,17 @@ def _send_error(ch: Channel, code: str, message: str) -> None:
         pass
 
 
+def _refuse(conn: socket.socket, code: str, message: str) -> None:
+    try:
+        conn.settimeout(1.0)
+        Channel(conn).recv()  # read the request first: closing on unread data resets the connection
+        conn.sendall(protocol.encode_json(protocol.ERROR, {"code": code, "message": message, "details": {}}))
+    except (OSError, Closed, protocol.ProtocolError):
+        pass
+    finally:
+        conn.close()
+
+
 def serve(listener: socket.socket, token: str) -> None:
     agent = Agent(token)
     while True:
@@ -215,7 +230,11 @@ def serve(listener: socket.socket, token: str) -> None:
         except OSError:
             time.sleep(0.01)  # e.g. EMFILE under the open-files limit: back off, never die
             continue
-        threading.Thread(target=agent.handle, args=(conn,), daemon=True).start()
+        try:
+            threading.Thread(target=agent.handle, args=(conn,), daemon=True).start()
+        except RuntimeError:
+            # The pids limit is full: refuse this request, but never let PID 1 (and the sandbox) die of it.
+            _refuse(conn, "quota_exceeded", "the sandbox's process limit is reached; kill some processes first")
 
 
 __all__ = ["Agent", "serve"]

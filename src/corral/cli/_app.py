@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import typer
+from pydantic import ValidationError
 
 from .. import __version__
 from .._exceptions import CorralError
@@ -61,3 +62,7 @@ def main() -> None:
     except CorralError as exc:
         typer.echo(f"error: {exc.message}", err=True)
         sys.exit(1)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        typer.echo(f"error: invalid input: {problems}", err=True)
+        sys.exit(2)

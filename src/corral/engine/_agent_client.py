@@ -345,9 +345,12 @@ def _result(ev: dict[str, Any], out: bytes, err: bytes, out_cut: int | None, err
 
 
 async def _feed_stdin(conn: _Conn, stdin: Source) -> None:
-    async for chunk in _chunks(stdin):
-        await conn.send(protocol.STDIN, chunk)
-    await conn.send(protocol.STDIN_EOF)
+    try:
+        async for chunk in _chunks(stdin):
+            await conn.send(protocol.STDIN, chunk)
+        await conn.send(protocol.STDIN_EOF)
+    except OSError:
+        pass  # the command exited without reading all of its stdin; its result says what happened
 
 
 async def _send_data(conn: _Conn, data: Source) -> int:

@@ -14,8 +14,9 @@ under its content digest, so rebuilding an unchanged spec is instant and a name 
 while sandboxes keep running on the old one.
 """
 
-from ._build import Progress, build_template
+from ._build import build_template
 from ._oci import IMPORTER_VERSION, import_image
+from ._process import Progress
 from ._spec import (
     BUILDER_VERSION,
     BUILTIN_SPECS,

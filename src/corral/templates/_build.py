@@ -8,33 +8,28 @@ Steps, all inside a locked `.build-*` directory that only a final rename makes v
 4. the spec's files, the mount points, and a clean-up of apt's caches
 5. `template.json`, a filesystem sync, and the rename
 
-Commands in the chroot run under `unshare --mount --pid --fork --mount-proc`: /proc is mounted in a private
-mount namespace that dies with the command, so no exit path (exception, SIGKILL) can leave it mounted on the
-host, and everything the command started dies with it.
+Every command runs under `unshare --mount --pid --fork --kill-child`: what it mounts (debootstrap mounts /proc
+and /sys in its target, the chroot steps mount /proc) lives in a private mount namespace, and what it starts
+lives in a private pid namespace. Both die with the command, so no exit path (exception, SIGKILL of the
+builder) can leave a mount on the host or a download running on.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import os
 import shutil
-import signal
-import subprocess
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 
 from .._exceptions import TemplateBuildError
 from ._fs import resolve_in_root
+from ._process import Progress, discard, run_streamed, sigterm_raises
 from ._rootfs import USER_GID, USER_HOME, USER_NAME, USER_UID, finish_rootfs, write_file, write_spec_files
 from ._spec import TemplateSpec
 from ._store import Template, TemplateStore
 
-__all__ = ["Progress", "build_template"]
-
-Progress = Callable[[str], None]
+__all__ = ["build_template"]
 
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # A build host behind a proxy or with its own package index needs these passed to debootstrap (wget) and
@@ -55,15 +50,9 @@ _PASSED_VARS = (
 _HOST_CA_SOURCES = ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE")
 _HOST_CA_DEFAULT = "/etc/ssl/certs/ca-certificates.crt"
 _BUILD_CA = "/tmp/corral-build-ca.pem"
-_TAIL_LINES = 12
-_STOP_GRACE_S = 10.0
 
 _RESOLV_CONF = b"# Corral sandboxes reach the network only through the egress proxy (see HTTPS_PROXY).\n"
 _HOSTNAME = b"corral\n"
-
-
-def _discard(_line: str) -> None:
-    pass
 
 
 def build_template(
@@ -80,7 +69,7 @@ def build_template(
     debootstrap and pip. Needs root. Raises `TemplateBuildError` when a step fails; whatever the failure or
     interruption (exception, Ctrl-C, SIGTERM), no partial template ever becomes visible.
     """
-    emit = progress or _discard
+    emit = progress or discard
     digest = spec.digest()
     if not force and store.lookup_digest(digest) is not None:
         emit(f"==> template {spec.name!r} is up to date ({digest[:12]})")
@@ -88,7 +77,7 @@ def build_template(
         return store.link(spec.name, digest)
     _check_host()
     emit(f"==> building template {spec.name!r} ({digest[:12]}) in {store.root}")
-    with _sigterm_raises(), store.staging(digest) as staging:
+    with sigterm_raises(), store.staging(digest) as staging:
         try:
             _debootstrap(spec, staging.rootfs, emit)
             _add_user(staging.rootfs, emit)
@@ -116,33 +105,7 @@ def _check_host() -> None:
         raise TemplateBuildError("building a template needs root (debootstrap and chroot)")
     for tool in ("debootstrap", "chroot", "unshare", "setpriv"):
         if shutil.which(tool, path=_PATH) is None:
-            raise TemplateBuildError(
-                f"{tool} is not installed; on Debian: apt-get install debootstrap util-linux"
-            )
-
-
-@contextlib.contextmanager
-def _sigterm_raises() -> Iterator[None]:
-    """Turn SIGTERM into SystemExit for the build, so the cleanup in `finally` blocks runs.
-
-    Only where SIGTERM would otherwise kill the process outright (the main thread, default handler): an
-    application with its own handler (a server) keeps it.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        yield
-        return
-
-    def _raise(signum: int, _frame: FrameType | None) -> None:
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, _raise)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            raise TemplateBuildError(f"{tool} is not installed; on Debian: apt-get install debootstrap util-linux")
 
 
 def _command_env() -> dict[str, str]:
@@ -151,85 +114,23 @@ def _command_env() -> dict[str, str]:
     return env
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """End `proc` and its process group if it is still running (an exception interrupted the build)."""
-    if proc.poll() is None:
-        # The group leader is alive, so its process group id cannot have been reused.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)  # debootstrap's exit trap unmounts what it mounted
-        try:
-            proc.wait(timeout=_STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    if proc.stdout is not None:
-        proc.stdout.close()
-
-
 def _run(cmd: Sequence[str], *, emit: Progress, what: str, log: Path | None = None) -> None:
-    """Run `cmd`, streaming its output to `emit`; `TemplateBuildError` with its last lines on failure."""
-    tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
-    try:
-        proc = subprocess.Popen(
-            # If this process dies outright (SIGKILL), the command gets SIGTERM instead of running on.
-            ["setpriv", "--pdeathsig", "TERM", "--", *cmd],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=_command_env(),
-            start_new_session=True,  # its own process group, so an interrupted build can stop all of it
-        )
-    except OSError as exc:
-        raise TemplateBuildError(f"{what}: cannot run {cmd[0]}: {exc.strerror}") from exc
-    try:
-        assert proc.stdout is not None
-        for raw in proc.stdout:
-            line = raw.decode(errors="replace").rstrip()
-            tail.append(line)
-            emit(line)
-        returncode = proc.wait()
-    finally:
-        _stop(proc)
-    if returncode != 0:
-        details = list(tail)
-        log_tail = _log_tail(log)
-        if log_tail:
-            details += [f"--- last lines of {log.name if log else ''}:", *log_tail]
-        raise TemplateBuildError(
-            f"{what} failed with exit code {returncode}:\n" + "\n".join(details),
-            details={"exit_code": returncode, "output_tail": details},
-        )
+    run_streamed(cmd, emit=emit, what=what, env=_command_env(), log=log)
 
 
-def _log_tail(log: Path | None) -> list[str]:
-    if log is None:
-        return []
-    try:
-        lines = log.read_text(errors="replace").splitlines()
-    except OSError:
-        return []
-    return lines[-_TAIL_LINES:]
+def _isolated(*cmd: str, proc: str = "/proc") -> list[str]:
+    # --kill-child: if unshare dies, the namespace's first process gets SIGKILL, and with it all the others.
+    return ["unshare", "--mount", "--pid", "--fork", "--kill-child", f"--mount-proc={proc}", *cmd]
 
 
 def _in_chroot(rootfs: Path, *cmd: str) -> list[str]:
-    return [
-        "unshare",
-        "--mount",
-        "--pid",
-        "--fork",
-        "--kill-child",
-        f"--mount-proc={rootfs}/proc",
-        "chroot",
-        str(rootfs),
-        *cmd,
-    ]
+    return _isolated("chroot", str(rootfs), *cmd, proc=f"{rootfs}/proc")
 
 
 def _debootstrap(spec: TemplateSpec, rootfs: Path, emit: Progress) -> None:
     packages = spec.effective_apt_packages()
     emit(f"==> debootstrap {spec.suite} from {spec.mirror} with {len(packages)} extra packages")
-    cmd = ["debootstrap", f"--variant={spec.variant}"]
+    cmd = _isolated("debootstrap", f"--variant={spec.variant}")
     if packages:
         cmd.append("--include=" + ",".join(packages))
     cmd += [spec.suite, str(rootfs), spec.mirror]

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal, Protocol
 
 from .._exceptions import InvalidRequestError, TemplateBuildError
-from ._build import Progress, _discard, _sigterm_raises
 from ._fs import resolve_in_root
+from ._process import Progress, discard, sigterm_raises
 from ._rootfs import ensure_user, finish_rootfs
 from ._spec import canonical_json, validate_name
 from ._store import Template, TemplateStore
@@ -74,7 +74,7 @@ def import_image(
     unsupported image, `TemplateBuildError` if writing the root filesystem fails; no partial template is ever
     visible.
     """
-    emit = progress or _discard
+    emit = progress or discard
     validate_name(name)
     path = Path(path)
     with _open_source(path) as source:
@@ -86,7 +86,7 @@ def import_image(
             store.reap()
             return store.link(name, hexdigest)
         emit(f"==> importing {path} ({image.format}, {len(image.layers)} layers) as {name!r}")
-        with _sigterm_raises(), store.staging(hexdigest) as staging:
+        with sigterm_raises(), store.staging(hexdigest) as staging:
             staging.rootfs.mkdir(mode=0o755)
             try:
                 for number, layer in enumerate(image.layers, 1):
@@ -248,9 +248,7 @@ def _read_small(source: _Source, name: str, expected: str | None = None) -> byte
     if len(data) > _MAX_JSON_BYTES:
         raise InvalidRequestError(f"image file {name!r} is larger than {_MAX_JSON_BYTES} bytes")
     if expected is not None and f"sha256:{hashlib.sha256(data).hexdigest()}" != expected:
-        raise InvalidRequestError(
-            f"image file {name!r} does not match its digest {expected}; the image is corrupt"
-        )
+        raise InvalidRequestError(f"image file {name!r} does not match its digest {expected}; the image is corrupt")
     return data
 
 
@@ -278,9 +276,7 @@ def _read_image(source: _Source, emit: Progress) -> _Image:
     )
 
 
-def _select_manifest(
-    source: _Source, index: dict[str, Any], emit: Progress, depth: int = 0
-) -> dict[str, Any]:
+def _select_manifest(source: _Source, index: dict[str, Any], emit: Progress, depth: int = 0) -> dict[str, Any]:
     if depth > 4:
         raise InvalidRequestError("image index nests too deeply")
     manifests = [m for m in index["manifests"] if (m.get("platform") or {}).get("os") != "unknown"]
@@ -320,9 +316,7 @@ def _read_oci(source: _Source, emit: Progress) -> _Image:
     _, config, diff_ids = _read_config(source, _blob_name(config_digest), config_digest)
     descriptors = manifest["layers"]
     if len(descriptors) != len(diff_ids):
-        raise InvalidRequestError(
-            f"image manifest has {len(descriptors)} layers but its config {len(diff_ids)}"
-        )
+        raise InvalidRequestError(f"image manifest has {len(descriptors)} layers but its config {len(diff_ids)}")
     layers = [
         _Layer(path=_blob_name(d["digest"]), digest=_sha256_digest(d["digest"]), diff_id=diff_id)
         for d, diff_id in zip(descriptors, diff_ids, strict=True)
@@ -341,9 +335,7 @@ def _read_docker_archive(source: _Source, emit: Progress) -> _Image:
     config_digest, config, diff_ids = _read_config(source, entry["Config"], None)
     paths = entry["Layers"]
     if len(paths) != len(diff_ids):
-        raise InvalidRequestError(
-            f"manifest.json lists {len(paths)} layers but the image config {len(diff_ids)}"
-        )
+        raise InvalidRequestError(f"manifest.json lists {len(paths)} layers but the image config {len(diff_ids)}")
     layers = [_Layer(path=str(p), digest=None, diff_id=d) for p, d in zip(paths, diff_ids, strict=True)]
     tags = entry.get("RepoTags") or []
     return _Image("docker-archive", config_digest, None, config, layers, str(tags[0]) if tags else None)
@@ -413,9 +405,7 @@ def _apply_layer(source: _Source, layer: _Layer, rootfs: Path, emit: Progress) -
         except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, gzip.BadGzipFile) as exc:
             raise InvalidRequestError(f"layer {layer.diff_id} is not a readable tar: {exc}") from exc
     if layer.digest is not None and packed_hash.digest() != layer.digest:
-        raise InvalidRequestError(
-            f"layer blob does not match its digest {layer.digest}; the image is corrupt"
-        )
+        raise InvalidRequestError(f"layer blob does not match its digest {layer.digest}; the image is corrupt")
     if unpacked_hash.digest() != layer.diff_id:
         raise InvalidRequestError(
             f"layer does not match the config's diff_id {layer.diff_id} (got {unpacked_hash.digest()}); "
@@ -498,9 +488,7 @@ class _LayerApplier:
     def _hard_link(self, dest: Path, member: tarfile.TarInfo) -> bool:
         parts = _entry_parts(member.linkname)
         if not parts:
-            self._emit(
-                f"warning: skipped hard link {member.name!r}: its target {member.linkname!r} leaves the root"
-            )
+            self._emit(f"warning: skipped hard link {member.name!r}: its target {member.linkname!r} leaves the root")
             return False
         target = resolve_in_root(self._root, "/".join(parts), follow_last=False)
         if not os.path.lexists(target) or (target.is_dir() and not target.is_symlink()):

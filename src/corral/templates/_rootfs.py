@@ -14,7 +14,18 @@ from pathlib import Path
 from .._exceptions import TemplateBuildError
 from ._fs import resolve_in_root
 
-__all__ = ["MOUNT_POINTS", "USER_GID", "USER_UID", "ensure_dir", "ensure_user", "finish_rootfs", "write_file"]
+__all__ = [
+    "MOUNT_POINTS",
+    "USER_GID",
+    "USER_HOME",
+    "USER_NAME",
+    "USER_UID",
+    "ensure_dir",
+    "ensure_user",
+    "finish_rootfs",
+    "write_file",
+    "write_spec_files",
+]
 
 USER_UID = 1000
 USER_GID = 1000
@@ -58,9 +69,7 @@ def ensure_dir(root: Path, path: str, *, owner: tuple[int, int] | None = None, m
     return host
 
 
-def write_file(
-    root: Path, path: str, content: bytes, *, owner: tuple[int, int] = (0, 0), mode: int = 0o644
-) -> None:
+def write_file(root: Path, path: str, content: bytes, *, owner: tuple[int, int] = (0, 0), mode: int = 0o644) -> None:
     """Create or replace regular file `path` inside `root` (a symlink there is replaced, not followed)."""
     parent = ensure_dir(root, posixpath.dirname(path), owner=owner)
     dest = parent / posixpath.basename(path)

@@ -217,9 +217,7 @@ def load_spec(path: str | Path) -> TemplateSpec:
     try:
         data: Any = tomllib.loads(raw.decode()) if path.suffix == ".toml" else json.loads(raw)
     except (UnicodeDecodeError, ValueError) as exc:
-        raise InvalidRequestError(
-            f"template spec {path} is not valid {path.suffix[1:] or 'JSON'}: {exc}"
-        ) from exc
+        raise InvalidRequestError(f"template spec {path} is not valid {path.suffix[1:] or 'JSON'}: {exc}") from exc
     if not isinstance(data, dict):
         raise InvalidRequestError(f"template spec {path} must be a table/object of fields")
     return TemplateSpec.model_validate(data)
@@ -242,7 +240,7 @@ DEFAULT_TEMPLATE = TemplateSpec(
         "less",
         "make",
         "nodejs",
-        "npm",  # ~350 small node-* packages, ~110 MB: worth it, agents expect `npm install` next to node
+        # npm is left out: debootstrap cannot configure node-gyp (an npm dependency) in its first pass.
         "procps",
         "python-is-python3",  # agents type `python`, not `python3`
         "python3",
@@ -275,6 +273,5 @@ def builtin_spec(name: str) -> TemplateSpec:
     except KeyError:
         known = ", ".join(sorted(BUILTIN_SPECS))
         raise NotFoundError(
-            f"no built-in template spec named {name!r}; built-in specs: {known}. "
-            "Pass a spec file for anything else."
+            f"no built-in template spec named {name!r}; built-in specs: {known}. Pass a spec file for anything else."
         ) from None

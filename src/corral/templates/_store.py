@@ -361,7 +361,16 @@ class Staging:
         if fd is None:
             raise ServerError(f"{final} is locked by another process; try again")
         self._fds.append(fd)
-        exchange(self.path, final)
+        try:
+            exchange(self.path, final)
+        except OSError as exc:
+            if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                raise
+            # This filesystem cannot swap atomically: the template is missing for a moment instead.
+            old = self.store.root / f".trash-{self.digest}-{secrets.token_hex(4)}"
+            os.rename(final, old)
+            os.rename(self.path, final)
+            self.path = old  # close() deletes it
 
     def close(self) -> None:
         """Delete whatever is left at the build path (a failed build, or the old files after a swap)."""

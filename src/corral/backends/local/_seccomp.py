@@ -71,7 +71,7 @@ _FILE_IO = (
     "sendfile", "sendfile64", "copy_file_range", "splice", "tee", "vmsplice",
     "truncate", "truncate64", "ftruncate", "ftruncate64", "fallocate",
     "fsync", "fdatasync", "sync", "syncfs",
-    "sync_file_range", "sync_file_range2", "arm_sync_file_range",
+    "sync_file_range", "arm_sync_file_range",
     "fadvise64", "fadvise64_64", "arm_fadvise64_64", "readahead", "cachestat",
     # Linux native AIO (databases, some build tools); bounded by fs.aio-max-nr.
     "io_setup", "io_destroy", "io_submit", "io_cancel", "io_getevents",
@@ -335,11 +335,12 @@ def _all_but(excluded: Iterable[int], bits: int = 32) -> list[tuple[int, int]]:
 
 def _clone_rules() -> list[dict[str, object]]:
     # The flags are the first argument on x86_64, x86, arm and aarch64 alike.
+    # One denial per flag, each also requiring the flags before it clear, so that no two rules overlap.
     rules = [_rule(["clone"], _ALLOW, [_masked(0, _CLONE_NAMESPACE_FLAGS, 0)])]
-    for bit in range(64):
-        flag = 1 << bit
-        if _CLONE_NAMESPACE_FLAGS & flag:
-            rules.append(_rule(["clone"], _ERRNO, [_masked(0, flag, flag)], errno.EPERM))
+    earlier = 0
+    for flag in (1 << bit for bit in range(64) if _CLONE_NAMESPACE_FLAGS >> bit & 1):
+        rules.append(_rule(["clone"], _ERRNO, [_masked(0, earlier | flag, flag)], errno.EPERM))
+        earlier |= flag
     return rules
 
 

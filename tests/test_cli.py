@@ -1,0 +1,60 @@
+"""The `corral` CLI, run as a real subprocess against a throwaway state directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import DEV_ROOTFS, TEMPLATE, TEMPLATE_HOME
+
+CORRAL = str(Path(sys.executable).parent / "corral")
+
+
+def corral(home: Path, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    env = {**os.environ, "CORRAL_HOME": str(home)}
+    return subprocess.run([CORRAL, *args], env=env, input=stdin, capture_output=True, timeout=120)
+
+
+@pytest.fixture
+def cli_home(tmp_path: Path) -> Path:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "templates").symlink_to(TEMPLATE_HOME / "templates")
+    return home
+
+
+@pytest.mark.runc
+@pytest.mark.skipif(bool(DEV_ROOTFS), reason="the CLI needs a built template store, not a bare rootfs")
+def test_sandbox_commands(cli_home: Path):
+    created = corral(cli_home, "sandbox", "create", "--template", TEMPLATE, "--memory", "256M", "--json")
+    assert created.returncode == 0, created.stderr
+    sid = json.loads(created.stdout)["id"]
+    try:
+        r = corral(cli_home, "sandbox", "exec", sid, "cat; printf '\\xff' >&2; exit 4", stdin=b"in\x00put")
+        assert (r.returncode, r.stdout, r.stderr) == (4, b"in\x00put", b"\xff")
+        listed = json.loads(corral(cli_home, "sandbox", "ls", "--json").stdout)
+        assert [s["id"] for s in listed] == [sid]
+        r = corral(cli_home, "sandbox", "exec", sid, "sleep 10", "--timeout", "0.5")
+        assert r.returncode != 0 and b"timed out" in r.stderr
+    finally:
+        assert corral(cli_home, "sandbox", "kill", sid).returncode == 0
+    assert json.loads(corral(cli_home, "sandbox", "ls", "--json").stdout) == []
+
+
+def test_errors_are_one_clear_line(cli_home: Path):
+    r = corral(cli_home, "sandbox", "kill", "sb-doesnotexist")
+    assert r.returncode == 1 and r.stderr.decode().strip() == "error: no sandbox 'sb-doesnotexist'"
+    r = corral(cli_home, "sandbox", "create", "--memory", "lots")
+    assert r.returncode != 0 and b"not a size" in r.stderr
+
+
+def test_templates_ls(cli_home: Path):
+    r = corral(cli_home, "templates", "ls", "--json")
+    assert r.returncode == 0
+    if not DEV_ROOTFS:
+        assert TEMPLATE in [t["name"] for t in json.loads(r.stdout)]
