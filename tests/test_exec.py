@@ -93,6 +93,7 @@ async def test_open_files_limit(engine):
     async with await engine.create(spec(open_files=256)) as sb:
         r = await sb.exec("ulimit -n; ulimit -Hn")
         assert r.stdout.split() == ["256", "256"]
-        r = await sb.exec(["python3", "-c", "import os\nfds=[]\ntry:\n  while True: fds.append(os.open('/dev/null', 0))\n"
-                           "except OSError as e: print(e.errno, len(fds) < 256)"])
+        probe = ("import os\nfds=[]\ntry:\n  while True: fds.append(os.open('/dev/null', 0))\n"
+                 "except OSError as e: print(e.errno, len(fds) < 256)")
+        r = await sb.exec(["python3", "-c", probe])
         assert r.stdout.strip() == "24 True"  # EMFILE

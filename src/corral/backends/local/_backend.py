@@ -17,10 +17,10 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import secrets
 import shutil
-import logging
 import socket
 import subprocess
 import time
