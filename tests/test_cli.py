@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,11 +23,12 @@ def corral(home: Path, *args: str, stdin: bytes | None = None) -> subprocess.Com
 
 
 @pytest.fixture
-def cli_home(tmp_path: Path) -> Path:
-    home = tmp_path / "home"
+def cli_home(test_home: Path, unique: str) -> Iterator[Path]:
+    home = test_home / f"cli-{unique}"  # not under pytest's tmp_path: that is 0700, sandboxes cannot reach it
     home.mkdir()
     (home / "templates").symlink_to(TEMPLATE_HOME / "templates")
-    return home
+    yield home
+    shutil.rmtree(home)
 
 
 @pytest.mark.runc
@@ -58,3 +61,12 @@ def test_templates_ls(cli_home: Path):
     assert r.returncode == 0
     if not DEV_ROOTFS:
         assert TEMPLATE in [t["name"] for t in json.loads(r.stdout)]
+
+
+def test_unreachable_home_is_refused_with_the_fix(tmp_path: Path):
+    home = tmp_path / "private"  # pytest's tmp_path sits under a 0700 directory
+    home.mkdir()
+    (home / "templates").symlink_to(TEMPLATE_HOME / "templates")
+    r = corral(home, "sandbox", "create", "--template", TEMPLATE)
+    assert r.returncode == 1 and b"not traversable by other users" in r.stderr and b"chmod o+x" in r.stderr
+    assert not list((home / "sandboxes").iterdir())

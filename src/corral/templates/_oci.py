@@ -162,7 +162,10 @@ class _TarSource:
 
     def open(self, name: str) -> IO[bytes]:
         member = self._members.get(_archive_path(name))
-        extracted = self._archive.extractfile(member) if member is not None else None
+        try:
+            extracted = self._archive.extractfile(member) if member is not None else None
+        except KeyError:  # a link to a member the archive does not have
+            extracted = None
         if extracted is None:
             raise InvalidRequestError(f"image archive has no file {name!r}")
         return extracted

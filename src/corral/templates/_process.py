@@ -19,6 +19,9 @@ __all__ = ["Progress", "discard", "run_streamed", "sigterm_raises"]
 Progress = Callable[[str], None]
 
 _TAIL_LINES = 12
+# A log explains more than the output tail (dpkg says which dependency broke), and the build directory that
+# holds it is deleted after the failure, so more of it goes into the error.
+_LOG_TAIL_LINES = 40
 _STOP_GRACE_S = 10.0
 
 
@@ -73,7 +76,7 @@ def _log_tail(log: Path | None) -> list[str]:
         lines = log.read_text(errors="replace").splitlines()
     except OSError:
         return []
-    return [f"--- last lines of {log}:", *lines[-_TAIL_LINES:]] if lines else []
+    return [f"--- last lines of {log.name}:", *lines[-_LOG_TAIL_LINES:]] if lines else []
 
 
 def run_streamed(

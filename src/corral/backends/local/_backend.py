@@ -61,7 +61,7 @@ class LocalBackend:
     # -- contract ------------------------------------------------------------------------------------
 
     def check(self, runtime: str | None = None) -> None:
-        _preflight.check(runtime or self.runtime_name)
+        _preflight.check(runtime or self.runtime_name, self.home)
 
     async def create(self, sandbox_id: str, spec: SandboxSpec, template: Template) -> Record:
         runtime = spec.runtime.value

@@ -30,8 +30,23 @@ def problems(runtime: str) -> list[str]:
     return found
 
 
-def check(runtime: str) -> None:
-    found = problems(runtime)
+def path_problems(path: Path) -> list[str]:
+    """Sandbox roots live under `path`; a sandbox's root (an unprivileged host uid) must be able to reach them."""
+    found = []
+    for parent in [path, *path.parents]:
+        try:
+            mode = parent.stat().st_mode
+        except FileNotFoundError:
+            continue
+        if not mode & 0o001:
+            found.append(f"{parent} is not traversable by other users (mode {mode & 0o777:o}), so sandboxes "
+                         f"cannot reach their root filesystems under it: `chmod o+x {parent}` or choose another "
+                         "CORRAL_HOME")
+    return found
+
+
+def check(runtime: str, home: Path | None = None) -> None:
+    found = problems(runtime) + (path_problems(home) if home is not None else [])
     if found:
         raise RuntimeUnavailableError(
             "cannot create sandboxes safely, so none will be created: " + "; ".join(found),

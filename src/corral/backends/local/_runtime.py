@@ -38,9 +38,10 @@ class OCIRuntime:
         argv = [self.binary, "--root", str(self.state_root)]
         if self.name == "runsc":
             # The KVM platform hangs on many hosts; ptrace works everywhere gVisor does. `network=none` is
-            # loopback only; our seccomp profile applies inside the sentry too; the root stays on our disk
-            # image (no in-memory overlay, which would bypass the disk quota); the agent creates its socket
-            # on a host directory, since runsc cannot inherit a listening one.
+            # loopback only. The root stays on our disk image (no in-memory overlay, which would bypass the
+            # disk quota). The agent creates its socket on a host directory, since runsc cannot inherit one.
+            # No --oci-seccomp: gVisor's own kernel is the syscall boundary, and this build ignores errnoRet
+            # (clone3 gets EPERM instead of ENOSYS, so glibc cannot start threads).
             argv += ["--platform=ptrace", "--network=none", "--overlay2=none",
                      "--host-uds=create"]
         return argv

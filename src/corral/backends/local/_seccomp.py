@@ -29,6 +29,9 @@ How runc 1.1 and libseccomp 2.5 read this, measured with runc and pinned down by
   masked-equality patterns (`_all_but`).
 - runc turns a rule with two conditions on the same argument into separate rules (OR, not AND), so no rule
   here has more than one condition per argument.
+- On 32-bit x86, libseccomp copies every socket rule onto the socketcall multiplexer with its first
+  condition replaced by the call number, so `socket(AF_UNIX)` allowed would mean `socketcall(SYS_SOCKET)`
+  of any family allowed. socketcall is therefore denied outright (`_DENY_SOCKETCALL`).
 - Argument comparisons are 64-bit, but the kernel reads `int`/`unsigned int` arguments from the low 32 bits.
   Exact matches that allow use the full value (stray high bits fall through to a denial); patterns that deny
   look at the low 32 bits only, as the kernel does.
@@ -41,6 +44,7 @@ from collections.abc import Iterable, Sequence
 
 __all__ = [
     "ALLOWED_SYSCALLS",
+    "ARCHITECTURES",
     "DENIED_SYSCALLS",
     "ENOSYS_SYSCALLS",
     "FILTERED_SYSCALLS",
@@ -195,8 +199,7 @@ _MISC = (
     "landlock_create_ruleset", "landlock_add_rule", "landlock_restrict_self",
 )  # fmt: skip
 
-_GROUPS = (_FILE_IO, _DIRECTORIES, _METADATA, _MEMORY, _PROCESSES, _SIGNALS, _TIME, _SOCKETS, _POLLING,
-           _IPC, _MISC)  # fmt: skip
+_GROUPS = (_FILE_IO, _DIRECTORIES, _METADATA, _MEMORY, _PROCESSES, _SIGNALS, _TIME, _SOCKETS, _POLLING, _IPC, _MISC)
 ALLOWED_SYSCALLS: tuple[str, ...] = tuple(sorted({name for group in _GROUPS for name in group}))
 
 # --- Denied with EPERM ---------------------------------------------------------------------------------
@@ -206,10 +209,8 @@ ALLOWED_SYSCALLS: tuple[str, ...] = tuple(sorted({name for group in _GROUPS for 
 
 # Looking into or controlling other processes.
 _DENY_PTRACE = ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "kcmp")
-# 32-bit x86's socket multiplexer. Its arguments sit in memory, out of the filter's sight, and libseccomp
-# rewrites every socket rule onto it by replacing the first condition with the call number: the allow for
-# socket(AF_UNIX) would become an allow for socketcall(SYS_SOCKET) of any family. 32-bit programs still
-# have the direct socket syscalls (Linux 4.3+), which are filtered like everyone else's.
+# 32-bit x86's socket multiplexer: its arguments sit in memory, out of the filter's sight (see the module
+# doc). 32-bit programs still have the direct socket syscalls (Linux 4.3+), filtered like everyone else's.
 _DENY_SOCKETCALL = ("socketcall",)
 # New or other namespaces (clone with namespace flags is denied in `_clone_rules`).
 _DENY_NAMESPACES = ("unshare", "setns")
@@ -251,8 +252,8 @@ _ERRNO = "SCMP_ACT_ERRNO"
 _LOW32 = 0xFFFF_FFFF
 
 # clone(2) flags that make new namespaces: NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET.
-_CLONE_NAMESPACE_FLAGS = 0x0002_0000 | 0x0200_0000 | 0x0400_0000 | 0x0800_0000 | 0x1000_0000 | 0x2000_0000 \
-    | 0x4000_0000  # fmt: skip
+_CLONE_NAMESPACES = (0x0002_0000, 0x0200_0000, 0x0400_0000, 0x0800_0000, 0x1000_0000, 0x2000_0000, 0x4000_0000)
+_CLONE_NAMESPACE_MASK = sum(_CLONE_NAMESPACES)  # 0x7E020000
 
 _AF_UNIX, _AF_INET, _AF_INET6, _AF_NETLINK, _AF_PACKET = 1, 2, 10, 16, 17
 _SOCK_STREAM, _SOCK_DGRAM, _SOCK_RAW, _SOCK_PACKET = 1, 2, 3, 10
@@ -336,9 +337,9 @@ def _all_but(excluded: Iterable[int], bits: int = 32) -> list[tuple[int, int]]:
 def _clone_rules() -> list[dict[str, object]]:
     # The flags are the first argument on x86_64, x86, arm and aarch64 alike.
     # One denial per flag, each also requiring the flags before it clear, so that no two rules overlap.
-    rules = [_rule(["clone"], _ALLOW, [_masked(0, _CLONE_NAMESPACE_FLAGS, 0)])]
+    rules = [_rule(["clone"], _ALLOW, [_masked(0, _CLONE_NAMESPACE_MASK, 0)])]
     earlier = 0
-    for flag in (1 << bit for bit in range(64) if _CLONE_NAMESPACE_FLAGS >> bit & 1):
+    for flag in _CLONE_NAMESPACES:
         rules.append(_rule(["clone"], _ERRNO, [_masked(0, earlier | flag, flag)], errno.EPERM))
         earlier |= flag
     return rules
