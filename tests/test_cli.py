@@ -19,6 +19,8 @@ CORRAL = str(Path(sys.executable).parent / "corral")
 
 def corral(home: Path, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
     env = {**os.environ, "CORRAL_HOME": str(home)}
+    if stdin is None:
+        return subprocess.run([CORRAL, *args], env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
     return subprocess.run([CORRAL, *args], env=env, input=stdin, capture_output=True, timeout=120)
 
 

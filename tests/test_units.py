@@ -11,7 +11,7 @@ import pytest
 import corral
 from corral import CorralError, InvalidRequestError, error_from_code
 from corral._exceptions import _all_subclasses
-from corral.agent import files, protocol
+from corral.agent import archives, files, protocol
 from corral.agent.processes import OutputBuffer, ProcessError, build_argv, build_env
 from corral.backends.local._bundle import MASKED_PATHS, BundleParams, build_config
 from corral.engine import Limits, SandboxSpec, parse_size
@@ -115,11 +115,11 @@ def _members(*specs: tuple[str, str | None, str | None]) -> list[tarfile.TarInfo
 ])
 def test_unsafe_archive_members(specs):
     with pytest.raises(files.FileError):
-        files._validate_members(_members(*specs))
+        archives._validate_members(_members(*specs))
 
 
 def test_safe_archive_members():
-    files._validate_members(_members(("a/b", None, None), ("a/l", "sym", "b"), ("a/h", "hard", "a/b")))
+    archives._validate_members(_members(("a/b", None, None), ("a/l", "sym", "b"), ("a/h", "hard", "a/b")))
 
 
 def test_sizes_and_limits():
@@ -186,4 +186,4 @@ def test_bundle_has_every_hardening_item(tmp_path):
 
 def test_tar_helpers_reject_garbage_archive():
     with pytest.raises(files.FileError, match="not a valid tar"):
-        files._extract_safely(io.BytesIO(b"not a tar at all" * 100), "/nonexistent")
+        archives._extract_safely(io.BytesIO(b"not a tar at all" * 100), "/nonexistent")

@@ -10,7 +10,7 @@ import sys
 from . import server
 from .processes import set_dumpable
 
-LISTEN_FD = 3  # the host passes a listening Unix socket as fd 3 (`runc run --preserve-fds 1`)
+LISTEN_FD = 0  # the host passes a listening Unix socket as our stdin
 
 
 def _ignore(signum: int, frame: object) -> None:
@@ -35,7 +35,10 @@ def main() -> None:
         listener.bind(path)
         listener.listen(128)
     else:
-        listener = socket.socket(fileno=LISTEN_FD)
+        listener = socket.socket(fileno=os.dup(LISTEN_FD))
+        devnull = os.open(os.devnull, os.O_RDWR)
+        os.dup2(devnull, LISTEN_FD)  # and stdin becomes an ordinary /dev/null again
+        os.close(devnull)
     listener.set_inheritable(False)
     server.serve(listener, token)
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import socket
 import threading
-from typing import Any
 
 from . import protocol
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is slow to import, and the agent's start-up is every sandbox's start-up
+    from typing import Any
 
 
 class Closed(Exception):

@@ -10,14 +10,14 @@ from __future__ import annotations
 import errno
 import os
 import posixpath
-import shutil
 import stat
-import tarfile
-import tempfile
-from typing import IO, Any
 
 from . import protocol
 from .channel import Channel
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is slow to import, and the agent's start-up is every sandbox's start-up
+    from typing import Any
 
 ERRNO_CODES = {
     errno.ENOENT: "not_found",
@@ -140,12 +140,12 @@ def op_write(ch: Channel, req: dict[str, Any]) -> None:
         raise FileError("invalid_request", f"{path} is a directory")
     try:
         os.makedirs(parent, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".corral-upload-", dir=parent)
+        fd, tmp = make_temp(parent, ".corral-upload-")
     except OSError as exc:
         raise FileError.from_os(exc, path) from exc
     try:
         ch.event(event="ready")
-        size = _receive_into(ch, fd, path)
+        size = receive_into(ch, fd, path)
         os.fchmod(fd, mode)
         os.close(fd)
         fd = -1
@@ -157,11 +157,11 @@ def op_write(ch: Channel, req: dict[str, Any]) -> None:
         if fd >= 0:
             os.close(fd)
         if tmp:
-            _unlink_quietly(tmp)
+            unlink_quietly(tmp)
     ch.event(event="done", size=size, path=path)
 
 
-def _receive_into(ch: Channel, fd: int, path: str) -> int:
+def receive_into(ch: Channel, fd: int, path: str) -> int:
     size = 0
     while True:
         kind, payload = ch.recv()
@@ -237,6 +237,8 @@ def op_remove(ch: Channel, req: dict[str, Any]) -> None:
         st = os.lstat(path)
         if stat.S_ISDIR(st.st_mode):
             if req.get("recursive", True):
+                import shutil
+
                 shutil.rmtree(path)
             else:
                 os.rmdir(path)
@@ -260,132 +262,18 @@ def op_rename(ch: Channel, req: dict[str, Any]) -> None:
     ch.event(event="done")
 
 
-# -- archives --------------------------------------------------------------------------------------
-
-
-class _FrameWriter:
-    """A write-only file object that turns bytes into DATA frames."""
-
-    def __init__(self, ch: Channel) -> None:
-        self.ch = ch
-        self.buf = bytearray()
-
-    def write(self, data: bytes) -> int:
-        self.buf += data
-        if len(self.buf) >= protocol.CHUNK:
-            self.flush()
-        return len(data)
-
-    def flush(self) -> None:
-        if self.buf:
-            self.ch.send(protocol.DATA, bytes(self.buf))
-            self.buf.clear()
-
-
-def op_tar_get(ch: Channel, req: dict[str, Any]) -> None:
-    path = check_path(req.get("path"), req.get("roots"))
-    if not os.path.lexists(path):
-        raise FileError("not_found", f"{path}: No such file or directory")
-    ch.event(event="archive")
-    writer = _FrameWriter(ch)
-    with tarfile.open(fileobj=writer, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
-        tar.add(path, arcname=posixpath.basename(path) or ".", recursive=True)
-    writer.flush()
-    ch.send(protocol.DATA_END)
-    ch.event(event="done")
-
-
-def op_tar_put(ch: Channel, req: dict[str, Any]) -> None:
-    target = check_path(req.get("path"), req.get("roots"))
-    try:
-        os.makedirs(target, exist_ok=True)
-        fd, spool = tempfile.mkstemp(prefix=".corral-archive-", dir=target)
-    except OSError as exc:
-        raise FileError.from_os(exc, target) from exc
-    try:
-        ch.event(event="ready")
+def make_temp(directory: str, prefix: str) -> tuple[int, str]:
+    """A new private file in `directory` (like tempfile.mkstemp, without importing tempfile)."""
+    for _ in range(100):
+        path = posixpath.join(directory, prefix + os.urandom(6).hex())
         try:
-            _receive_into(ch, fd, target)
-        except OSError as exc:
-            raise FileError.from_os(exc, target) from exc
-        os.lseek(fd, 0, os.SEEK_SET)
-        with os.fdopen(os.dup(fd), "rb") as f:
-            count = _extract_safely(f, target)
-    finally:
-        os.close(fd)
-        _unlink_quietly(spool)
-    ch.event(event="done", entries=count)
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), path
+        except FileExistsError:
+            continue
+    raise FileError("server_error", f"could not create a temporary file in {directory}")
 
 
-def _extract_safely(f: IO[bytes], target: str) -> int:
-    try:
-        with tarfile.open(fileobj=f, mode="r:*") as tar:
-            members = tar.getmembers()
-            _validate_members(members)
-            for member in members:
-                _extract_member(tar, member, target)
-            return len(members)
-    except tarfile.TarError as exc:
-        raise FileError("invalid_request", f"not a valid tar archive: {exc}") from exc
-    except OSError as exc:
-        raise FileError.from_os(exc, target) from exc
-
-
-def _validate_members(members: list[tarfile.TarInfo]) -> None:
-    """Refuse the whole archive before writing anything if any entry could land outside the target."""
-    links: set[str] = set()
-    for m in members:
-        name = _member_name(m.name)
-        if any(name == link or name.startswith(link + "/") for link in links):
-            raise FileError("invalid_request", f"archive entry {m.name!r} goes through a link in the archive")
-        if m.issym() or m.islnk():
-            dest = m.linkname
-            if "\x00" in dest or dest.startswith("/"):
-                raise FileError("invalid_request", f"archive link {m.name!r} points to absolute path {dest!r}")
-            base = posixpath.dirname(name) if m.issym() else ""
-            resolved = posixpath.normpath(posixpath.join(base, dest))
-            if resolved == ".." or resolved.startswith("../"):
-                raise FileError("invalid_request", f"archive link {m.name!r} -> {dest!r} leads outside the target")
-            links.add(name)
-        elif not (m.isfile() or m.isdir()):
-            raise FileError("invalid_request", f"archive entry {m.name!r} is a device, FIFO or other special file")
-
-
-def _member_name(raw: str) -> str:
-    if "\x00" in raw or raw.startswith("/"):
-        raise FileError("invalid_request", f"archive entry {raw!r} has an absolute path")
-    parts = [p for p in raw.split("/") if p not in ("", ".")]
-    if ".." in parts:
-        raise FileError("invalid_request", f"archive entry {raw!r} contains '..'")
-    if not parts:
-        return "."
-    return "/".join(parts)
-
-
-def _extract_member(tar: tarfile.TarFile, m: tarfile.TarInfo, target: str) -> None:
-    name = _member_name(m.name)
-    dest = posixpath.join(target, name) if name != "." else target
-    mode = (m.mode & 0o777) or (0o755 if m.isdir() else 0o644)
-    if m.isdir():
-        os.makedirs(dest, exist_ok=True)
-        os.chmod(dest, mode | 0o700)
-        return
-    os.makedirs(posixpath.dirname(dest), exist_ok=True)
-    if os.path.lexists(dest) and not os.path.isdir(dest):
-        os.unlink(dest)
-    if m.issym():
-        os.symlink(m.linkname, dest)
-    elif m.islnk():
-        os.link(posixpath.join(target, _member_name(m.linkname)), dest)
-    else:
-        src = tar.extractfile(m)
-        assert src is not None
-        with src, open(dest, "wb") as out:
-            shutil.copyfileobj(src, out, protocol.CHUNK)
-        os.chmod(dest, mode)
-
-
-def _unlink_quietly(path: str) -> None:
+def unlink_quietly(path: str) -> None:
     try:
         os.unlink(path)
     except OSError:
@@ -401,6 +289,5 @@ OPS = {
     "mkdir": op_mkdir,
     "remove": op_remove,
     "rename": op_rename,
-    "tar_get": op_tar_get,
-    "tar_put": op_tar_put,
 }
+ARCHIVE_OPS = ("tar_get", "tar_put")  # in `archives`, imported on first use: tarfile is slow to import

@@ -18,7 +18,6 @@ import itertools
 import os
 import pty
 import selectors
-import shutil
 import signal
 import struct
 import subprocess
@@ -26,7 +25,10 @@ import termios
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is slow to import, and the agent's start-up is every sandbox's start-up
+    from typing import Any
 
 _libc = ctypes.CDLL(None, use_errno=True)
 PR_SET_DUMPABLE = 4
@@ -570,7 +572,7 @@ def _check_text(value: str, what: str) -> None:
 
 def _popen(argv: list[str], *, tty: bool, env: dict[str, str], **kwargs: Any) -> subprocess.Popen[bytes]:
     # Check here: with the shim, a missing program would only show as exit code 127.
-    found = shutil.which(argv[0], path=env.get("PATH")) if "/" not in argv[0] else argv[0]
+    found = _which(argv[0], env.get("PATH", "")) if "/" not in argv[0] else argv[0]
     if found is None or not os.path.exists(found):
         raise ProcessError("invalid_request", f"command not found: {argv[0]}")
     if os.access(SPAWN_SHIM, os.X_OK):
@@ -587,6 +589,14 @@ def _popen(argv: list[str], *, tty: bool, env: dict[str, str], **kwargs: Any) ->
         if exc.errno == errno.EAGAIN:
             raise ProcessError("quota_exceeded", "the sandbox's process limit is reached") from exc
         raise ProcessError("server_error", f"could not start {argv[0]}: {exc}") from exc
+
+
+def _which(name: str, path: str) -> str | None:
+    for directory in path.split(os.pathsep):
+        candidate = os.path.join(directory or ".", name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
 
 
 def _child_setup() -> None:

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is slow to import, and the agent's start-up is every sandbox's start-up
+    from typing import Any
 
 VERSION = 1
 

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-import hmac
 import os
 import signal
 import socket
 import sys
 import threading
 import time
-from typing import Any
+from _operator import _compare_digest  # what hmac.compare_digest is, without importing hashlib
 
 from . import files, protocol
 from .channel import Channel, Closed
 from .processes import Process, ProcessError, ProcessTable
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is slow to import, and the agent's start-up is every sandbox's start-up
+    from typing import Any
 
 STARTED = time.time()
 
@@ -28,7 +31,7 @@ class Agent:
         try:
             req = ch.recv_json(protocol.REQUEST)
             token = req.pop("token", "")
-            if not isinstance(token, str) or not hmac.compare_digest(token.encode(), self.token):
+            if not isinstance(token, str) or not _compare_digest(token.encode(), self.token):
                 ch.error("unauthenticated", "the agent token is missing or wrong")
                 return
             self.dispatch(ch, req)
@@ -47,6 +50,10 @@ class Agent:
         op = req.get("op")
         if op in files.OPS:
             files.OPS[op](ch, req)
+        elif op in files.ARCHIVE_OPS:
+            from . import archives
+
+            archives.OPS[op](ch, req)
         elif op == "ping":
             ch.event(event="pong", version=protocol.VERSION, uptime=time.time() - STARTED,
                      python=sys.version.split()[0])

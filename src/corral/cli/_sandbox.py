@@ -78,7 +78,7 @@ def exec_(
 ) -> None:
     """Run a command, stream its output, exit with its exit code."""
     cmd: str | list[str] = command[0] if len(command) == 1 else command
-    stdin = None if sys.stdin.isatty() else sys.stdin.buffer.read()
+    stdin = None if sys.stdin is None or sys.stdin.isatty() else sys.stdin.buffer.read()
 
     def out(data: bytes) -> None:
         sys.stdout.buffer.write(data)

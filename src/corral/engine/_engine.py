@@ -312,7 +312,7 @@ class Engine:
         tmp = path.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
-            json.dump(sb.to_json(), f)
+            f.write(json.dumps(sb.to_json()))
         os.replace(tmp, path)
 
     async def _recover(self) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,8 +11,6 @@ from typing import Any
 
 from ..._exceptions import RuntimeUnavailableError, ServerError
 from ._system import run
-
-AGENT_FD = 3
 
 INSTALL_HINT = {
     "runc": "apt-get install runc",
@@ -54,16 +51,16 @@ class OCIRuntime:
                     timeout: float = 60.0) -> None:
         """`run --detach`: returns once the container's PID 1 (the agent) is running."""
         self.state_root.mkdir(parents=True, exist_ok=True)
-        argv = [*self._base(), "run", "--detach", "--bundle", str(bundle), "--pid-file", str(bundle / "pid")]
-        if listen_fd is not None:
-            argv += ["--preserve-fds", "1"]
-        argv.append(container_id)
+        argv = [*self._base(), "run", "--detach", "--bundle", str(bundle), "--pid-file", str(bundle / "pid"),
+                container_id]
         with open(log, "ab") as logf:
-            # With --detach the runtime hands its own stdio to the container: a file, never a pipe we wait on.
+            # With --detach the runtime hands its own stdio to the container's PID 1: stdout and stderr go to a
+            # log file (never a pipe we would wait on), and stdin *is* the agent's listening socket. That
+            # passes the socket without `--preserve-fds` and the `preexec_fn` that renumbering it would need
+            # (which forces a full fork of this big process: milliseconds per sandbox).
             proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=logf, stderr=logf,
-                pass_fds=(AGENT_FD,) if listen_fd is not None else (),
-                preexec_fn=_dup_to_agent_fd(listen_fd) if listen_fd is not None else None,
+                *argv, stdin=listen_fd if listen_fd is not None else asyncio.subprocess.DEVNULL,
+                stdout=logf, stderr=logf,
             )
         try:
             code = await asyncio.wait_for(proc.wait(), timeout)
@@ -109,13 +106,6 @@ class OCIRuntime:
 
     async def resume(self, container_id: str) -> None:
         await run([*self._base(), "resume", container_id], what="resuming a sandbox")
-
-
-def _dup_to_agent_fd(fd: int) -> Any:
-    def setup() -> None:  # runs in the child before exec: the runtime passes fds 3.. to the container
-        os.dup2(fd, AGENT_FD)
-
-    return setup
 
 
 def _tail(log: Path, limit: int = 2000) -> str:

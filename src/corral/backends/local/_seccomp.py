@@ -40,6 +40,7 @@ How runc 1.1 and libseccomp 2.5 read this, measured with runc and pinned down by
 from __future__ import annotations
 
 import errno
+import platform
 from collections.abc import Iterable, Sequence
 
 __all__ = [
@@ -51,15 +52,12 @@ __all__ = [
     "seccomp_profile",
 ]
 
-# x86_64 hosts also run 32-bit (int 0x80) and x32 code, arm64 hosts 32-bit arm code: a filter that left
-# those ABIs out would leave a second, unfiltered syscall table open.
-ARCHITECTURES = (
-    "SCMP_ARCH_X86_64",
-    "SCMP_ARCH_X86",
-    "SCMP_ARCH_X32",
-    "SCMP_ARCH_AARCH64",
-    "SCMP_ARCH_ARM",
-)
+# Only the host's native ABI. x86_64 hosts could also run 32-bit (int 0x80) and x32 code, arm64 hosts 32-bit
+# arm code; those ABIs are not in the filter, so libseccomp's bad-architecture action kills any process that
+# tries them (the tests prove it). Listing them would let 32-bit programs run, and made runc compile a filter
+# five times larger: ~110 ms more per sandbox start.
+_NATIVE = {"x86_64": "SCMP_ARCH_X86_64", "aarch64": "SCMP_ARCH_AARCH64", "arm64": "SCMP_ARCH_AARCH64"}
+ARCHITECTURES = (_NATIVE.get(platform.machine(), "SCMP_ARCH_NATIVE"),)
 
 # --- The allowlist, by purpose -------------------------------------------------------------------------
 # Names that exist only on some architectures (the 32-bit *64 and *_time64 variants, arm's private calls)
