@@ -250,7 +250,9 @@ def test_names_are_known_to_libseccomp() -> None:
 # In-container helper: a small Python program run as the container's process. It is self-contained (the
 # template has only the standard library) and prints one JSON object.
 PROBE = r'''
-import ctypes, errno, fcntl, json, mmap, os, platform, signal, socket, struct, sys, termios, time
+import ctypes, errno, fcntl, json, mmap, os, platform, resource, signal, socket, struct, sys, termios, time
+
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # probes killed by SIGSYS must not spend seconds dumping core
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
@@ -290,11 +292,14 @@ def isolated(fn):
         os.write(w, out.encode())
         os._exit(0)
     os.close(w)
-    data = b""
-    while chunk := os.read(r, 4096):
-        data += chunk
-    os.close(r)
+    # Wait for the child, not for EOF: a probe killed mid-way may leave a grandchild holding the pipe open.
     _, status = os.waitpid(pid, 0)
+    os.set_blocking(r, False)
+    try:
+        data = os.read(r, 4096)
+    except BlockingIOError:
+        data = b""
+    os.close(r)
     if os.WIFSIGNALED(status):
         return signal.Signals(os.WTERMSIG(status)).name
     return data.decode()
