@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
+# `_socket`, not `socket`: the `socket` module builds enums on import, and every millisecond of the agent's
+# start-up is a millisecond of every sandbox's start-up.
+import _socket
 import os
-import signal
-import socket
 import sys
 
 from . import server
 from .processes import set_dumpable
 
 LISTEN_FD = 0  # the host passes a listening Unix socket as our stdin
-
-
-def _ignore(signum: int, frame: object) -> None:
-    pass
 
 
 def main() -> None:
@@ -24,22 +21,18 @@ def main() -> None:
         sys.exit(2)
     # Non-dumpable: /proc/1/{environ,mem,fd} become unreadable to sandbox code running as the same uid.
     set_dumpable(False)
-    sys.setswitchinterval(0.0005)
-    # As PID 1 we get only the signals we handle: catch the polite ones so sandbox code cannot stop us.
-    # Caught, not ignored: an ignored signal stays ignored in every command we exec, a caught one does not.
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, _ignore)
+    # No signal handlers: as PID 1 of its namespace, the agent gets only the signals it handles, so sandbox
+    # code cannot stop it; and commands inherit default dispositions.
     path = os.environ.pop("CORRAL_AGENT_LISTEN", "")
     if path:
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         listener.bind(path)
         listener.listen(128)
     else:
-        listener = socket.socket(fileno=os.dup(LISTEN_FD))
+        listener = _socket.socket(fileno=os.dup(LISTEN_FD))
         devnull = os.open(os.devnull, os.O_RDWR)
         os.dup2(devnull, LISTEN_FD)  # and stdin becomes an ordinary /dev/null again
         os.close(devnull)
-    listener.set_inheritable(False)
     server.serve(listener, token)
 
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 
 from . import protocol
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is slow to import, and the agent's start-up is every sandbox's start-up
+    from _socket import socket
     from typing import Any
 
 
@@ -17,7 +17,7 @@ class Closed(Exception):
 
 
 class Channel:
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket) -> None:
         self.sock = sock
         self._send_lock = threading.Lock()
 

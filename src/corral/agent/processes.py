@@ -16,11 +16,8 @@ import errno
 import fcntl
 import itertools
 import os
-import pty
-import selectors
-import signal
+import select
 import struct
-import subprocess
 import termios
 import threading
 import time
@@ -31,6 +28,9 @@ if TYPE_CHECKING:  # typing is slow to import, and the agent's start-up is every
     from typing import Any
 
 _libc = ctypes.CDLL(None, use_errno=True)
+# Signal numbers as plain ints: the `signal` module builds enums on import, and every import here delays
+# every sandbox's start. Linux numbering (the agent only runs on Linux).
+SIGKILL, SIGSTOP, SIGPIPE, SIGXFSZ = 9, 19, 13, 25
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -133,6 +133,7 @@ class Process:
         self.sinks: list[Sink] = []
         self.follow: list[Sink] = []  # attached followers get every byte, not only the head
         self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
 
     # -- called by the reaper thread -------------------------------------------------------------
 
@@ -282,7 +283,7 @@ def kill_tree(root: int) -> None:
     # Stop the root first: it must stay alive (as the subreaper holding the tree) until the tree is gone, and
     # stopped it cannot spawn more. Killing its process group first would re-parent escapees to us.
     try:
-        os.kill(root, signal.SIGSTOP)
+        os.kill(root, SIGSTOP)
     except OSError:
         pass
     for _ in range(KILL_PASSES):
@@ -291,12 +292,12 @@ def kill_tree(root: int) -> None:
             break
         for pid in tree:
             try:
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, SIGKILL)
             except OSError:
                 pass
         time.sleep(0.002)
     try:
-        os.kill(root, signal.SIGKILL)
+        os.kill(root, SIGKILL)
     except OSError:
         pass
 
@@ -377,46 +378,66 @@ class ProcessTable:
         self._pump(proc, watch=(watch_fd, on_readable))
 
     def _spawn_pipes(self, proc: Process, env: dict[str, str], cwd: str, *, want_stdin: bool) -> None:
-        with self.reaper.lock:
-            popen = _popen(proc.argv, env=env, cwd=cwd,
-                           stdin=subprocess.PIPE if want_stdin else subprocess.DEVNULL,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, tty=False)
-            proc.pid = popen.pid
-            self.reaper.registry[popen.pid] = proc
-        self.reaper.have_children.set()
-        assert popen.stdout is not None and popen.stderr is not None
-        proc.stdin_fd = os.dup(popen.stdin.fileno()) if popen.stdin is not None else None
-        out_fd, err_fd = os.dup(popen.stdout.fileno()), os.dup(popen.stderr.fileno())
-        for stream in (popen.stdin, popen.stdout, popen.stderr):
-            if stream is not None:
-                stream.close()
-        popen.returncode = 0  # the reaper owns the exit status; stop Popen from ever waiting on it
-        proc.fds = {out_fd: "stdout", err_fd: "stderr"}
+        stdin_r, stdin_w = os.pipe() if want_stdin else (os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), -1)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            self._spawn(proc, env, cwd, (stdin_r, out_w, err_w), tty=False)
+        except BaseException:
+            for fd in (stdin_w, out_r, err_r):
+                _close_quietly(fd)
+            raise
+        finally:
+            for fd in (stdin_r, out_w, err_w):  # the child's ends
+                _close_quietly(fd)
+        proc.stdin_fd = stdin_w if want_stdin else None
+        proc.fds = {out_r: "stdout", err_r: "stderr"}
 
     def _spawn_pty(self, proc: Process, env: dict[str, str], cwd: str, size: Any) -> None:
         rows, cols = _pty_size(size)
-        master, slave = pty.openpty()
+        master, slave = os.openpty()
         fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
         try:
-            with self.reaper.lock:
-                popen = _popen(proc.argv, env=env, cwd=cwd, stdin=slave, stdout=slave, stderr=slave, tty=True)
-                proc.pid = popen.pid
-                self.reaper.registry[popen.pid] = proc
+            self._spawn(proc, env, cwd, (slave, slave, slave), tty=True)
+        except BaseException:
+            os.close(master)
+            raise
         finally:
             os.close(slave)
-        self.reaper.have_children.set()
-        popen.returncode = 0
         proc.master_fd = master
         proc.fds = {master: "stdout"}
 
+    def _spawn(self, proc: Process, env: dict[str, str], cwd: str, stdio: tuple[int, int, int], *,
+               tty: bool) -> None:
+        argv = proc.argv
+        # Check here: through the shim a missing program would only show as exit code 127.
+        found = _which(argv[0], env.get("PATH", "")) if "/" not in argv[0] else argv[0]
+        if found is None or not os.path.exists(found):
+            raise ProcessError("invalid_request", f"command not found: {argv[0]}")
+        with self.reaper.lock:  # held until registered: a fast exit is never reaped as an unknown orphan
+            try:
+                if os.access(SPAWN_SHIM, os.X_OK):
+                    pid = _posix_spawn(argv, env, cwd, stdio, tty=tty)
+                else:
+                    pid = _popen_fallback(argv, env, cwd, stdio, tty=tty)
+            except OSError as exc:
+                if exc.errno == errno.EAGAIN:
+                    raise ProcessError("quota_exceeded", "the sandbox's process limit is reached") from exc
+                if exc.errno in (errno.EACCES, errno.EPERM):
+                    raise ProcessError("permission_denied", f"cannot execute {argv[0]}: permission denied") from exc
+                raise ProcessError("server_error", f"could not start {argv[0]}: {exc}") from exc
+            proc.pid = pid
+            self.reaper.registry[pid] = proc
+        self.reaper.have_children.set()
+
     def _pump(self, proc: Process, watch: tuple[int, Callable[[], bool]] | None = None) -> None:
         fds = proc.fds
-        sel = selectors.DefaultSelector()
+        sel = select.epoll()
         for fd in fds:
-            sel.register(fd, selectors.EVENT_READ)
-        sel.register(proc._wake_r, selectors.EVENT_READ)
+            sel.register(fd, select.EPOLLIN)
+        sel.register(proc._wake_r, select.EPOLLIN)
         if watch is not None:
-            sel.register(watch[0], selectors.EVENT_READ)
+            sel.register(watch[0], select.EPOLLIN)
         open_fds = set(fds)
         exit_deadline: float | None = None
         try:
@@ -430,10 +451,9 @@ class ProcessTable:
                     proc.kill_tree(timed_out=True)
                     proc.deadline = None
                 wait = _min_wait(now, proc.deadline if proc.status is None else None, exit_deadline)
-                for key, _ in sel.select(wait):
-                    fd = int(key.fd)
+                for fd, _ in sel.poll(_epoll_timeout(wait)):
                     if fd == proc._wake_r:
-                        os.read(fd, 64)
+                        _drain_wake(fd)
                         continue
                     if watch is not None and fd == watch[0]:
                         if not watch[1]():
@@ -449,15 +469,12 @@ class ProcessTable:
                 if proc.deadline is not None and now >= proc.deadline:
                     proc.kill_tree(timed_out=True)
                     proc.deadline = None
-                for key, _ in sel.select(_min_wait(now, proc.deadline, None)):
-                    if watch is not None and key.fd == watch[0] and not watch[1]():
-                        sel.unregister(key.fd)
+                for fd, _ in sel.poll(_epoll_timeout(_min_wait(now, proc.deadline, None))):
+                    if fd == proc._wake_r:
+                        _drain_wake(fd)
+                    elif watch is not None and fd == watch[0] and not watch[1]():
+                        sel.unregister(fd)
                         watch = None
-                if proc.status is None:
-                    try:
-                        os.read(proc._wake_r, 64)
-                    except BlockingIOError:
-                        pass
         finally:
             sel.close()
             for fd in fds:
@@ -570,25 +587,36 @@ def _check_text(value: str, what: str) -> None:
         raise ProcessError("invalid_request", f"{what} is not valid UTF-8") from exc
 
 
-def _popen(argv: list[str], *, tty: bool, env: dict[str, str], **kwargs: Any) -> subprocess.Popen[bytes]:
-    # Check here: with the shim, a missing program would only show as exit code 127.
-    found = _which(argv[0], env.get("PATH", "")) if "/" not in argv[0] else argv[0]
-    if found is None or not os.path.exists(found):
-        raise ProcessError("invalid_request", f"command not found: {argv[0]}")
-    if os.access(SPAWN_SHIM, os.X_OK):
-        argv = [SPAWN_SHIM, *(["--tty"] if tty else []), *argv]
-    else:
-        kwargs["preexec_fn"] = _child_setup_tty if tty else _child_setup
+def _posix_spawn(argv: list[str], env: dict[str, str], cwd: str, stdio: tuple[int, int, int], *,
+                 tty: bool) -> int:
+    shim_args = [SPAWN_SHIM, *(["--tty"] if tty else []), "--cwd", cwd, "--", *argv]
+    actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(stdio)]
+    # Python ignores SIGPIPE and SIGXFSZ for itself; commands must get the default actions back.
+    return os.posix_spawn(SPAWN_SHIM, shim_args, env, file_actions=actions, setsid=True,
+                          setsigdef=(SIGPIPE, SIGXFSZ))
+
+
+def _popen_fallback(argv: list[str], env: dict[str, str], cwd: str, stdio: tuple[int, int, int], *,
+                    tty: bool) -> int:
+    """Without the shim: subprocess with a preexec_fn (a full fork of the agent: slower, same result)."""
+    import subprocess
+
+    popen = subprocess.Popen(argv, stdin=stdio[0], stdout=stdio[1], stderr=stdio[2], cwd=cwd, env=env,
+                             close_fds=True, start_new_session=True,
+                             preexec_fn=_child_setup_tty if tty else _child_setup)
+    popen.returncode = 0  # the reaper owns the exit status; stop Popen from ever waiting on it
+    return popen.pid
+
+
+def _epoll_timeout(wait: float | None) -> float:
+    return -1 if wait is None else wait
+
+
+def _drain_wake(fd: int) -> None:
     try:
-        return subprocess.Popen(argv, close_fds=True, start_new_session=True, env=env, **kwargs)
-    except FileNotFoundError as exc:
-        raise ProcessError("invalid_request", f"command not found: {argv[0]}") from exc
-    except PermissionError as exc:
-        raise ProcessError("permission_denied", f"cannot execute {argv[0]}: permission denied") from exc
-    except OSError as exc:
-        if exc.errno == errno.EAGAIN:
-            raise ProcessError("quota_exceeded", "the sandbox's process limit is reached") from exc
-        raise ProcessError("server_error", f"could not start {argv[0]}: {exc}") from exc
+        os.read(fd, 64)
+    except BlockingIOError:
+        pass
 
 
 def _which(name: str, path: str) -> str | None:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
+import _socket
 import sys
 import threading
 import time
@@ -12,10 +10,11 @@ from _operator import _compare_digest  # what hmac.compare_digest is, without im
 
 from . import files, protocol
 from .channel import Channel, Closed
-from .processes import Process, ProcessError, ProcessTable
+from .processes import SIGKILL, Process, ProcessError, ProcessTable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is slow to import, and the agent's start-up is every sandbox's start-up
+    from _socket import socket
     from typing import Any
 
 STARTED = time.time()
@@ -26,7 +25,7 @@ class Agent:
         self.token = token.encode()
         self.table = ProcessTable()
 
-    def handle(self, sock: socket.socket) -> None:
+    def handle(self, sock: socket) -> None:
         ch = Channel(sock)
         try:
             req = ch.recv_json(protocol.REQUEST)
@@ -63,8 +62,8 @@ class Agent:
             ch.event(event="done", processes=self.table.list())
         elif op == "kill":
             proc = self.table.get(req.get("id"))
-            sig = int(req.get("signal") or signal.SIGKILL)
-            if sig == signal.SIGKILL:
+            sig = int(req.get("signal") or SIGKILL)
+            if sig == SIGKILL:
                 proc.kill_tree()
             else:
                 proc.signal(sig)
@@ -216,7 +215,7 @@ def _send_error(ch: Channel, code: str, message: str) -> None:
         pass
 
 
-def _refuse(conn: socket.socket, code: str, message: str) -> None:
+def _refuse(conn: socket, code: str, message: str) -> None:
     try:
         conn.settimeout(1.0)
         Channel(conn).recv()  # read the request first: closing on unread data resets the connection
@@ -227,11 +226,12 @@ def _refuse(conn: socket.socket, code: str, message: str) -> None:
         conn.close()
 
 
-def serve(listener: socket.socket, token: str) -> None:
+def serve(listener: socket, token: str) -> None:
     agent = Agent(token)
     while True:
         try:
-            conn, _ = listener.accept()
+            fd, _ = listener._accept()  # type: ignore[attr-defined]  # _socket.socket has it; typeshed omits it
+            conn = _socket.socket(fileno=fd)
         except InterruptedError:
             continue
         except OSError:
@@ -245,4 +245,3 @@ def serve(listener: socket.socket, token: str) -> None:
 
 
 __all__ = ["Agent", "serve"]
-_ = os

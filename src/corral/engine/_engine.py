@@ -32,7 +32,7 @@ from .._exceptions import (
     SandboxTimeoutError,
 )
 from .._settings import corral_home
-from ..templates import TemplateStore
+from ..templates import Template, TemplateStore
 from ._agent_client import AgentClient, OutputCallback, PtySession, Source
 from ._models import Entry, ExecResult, ProcessInfo, SandboxInfo, SandboxSpec, SandboxState
 
@@ -175,7 +175,7 @@ class Engine:
         template = self.templates.get(spec.template)  # NotFoundError names the available ones
         sb = self._take_pooled(spec)
         if sb is None:
-            sb = await self._create(spec, template_env=dict(template.env))
+            sb = await self._create(spec, template)
         self._sandboxes[sb.id] = sb
         logger.info("sandbox.created", extra={"sandbox": sb.id, "template": spec.template,
                                               "runtime": spec.runtime.value, "pooled": sb.pooled})
@@ -183,13 +183,12 @@ class Engine:
         self._save(sb)
         return SandboxHandle(self, sb.id)
 
-    async def _create(self, spec: SandboxSpec, *, template_env: dict[str, str], pooled: bool = False) -> _Sandbox:
-        template = self.templates.get(spec.template)
+    async def _create(self, spec: SandboxSpec, template: Template, *, pooled: bool = False) -> _Sandbox:
         sandbox_id = f"sb-{secrets.token_hex(8)}"
         record = await self.backend.create(sandbox_id, spec, template)
         now = time.time()
         sb = _Sandbox(id=sandbox_id, spec=spec, record=record, created_at=now, expires_at=now + spec.timeout,
-                      template_env=template_env, pooled=pooled)
+                      template_env=dict(template.env), pooled=pooled)
         self._save(sb)
         return sb
 
@@ -359,13 +358,11 @@ class Engine:
                     logger.exception("sandbox.reap_failed", extra={"sandbox": sb.id})
 
     async def _pool_filler(self) -> None:
-        template_env: dict[str, str] | None = None
         while True:
             if len(self._pool) < self.pool_size:
                 try:
-                    if template_env is None:
-                        template_env = dict(self.templates.get(self.pool_spec.template).env)
-                    self._pool.append(await self._create(self.pool_spec, template_env=template_env, pooled=True))
+                    template = self.templates.get(self.pool_spec.template)
+                    self._pool.append(await self._create(self.pool_spec, template, pooled=True))
                     continue
                 except CorralError:
                     logger.exception("pool.fill_failed")

@@ -45,6 +45,7 @@ UID_BASE = 1 << 20  # host uid of sandbox slot 0's root; slot n uses [base + n*6
 MAX_SLOTS = 60_000
 # Machine-wide, not per home: two engines (a server and a test run) must never hand out the same uid range.
 SLOTS_DIR = Path("/run/corral/uid-slots")
+PREFLIGHT_TTL = 5.0
 AGENT_READY_TIMEOUT = {"runc": 15.0, "runsc": 60.0}
 
 
@@ -59,12 +60,19 @@ class LocalBackend:
         self.runtimes = {name: OCIRuntime(name, home / "runtime" / name) for name in ("runc", "runsc")}
         self.disks = DiskImagesHolder.get(home / "cache" / "disks")
         self._slots: set[int] = set()
+        self._checked: dict[str, float] = {}  # runtime -> when the preflight check last passed
         self._agent_dir: Path | None = None
 
     # -- contract ------------------------------------------------------------------------------------
 
     def check(self, runtime: str | None = None) -> None:
-        _preflight.check(runtime or self.runtime_name, self.home)
+        """Fail closed. A passing check is trusted for a few seconds (it reads a dozen files); a failing one
+        is never cached, so a fixed host is noticed at the next create."""
+        runtime = runtime or self.runtime_name
+        if time.monotonic() - self._checked.get(runtime, -PREFLIGHT_TTL) < PREFLIGHT_TTL:
+            return
+        _preflight.check(runtime, self.home)
+        self._checked[runtime] = time.monotonic()
 
     async def create(self, sandbox_id: str, spec: SandboxSpec, template: Template) -> Record:
         runtime = spec.runtime.value
