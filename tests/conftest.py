@@ -3,6 +3,7 @@ leak check when the session ends (no mounts, runc containers, cgroups, loop devi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -139,8 +140,22 @@ def _ours(uid: int, uid_base: int, prefix: str) -> bool:
     return owner.startswith(prefix)
 
 
+def _remove_stale_cgroup_parents() -> None:
+    """Empty cgroup parents of earlier test runs that were killed before their own cleanup."""
+    for d in Path("/sys/fs/cgroup").glob("*/corral-test-*"):
+        pid = d.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            for child in d.iterdir():
+                if child.is_dir():
+                    with contextlib.suppress(OSError):
+                        child.rmdir()
+            with contextlib.suppress(OSError):
+                d.rmdir()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def leak_check() -> Iterator[None]:
+    _remove_stale_cgroup_parents()
     yield
     if not TEST_HOME.exists():
         return

@@ -874,8 +874,8 @@ print(json.dumps(hits))
     assert found == [], f"the agent token is readable inside: {found}"
 
 
-async def test_22_pty_gets_term(engine, sandbox):
-    session = await sandbox.pty(["env"], timeout=10)
+async def _pty_output(session) -> bytearray:
+    """Everything a PTY session prints until its process ends (bounded), then the session is closed."""
     out = bytearray()
     try:
 
@@ -886,6 +886,12 @@ async def test_22_pty_gets_term(engine, sandbox):
         await asyncio.wait_for(drain(), 15)
     finally:
         await session.close()
+    return out
+
+
+async def test_22_pty_gets_term(engine, sandbox):
+    session = await sandbox.pty(["env"], timeout=10)
+    out = await _pty_output(session)
     env = dict(line.partition("=")[::2] for line in out.decode(errors="replace").splitlines() if "=" in line)
     assert env.get("TERM"), "a PTY session should get TERM"
     assert set(env) <= ALLOWED_ENV | {"TERM"} | set(engine.sandbox_env(sandbox.id)), sorted(env)
@@ -1057,16 +1063,7 @@ async def test_30_tiocsti_blocked_in_agent_pty(sandbox):
         "except OSError as e:\n    print('R=' + errno.errorcode[e.errno])\n"
     )
     session = await sandbox.pty(["python3", "-c", code], timeout=10)
-    out = bytearray()
-    try:
-
-        async def drain() -> None:
-            async for chunk in session:
-                out.extend(chunk)
-
-        await asyncio.wait_for(drain(), 15)
-    finally:
-        await session.close()
+    out = await _pty_output(session)
     assert b"R=EPERM" in out, out.decode(errors="replace")
 
 

@@ -12,7 +12,7 @@ import tarfile
 
 from . import protocol
 from .channel import Channel
-from .files import FileError, check_path, make_temp, receive_into, unlink_quietly
+from .files import FileError, check_path, receive_into, temp_in, unlink_quietly
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -53,11 +53,7 @@ def op_tar_get(ch: Channel, req: dict[str, Any]) -> None:
 
 def op_tar_put(ch: Channel, req: dict[str, Any]) -> None:
     target = check_path(req.get("path"), req.get("roots"))
-    try:
-        os.makedirs(target, exist_ok=True)
-        fd, spool = make_temp(target, ".corral-archive-")
-    except OSError as exc:
-        raise FileError.from_os(exc, target) from exc
+    fd, spool = temp_in(target, ".corral-archive-", target)
     try:
         ch.event(event="ready")
         try:

@@ -138,11 +138,7 @@ def op_write(ch: Channel, req: dict[str, Any]) -> None:
     parent = posixpath.dirname(path)
     if os.path.isdir(path):
         raise FileError("invalid_request", f"{path} is a directory")
-    try:
-        os.makedirs(parent, exist_ok=True)
-        fd, tmp = make_temp(parent, ".corral-upload-")
-    except OSError as exc:
-        raise FileError.from_os(exc, path) from exc
+    fd, tmp = temp_in(parent, ".corral-upload-", path)
     try:
         ch.event(event="ready")
         size = receive_into(ch, fd, path)
@@ -260,6 +256,15 @@ def op_rename(ch: Channel, req: dict[str, Any]) -> None:
     except OSError as exc:
         raise FileError.from_os(exc, src) from exc
     ch.event(event="done")
+
+
+def temp_in(directory: str, prefix: str, path: str) -> tuple[int, str]:
+    """Create `directory` if needed and a temporary file in it; errors name `path`, what the caller asked for."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+        return make_temp(directory, prefix)
+    except OSError as exc:
+        raise FileError.from_os(exc, path) from exc
 
 
 def make_temp(directory: str, prefix: str) -> tuple[int, str]:

@@ -38,5 +38,11 @@ class Backend(Protocol):
     def oom_kills(self, record: Record) -> int:
         """How many processes the OOM killer has killed in the sandbox so far."""
 
+    def load_record(self, sandbox_id: str) -> Record | None:
+        """The record `create` returned for this sandbox, read back after a restart (None: unknown)."""
+
+    def adopt(self, record: Record) -> None:
+        """Take back a sandbox found running after a restart (reserve what it holds)."""
+
     async def sweep(self, known: set[str]) -> list[str]:
         """Remove leftovers of sandboxes not in `known` (half-created, crashed); return their ids."""

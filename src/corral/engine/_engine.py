@@ -324,9 +324,7 @@ class Engine:
             if sb.expires_at <= time.time() or not await self.backend.alive(sb.record):
                 continue
             self._sandboxes[sb.id] = sb
-            adopt = getattr(self.backend, "adopt", None)
-            if adopt is not None:
-                adopt(sb.record)
+            self.backend.adopt(sb.record)
             known.add(sb.id)
             logger.info("sandbox.reattached", extra={"sandbox": sb.id})
         removed = await self.backend.sweep(known)
@@ -334,10 +332,9 @@ class Engine:
             logger.info("sandbox.swept", extra={"sandbox": sid})
 
     def _load(self, state_path: Path) -> _Sandbox | None:
-        load_record = getattr(self.backend, "load_record", None)
         try:
             data = json.loads(state_path.read_text())
-            record = load_record(data["id"]) if load_record else data.get("record")
+            record = self.backend.load_record(data["id"])
             if record is None:
                 return None
             return _Sandbox(id=data["id"], spec=SandboxSpec.model_validate(data["spec"]), record=record,
