@@ -188,7 +188,7 @@ class AgentClient:
 
     async def iter_file(self, path: str, *, roots: Roots = None) -> AsyncIterator[bytes]:
         async with self._op("read", path=path, roots=roots) as conn:
-            head = await conn.event()
+            await conn.event()  # {"event": "file", "size": ...}: the size when the read began
             received = 0
             while True:
                 kind, payload = await conn.recv()
@@ -199,7 +199,6 @@ class AgentClient:
             done = await conn.event()
             if received != done["size"]:
                 raise AgentError(f"download of {path} lost bytes: got {received} of {done['size']}")
-            _ = head
 
     async def write_file(self, path: str, data: Source, *, mode: int = 0o644,
                          roots: Roots = None) -> int:
@@ -273,17 +272,17 @@ class PtySession:
         await self._conn.send_json(protocol.CONTROL, {"kill": True})
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        """Terminal output until the process ends; then `result` is set."""
-        collector = OutputCollector()
+        """Terminal output until the process ends; then `result` is set.
+
+        Past the output cap (16 MiB by default) the live stream stops and the kept tail arrives at the end.
+        """
         while True:
             kind, payload = await self._conn.recv()
             if kind in (protocol.STDOUT, protocol.STDERR):
                 yield payload
                 continue
             ev = protocol.decode_json(payload)
-            if ev.get("event") == "tail":
-                collector.mark_tail(int(ev["omitted"]))
-            elif ev.get("event") == "exit":
+            if ev.get("event") == "exit":
                 self.result = _result(ev, b"", b"", None, None)
                 return
 
