@@ -129,3 +129,13 @@ async def test_fifty_at_once(engine, test_home):
     results = await asyncio.gather(*(one(i) for i in range(50)))
     assert results == [str(sum(range(i * 1000))) for i in range(50)]
     assert not leaks(test_home)
+
+
+async def test_caller_chosen_id(engine):
+    async with await engine.create(spec(), sandbox_id="sb-chosen-0001") as sb:
+        assert sb.id == "sb-chosen-0001" and (await sb.exec("true")).exit_code == 0
+        with pytest.raises(ConflictError):
+            await engine.create(spec(), sandbox_id="sb-chosen-0001")
+    for bad in ("../x", "sb-A", "sb-", "other-1234", "sb-" + "a" * 70):
+        with pytest.raises(InvalidRequestError):
+            await engine.create(spec(), sandbox_id=bad)

@@ -16,6 +16,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -169,13 +170,20 @@ class Engine:
 
     # -- sandboxes ---------------------------------------------------------------------------------
 
-    async def create(self, spec: SandboxSpec | None = None) -> SandboxHandle:
-        """Create a sandbox and wait until its agent answers. Fails closed; a failure leaves nothing."""
+    async def create(self, spec: SandboxSpec | None = None, *, sandbox_id: str | None = None) -> SandboxHandle:
+        """Create a sandbox and wait until its agent answers. Fails closed; a failure leaves nothing.
+
+        `sandbox_id` lets the caller (the control plane, which records the sandbox first) choose the id.
+        """
         spec = spec or SandboxSpec()
+        if sandbox_id is not None:
+            _check_sandbox_id(sandbox_id)
+            if sandbox_id in self._sandboxes or (self.home / "sandboxes" / sandbox_id).exists():
+                raise ConflictError(f"sandbox {sandbox_id} already exists")
         template = self.templates.get(spec.template)  # NotFoundError names the available ones
-        sb = self._take_pooled(spec)
+        sb = None if sandbox_id is not None else self._take_pooled(spec)
         if sb is None:
-            sb = await self._create(spec, template)
+            sb = await self._create(spec, template, sandbox_id=sandbox_id)
         self._sandboxes[sb.id] = sb
         logger.info("sandbox.created", extra={"sandbox": sb.id, "template": spec.template,
                                               "runtime": spec.runtime.value, "pooled": sb.pooled})
@@ -183,8 +191,9 @@ class Engine:
         self._save(sb)
         return SandboxHandle(self, sb.id)
 
-    async def _create(self, spec: SandboxSpec, template: Template, *, pooled: bool = False) -> _Sandbox:
-        sandbox_id = f"sb-{secrets.token_hex(8)}"
+    async def _create(self, spec: SandboxSpec, template: Template, *, pooled: bool = False,
+                      sandbox_id: str | None = None) -> _Sandbox:
+        sandbox_id = sandbox_id or f"sb-{secrets.token_hex(8)}"
         record = await self.backend.create(sandbox_id, spec, template)
         now = time.time()
         sb = _Sandbox(id=sandbox_id, spec=spec, record=record, created_at=now, expires_at=now + spec.timeout,
@@ -416,6 +425,15 @@ class SandboxHandle:
     async def __aexit__(self, *exc: object) -> None:
         with contextlib.suppress(NotFoundError, SandboxTimeoutError):
             await self.destroy()
+
+
+_SANDBOX_ID = re.compile(r"sb-[a-z0-9][a-z0-9-]{3,62}")
+
+
+def _check_sandbox_id(sandbox_id: str) -> None:
+    # It names a directory, a runc container and a cgroup: keep it to a safe alphabet.
+    if not _SANDBOX_ID.fullmatch(sandbox_id):
+        raise InvalidRequestError(f"sandbox id {sandbox_id!r} must match sb-[a-z0-9][a-z0-9-]{{3,62}}")
 
 
 WORKSPACE = "/workspace"

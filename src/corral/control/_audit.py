@@ -1,0 +1,400 @@
+"""The tamper-evident audit trail: a hash chain of records in the `audit` table.
+
+Each record's `hash` is SHA-256 over the canonical JSON of its fields (seq, time, tenant, key, role, action,
+target, params, outcome) and the previous record's hash; the first record chains to 64 zeros. Editing a
+record breaks its hash; deleting or inserting one breaks the links around it; deleting the newest records is
+caught by comparing with a head (seq, hash) exported earlier. The hash is not keyed: someone who can rewrite
+the database can also recompute every hash after the record they edit, so export the head regularly to a
+place they cannot write.
+
+What goes in a record is the caller's: commands verbatim in `params`; file writes as path, size and sha256
+(never the contents); the outcome (status, exit code, timed out, OOM) in `outcome`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import json
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, NamedTuple, Protocol
+
+from sqlalchemy import Select, select
+from sqlalchemy.exc import IntegrityError
+
+from .._exceptions import InvalidRequestError, ServerError
+from ._db import Database
+from ._models import AuditRow
+from ._rbac import Principal
+
+GENESIS_HASH = "0" * 64
+_APPEND_ATTEMPTS = 20
+_BATCH = 1000
+_ACTION_MAX = 64  # column widths of audit.action and audit.target
+_TARGET_MAX = 256
+
+
+class SupportsWriteStr(Protocol):
+    def write(self, text: str, /) -> object: ...
+
+
+@dataclass(frozen=True)
+class AuditEvent:
+    """What to record; the log adds seq, time and the hashes."""
+
+    action: str
+    target: str | None = None
+    tenant_id: str | None = None
+    key_id: str | None = None
+    role: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    outcome: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def by(cls, principal: Principal, action: str, target: str | None = None, *,
+           params: dict[str, Any] | None = None, outcome: dict[str, Any] | None = None) -> AuditEvent:
+        """An event attributed to the caller `principal`."""
+        return cls(action=str(action), target=target, tenant_id=principal.tenant_id, key_id=principal.key_id,
+                   role=principal.role.value, params=params or {}, outcome=outcome or {})
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One stored record of the chain."""
+
+    seq: int
+    time: datetime
+    tenant_id: str | None
+    key_id: str | None
+    role: str | None
+    action: str
+    target: str | None
+    params: dict[str, Any]
+    outcome: dict[str, Any]
+    prev_hash: str
+    hash: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self._hashed_fields(), "hash": self.hash}
+
+    def to_json(self) -> str:
+        return canonical_json(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AuditEntry:
+        return cls(seq=data["seq"], time=datetime.fromisoformat(data["time"]), tenant_id=data["tenant_id"],
+                   key_id=data["key_id"], role=data["role"], action=data["action"], target=data["target"],
+                   params=data["params"], outcome=data["outcome"], prev_hash=data["prev_hash"], hash=data["hash"])
+
+    @classmethod
+    def from_json(cls, line: str) -> AuditEntry:
+        return cls.from_dict(json.loads(line))
+
+    def computed_hash(self) -> str:
+        """The hash this record's fields call for (equal to `hash` unless someone edited it)."""
+        return hashlib.sha256(canonical_json(self._hashed_fields()).encode("ascii")).hexdigest()
+
+    def _hashed_fields(self) -> dict[str, Any]:
+        return {"seq": self.seq, "time": _iso(self.time), "tenant_id": self.tenant_id, "key_id": self.key_id,
+                "role": self.role, "action": self.action, "target": self.target, "params": self.params,
+                "outcome": self.outcome, "prev_hash": self.prev_hash}
+
+
+class ChainHead(NamedTuple):
+    """The newest record's seq and hash; (0, 64 zeros) for an empty log. Text form: `<seq>:<hash>`."""
+
+    seq: int
+    hash: str
+
+    def __str__(self) -> str:
+        return f"{self.seq}:{self.hash}"
+
+    @classmethod
+    def parse(cls, text: str) -> ChainHead:
+        seq, sep, digest = text.strip().partition(":")
+        if not sep or not seq.isdigit() or len(digest) != 64:
+            raise InvalidRequestError(f"{text!r} is not an audit chain head; expected <seq>:<64 hex digits>")
+        return cls(int(seq), digest.lower())
+
+
+@dataclass(frozen=True)
+class ChainProblem:
+    """The first thing wrong with the chain: which record (`seq`) and what happened to it (`kind`)."""
+
+    seq: int
+    kind: str  # "edited" | "inserted" | "deleted"
+    message: str
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    ok: bool
+    checked: int  # records verified before the problem (all of them when ok)
+    head: ChainHead  # the last verified record
+    problem: ChainProblem | None = None
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted keys, no spaces, ASCII only (lone surrogates in commands survive), no NaN: one text per value."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+def _iso(time: datetime) -> str:
+    return time.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def _plain_json(value: dict[str, Any], what: str) -> dict[str, Any]:
+    """The value as it will read back from the database (tuples become lists), so the hash stays valid."""
+    try:
+        result: dict[str, Any] = json.loads(canonical_json(value))
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequestError(f"audit {what} must be JSON data: {exc}") from exc
+    return result
+
+
+# -- verification (no I/O: also checks an exported JSONL file) -------------------------------------------
+
+
+class ChainChecker:
+    """Walks records in seq order, one behind, so each record is judged knowing the next one."""
+
+    def __init__(self, expected_head: ChainHead | None = None) -> None:
+        self._expected_head = expected_head
+        self._prev: AuditEntry | None = None
+        self._pending: AuditEntry | None = None
+        self._hash_at_expected: str | None = None
+        self.checked = 0
+        self.problem: ChainProblem | None = None
+
+    def feed(self, entry: AuditEntry) -> bool:
+        """Take the next record; False once a problem is found (feed no more)."""
+        if self._pending is not None:
+            self._accept_or_fail(self._pending, entry)
+        self._pending = entry
+        return self.problem is None
+
+    def finish(self) -> VerifyResult:
+        if self.problem is None and self._pending is not None:
+            self._accept_or_fail(self._pending, None)
+        if self.problem is None:
+            self.problem = self._check_head()
+        prev = self._prev
+        head = ChainHead(prev.seq, prev.hash) if prev else ChainHead(0, GENESIS_HASH)
+        return VerifyResult(ok=self.problem is None, checked=self.checked, head=head, problem=self.problem)
+
+    def _accept_or_fail(self, entry: AuditEntry, following: AuditEntry | None) -> None:
+        self.problem = self._judge(entry, following)
+        if self.problem is None:
+            self._prev = entry
+            self.checked += 1
+            if self._expected_head is not None and entry.seq == self._expected_head.seq:
+                self._hash_at_expected = entry.hash
+
+    def _judge(self, entry: AuditEntry, following: AuditEntry | None) -> ChainProblem | None:
+        prev = self._prev
+        want_prev = prev.hash if prev else GENESIS_HASH
+        want_seq = prev.seq + 1 if prev else 1
+        before = f"record {prev.seq}" if prev else "the start of the chain"
+        if following is not None and following.prev_hash == want_prev:
+            # The next record links straight to the one before: this one was slipped in between.
+            return ChainProblem(entry.seq, "inserted", f"record {entry.seq} was inserted: record {following.seq} "
+                                                       f"chains directly to {before}")
+        if entry.prev_hash == want_prev and entry.seq == want_seq:
+            if entry.computed_hash() != entry.hash:
+                return ChainProblem(entry.seq, "edited", f"record {entry.seq} was edited: its fields do not "
+                                                         f"match its hash")
+            return None
+        return self._broken_link(entry, prev, want_prev, want_seq)
+
+    def _broken_link(self, entry: AuditEntry, prev: AuditEntry | None, want_prev: str,
+                     want_seq: int) -> ChainProblem:
+        if entry.seq > want_seq and entry.prev_hash != want_prev:
+            missing = f"record {want_seq}" if entry.seq == want_seq + 1 else f"records {want_seq}..{entry.seq - 1}"
+            return ChainProblem(want_seq, "deleted", f"{missing} deleted: record {entry.seq} chains to a record "
+                                                     f"that is gone")
+        if entry.seq > want_seq:
+            return ChainProblem(entry.seq, "edited", f"record {entry.seq} was edited: its seq was changed "
+                                                     f"(it chains to record {want_seq - 1})")
+        if entry.computed_hash() == entry.hash and prev is not None:
+            # This record is intact but was chained to a different hash: the record before it was rewritten
+            # and re-hashed (or records between were deleted and this one re-hashed and renumbered).
+            return ChainProblem(prev.seq, "edited", f"record {prev.seq} was edited and re-hashed: record "
+                                                    f"{entry.seq} was chained to a different hash")
+        if prev is None:
+            return ChainProblem(entry.seq, "deleted", f"record {entry.seq} does not start from the genesis hash: "
+                                                      f"the first records were deleted")
+        return ChainProblem(entry.seq, "edited", f"record {entry.seq} was edited: it neither chains to record "
+                                                 f"{prev.seq} nor matches its own hash (or records before it "
+                                                 f"were deleted and the rest renumbered)")
+
+    def _check_head(self) -> ChainProblem | None:
+        expected = self._expected_head
+        if expected is None or expected.seq == 0:
+            return None
+        last_seq = self._prev.seq if self._prev else 0
+        if last_seq < expected.seq:
+            missing = f"record {expected.seq}" if last_seq + 1 == expected.seq else \
+                f"records {last_seq + 1}..{expected.seq}"
+            return ChainProblem(last_seq + 1, "deleted", f"{missing} deleted: the chain ends at {last_seq} but the "
+                                                         f"exported head is record {expected.seq}")
+        if self._hash_at_expected != expected.hash:
+            return ChainProblem(expected.seq, "edited", f"record {expected.seq} does not match the exported head: "
+                                                        f"the newest records were replaced")
+        return None
+
+
+def verify_chain(entries: Iterable[AuditEntry], expected_head: ChainHead | None = None) -> VerifyResult:
+    """Verify records in seq order (from the database or an exported JSONL file)."""
+    checker = ChainChecker(expected_head)
+    for entry in entries:
+        if not checker.feed(entry):
+            break
+    return checker.finish()
+
+
+# -- the log ----------------------------------------------------------------------------------------------
+
+
+def _entry(row: AuditRow) -> AuditEntry:
+    return AuditEntry(seq=row.seq, time=row.time, tenant_id=row.tenant_id, key_id=row.key_id, role=row.role,
+                      action=row.action, target=row.target, params=row.params, outcome=row.outcome,
+                      prev_hash=row.prev_hash, hash=row.hash)
+
+
+class AuditLog:
+    """Append, verify, query, export and follow the audit chain of one database."""
+
+    def __init__(self, db: Database, clock: Callable[[], datetime]) -> None:
+        self._db = db
+        self._clock = clock
+        # Appends are serialised: in this process by the lock, across processes by the write transaction
+        # (SQLite: BEGIN IMMEDIATE) and, whatever else happens, by `seq` being the primary key.
+        self._lock = asyncio.Lock()
+        self._appended = asyncio.Event()
+
+    async def append(self, event: AuditEvent) -> AuditEntry:
+        """Write one record at the end of the chain and return it."""
+        if len(event.action) > _ACTION_MAX or len(event.target or "") > _TARGET_MAX:
+            # The column widths; SQLite would not enforce them and PostgreSQL would fail the append.
+            raise InvalidRequestError(f"audit action or target too long (max {_ACTION_MAX} and {_TARGET_MAX})")
+        params = _plain_json(event.params, "params")
+        outcome = _plain_json(event.outcome, "outcome")
+        async with self._lock:
+            for _ in range(_APPEND_ATTEMPTS):
+                try:
+                    entry = await self._append_once(event, params, outcome)
+                except IntegrityError:
+                    # Another process or replica appended the same seq first; read the new head and retry.
+                    # (On PostgreSQL, `SELECT pg_advisory_xact_lock(<constant>)` at the start of the transaction
+                    # would serialise appenders up front instead of retrying.)
+                    continue
+                self._wake_followers()
+                return entry
+        raise ServerError("could not append to the audit log: other writers kept taking the next seq")
+
+    async def _append_once(self, event: AuditEvent, params: dict[str, Any], outcome: dict[str, Any]) -> AuditEntry:
+        async with self._db.write() as session:
+            last = (await session.execute(
+                select(AuditRow.seq, AuditRow.hash).order_by(AuditRow.seq.desc()).limit(1))).first()
+            seq, prev_hash = (last[0] + 1, last[1]) if last else (1, GENESIS_HASH)
+            time: datetime = self._clock().astimezone(UTC)
+            draft = AuditEntry(seq=seq, time=time, tenant_id=event.tenant_id, key_id=event.key_id, role=event.role,
+                               action=event.action, target=event.target, params=params, outcome=outcome,
+                               prev_hash=prev_hash, hash="")
+            entry = dataclasses.replace(draft, hash=draft.computed_hash())
+            session.add(AuditRow(**dataclasses.asdict(entry)))
+        return entry
+
+    def _wake_followers(self) -> None:
+        self._appended.set()
+        self._appended = asyncio.Event()
+
+    async def head(self) -> ChainHead:
+        """The newest record's (seq, hash): export it to detect later deletion of the newest records."""
+        async with self._db.read() as session:
+            last = (await session.execute(
+                select(AuditRow.seq, AuditRow.hash).order_by(AuditRow.seq.desc()).limit(1))).first()
+        return ChainHead(last[0], last[1]) if last else ChainHead(0, GENESIS_HASH)
+
+    async def verify(self, expected_head: ChainHead | tuple[int, str] | None = None) -> VerifyResult:
+        """Walk the whole chain; the result names the first edited, inserted or deleted record."""
+        checker = ChainChecker(ChainHead(*expected_head) if expected_head is not None else None)
+        async for entry in self._scan(select(AuditRow)):
+            if not checker.feed(entry):
+                break
+        return checker.finish()
+
+    async def query(self, *, tenant: str | None = None, sandbox: str | None = None, action: str | None = None,
+                    since: datetime | None = None, until: datetime | None = None, after: int | None = None,
+                    limit: int | None = 1000) -> list[AuditEntry]:
+        """Records in seq order. `sandbox` matches the target; `since` is inclusive, `until` exclusive;
+        `after` is a seq to continue from (paging, tailing)."""
+        stmt = _filtered(tenant=tenant, sandbox=sandbox, action=action, since=since, until=until)
+        if after is not None:
+            stmt = stmt.where(AuditRow.seq > after)
+        stmt = stmt.order_by(AuditRow.seq)
+        if limit is not None:
+            stmt = stmt.limit(limit)
+        async with self._db.read() as session:
+            return [_entry(row) for row in (await session.scalars(stmt)).all()]
+
+    async def export_jsonl(self, stream: SupportsWriteStr, *, tenant: str | None = None, sandbox: str | None = None,
+                           action: str | None = None, since: datetime | None = None,
+                           until: datetime | None = None) -> int:
+        """Write matching records to `stream`, one JSON object per line, oldest first; return how many."""
+        count = 0
+        stmt = _filtered(tenant=tenant, sandbox=sandbox, action=action, since=since, until=until)
+        async for entry in self._scan(stmt):
+            stream.write(entry.to_json() + "\n")
+            count += 1
+        return count
+
+    async def follow(self, *, after: int | None = None, tenant: str | None = None, sandbox: str | None = None,
+                     action: str | None = None, poll_interval: float = 1.0) -> AsyncIterator[AuditEntry]:
+        """New records as they are appended (after `after`, default the current head), forever.
+
+        Appends in this process wake it at once; other processes' appends are seen within `poll_interval`.
+        """
+        last = (await self.head()).seq if after is None else after
+        while True:
+            appended = self._appended  # taken before the query, so an append during it is not missed
+            batch = await self.query(tenant=tenant, sandbox=sandbox, action=action, after=last, limit=_BATCH)
+            for entry in batch:
+                last = entry.seq
+                yield entry
+            if len(batch) < _BATCH:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(appended.wait(), poll_interval)
+
+    async def _scan(self, stmt: Select[AuditRow]) -> AsyncIterator[AuditEntry]:
+        """All matching records in seq order, a batch per transaction, so memory stays flat on long logs."""
+        last = 0
+        while True:
+            page = stmt.where(AuditRow.seq > last).order_by(AuditRow.seq).limit(_BATCH)
+            async with self._db.read() as session:
+                rows = (await session.scalars(page)).all()
+            for row in rows:
+                yield _entry(row)
+            if len(rows) < _BATCH:
+                return
+            last = rows[-1].seq
+
+
+def _filtered(*, tenant: str | None, sandbox: str | None, action: str | None, since: datetime | None,
+              until: datetime | None) -> Select[AuditRow]:
+    stmt = select(AuditRow)
+    if tenant is not None:
+        stmt = stmt.where(AuditRow.tenant_id == tenant)
+    if sandbox is not None:
+        stmt = stmt.where(AuditRow.target == sandbox)
+    if action is not None:
+        stmt = stmt.where(AuditRow.action == action)
+    if since is not None:
+        stmt = stmt.where(AuditRow.time >= since)
+    if until is not None:
+        stmt = stmt.where(AuditRow.time < until)
+    return stmt

@@ -1,0 +1,233 @@
+"""The tables (SQLAlchemy 2.0 declarative models) and the frozen records the store hands out.
+
+Rows never leave the store: callers get frozen dataclasses, so no lazy load can happen outside a session.
+Types are portable (SQLite and PostgreSQL): strings, integers, floats, booleans, JSON, and timestamps that are
+always stored and returned in UTC.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, ClassVar
+
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+from ._rbac import Role
+
+SCHEMA_VERSION = 1
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timestamp that is aware UTC on the way in and out; SQLite keeps no zone, so it is normalised here."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetimes are ambiguous; pass an aware (UTC) datetime")
+        return value.astimezone(UTC).replace(tzinfo=None) if dialect.name == "sqlite" else value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map: ClassVar[dict[Any, Any]] = {datetime: UTCDateTime(), dict[str, Any]: JSON()}
+
+
+class SchemaVersionRow(Base):
+    """One row: the schema version this database was created with, for later migrations."""
+
+    __tablename__ = "schema_version"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    version: Mapped[int]
+    created_at: Mapped[datetime]
+
+
+class TenantRow(Base):
+    __tablename__ = "tenants"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    created_at: Mapped[datetime]
+    disabled: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Quotas; NULL means unlimited.
+    max_sandboxes: Mapped[int | None] = mapped_column(Integer)
+    max_memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    max_cpus: Mapped[float | None] = mapped_column(Float)
+    max_sandbox_memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    max_sandbox_cpus: Mapped[float | None] = mapped_column(Float)
+    max_sandbox_disk_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    max_sandbox_timeout: Mapped[float | None] = mapped_column(Float)
+
+
+class ApiKeyRow(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    role: Mapped[str] = mapped_column(String(16))
+    name: Mapped[str] = mapped_column(String(128), default="")
+    hash: Mapped[str] = mapped_column(String(64))
+    prefix: Mapped[str] = mapped_column(String(16), unique=True)
+    created_at: Mapped[datetime]
+    revoked_at: Mapped[datetime | None]
+    last_used_at: Mapped[datetime | None]
+
+
+class SandboxRow(Base):
+    __tablename__ = "sandboxes"
+    __table_args__ = (Index("ix_sandboxes_tenant_live", "tenant_id", "destroyed_at"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    key_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id"), index=True)
+    template: Mapped[str] = mapped_column(String(128))
+    spec: Mapped[dict[str, Any]]
+    metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSON)
+    # Copies of spec fields as columns: quota sums must be plain SQL SUM()s, and reading inside JSON is not
+    # portable between SQLite and PostgreSQL.
+    memory_bytes: Mapped[int] = mapped_column(BigInteger)
+    cpus: Mapped[float] = mapped_column(Float)
+    disk_bytes: Mapped[int] = mapped_column(BigInteger)
+    state: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime] = mapped_column(index=True)
+    destroyed_at: Mapped[datetime | None]
+
+
+class AuditRow(Base):
+    __tablename__ = "audit"
+
+    # Assigned by the appender (last seq + 1), never by the database: a second writer that read the same head
+    # collides on the primary key instead of forking the chain.
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    time: Mapped[datetime] = mapped_column(index=True)
+    tenant_id: Mapped[str | None] = mapped_column(String(40), index=True)
+    key_id: Mapped[str | None] = mapped_column(String(40))
+    role: Mapped[str | None] = mapped_column(String(16))
+    action: Mapped[str] = mapped_column(String(64), index=True)
+    target: Mapped[str | None] = mapped_column(String(256), index=True)
+    params: Mapped[dict[str, Any]]
+    outcome: Mapped[dict[str, Any]]
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(64), unique=True)
+
+
+# -- what the store hands out ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Quotas:
+    """Per-tenant limits; `None` is unlimited. Totals count live sandboxes (not yet destroyed)."""
+
+    max_sandboxes: int | None = None
+    max_memory_bytes: int | None = None
+    max_cpus: float | None = None
+    max_sandbox_memory_bytes: int | None = None
+    max_sandbox_cpus: float | None = None
+    max_sandbox_disk_bytes: int | None = None
+    max_sandbox_timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class Tenant:
+    id: str
+    name: str
+    created_at: datetime
+    disabled: bool
+    quotas: Quotas
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """A key's record; the key itself is never stored (see `NewApiKey`)."""
+
+    id: str
+    tenant_id: str
+    role: Role
+    name: str
+    prefix: str
+    created_at: datetime
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+
+    @property
+    def revoked(self) -> bool:
+        return self.revoked_at is not None
+
+
+@dataclass(frozen=True)
+class NewApiKey:
+    """A freshly created key: `key` is the only time the secret is available."""
+
+    key: str
+    info: ApiKey = field(repr=False)
+
+    def __repr__(self) -> str:  # never print the secret by accident
+        return f"NewApiKey(id={self.info.id!r}, prefix={self.info.prefix!r}, role={self.info.role.value!r})"
+
+
+class SandboxStatus(StrEnum):
+    CREATING = "creating"  # quota reserved, the engine is creating it
+    RUNNING = "running"
+    PAUSED = "paused"
+    DESTROYED = "destroyed"
+    FAILED = "failed"  # creation failed; never ran
+
+
+@dataclass(frozen=True)
+class SandboxRecord:
+    id: str
+    tenant_id: str
+    key_id: str
+    template: str
+    spec: dict[str, Any]
+    metadata: dict[str, Any]
+    memory_bytes: int
+    cpus: float
+    disk_bytes: int
+    state: SandboxStatus
+    created_at: datetime
+    expires_at: datetime
+    destroyed_at: datetime | None
+
+    @property
+    def live(self) -> bool:
+        return self.destroyed_at is None
+
+
+def tenant_from_row(row: TenantRow) -> Tenant:
+    quotas = Quotas(
+        max_sandboxes=row.max_sandboxes,
+        max_memory_bytes=row.max_memory_bytes,
+        max_cpus=row.max_cpus,
+        max_sandbox_memory_bytes=row.max_sandbox_memory_bytes,
+        max_sandbox_cpus=row.max_sandbox_cpus,
+        max_sandbox_disk_bytes=row.max_sandbox_disk_bytes,
+        max_sandbox_timeout=row.max_sandbox_timeout,
+    )
+    return Tenant(id=row.id, name=row.name, created_at=row.created_at, disabled=row.disabled, quotas=quotas)
+
+
+def key_from_row(row: ApiKeyRow) -> ApiKey:
+    return ApiKey(id=row.id, tenant_id=row.tenant_id, role=Role(row.role), name=row.name, prefix=row.prefix,
+                  created_at=row.created_at, revoked_at=row.revoked_at, last_used_at=row.last_used_at)
+
+
+def sandbox_from_row(row: SandboxRow) -> SandboxRecord:
+    return SandboxRecord(id=row.id, tenant_id=row.tenant_id, key_id=row.key_id, template=row.template,
+                         spec=row.spec, metadata=row.metadata_, memory_bytes=row.memory_bytes, cpus=row.cpus,
+                         disk_bytes=row.disk_bytes, state=SandboxStatus(row.state), created_at=row.created_at,
+                         expires_at=row.expires_at, destroyed_at=row.destroyed_at)

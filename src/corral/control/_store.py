@@ -1,0 +1,452 @@
+"""`ControlStore`: tenants, API keys, sandbox records with quotas, and the audit log, in one database."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import secrets
+from collections.abc import Callable
+from dataclasses import asdict
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from .._exceptions import (
+    AuthenticationError,
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+    QuotaExceededError,
+)
+from .._settings import corral_home
+from ..engine import SandboxSpec
+from ._audit import AuditLog
+from ._db import Database, default_url
+from ._keys import generate_key, hash_key, parse_key, same_hash, validate_key
+from ._models import (
+    ApiKey,
+    ApiKeyRow,
+    NewApiKey,
+    Quotas,
+    SandboxRecord,
+    SandboxRow,
+    SandboxStatus,
+    Tenant,
+    TenantRow,
+    key_from_row,
+    sandbox_from_row,
+    tenant_from_row,
+)
+from ._rbac import Action, Principal, Role, authorize, require_sandbox
+
+ADMIN_TENANT = "admin"
+ADMIN_KEY_FILE = "admin.key"
+# last_used_at is a hint for humans ("is this key still in use?"); writing it on every request would turn
+# every read into a write, so it is refreshed at most this often.
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+_TENANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_NAME_MAX = 128
+_CPU_EPSILON = 1e-9  # CPU totals are float sums (0.1 + 0.2); do not refuse a request that fits exactly
+# Hashed when a presented prefix is unknown, so a miss costs the same comparison as a hit.
+_NO_SUCH_HASH = "0" * 64
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _new_id(kind: str) -> str:
+    return f"{kind}_{secrets.token_hex(8)}"
+
+
+class ControlStore:
+    """The control plane's state. Use as `async with ControlStore(url) as store:` (or `start()`/`close()`).
+
+    **Parameters:**
+
+    * **url** - a SQLAlchemy async URL; default `sqlite+aiosqlite:///<home>/corral.db`.
+      PostgreSQL works too (`postgresql+asyncpg://...`).
+    * **home** - the state directory (default `CORRAL_HOME`); the bootstrap admin key is written there.
+    * **clock** - returns the current aware UTC time; tests pass a fake one.
+    """
+
+    def __init__(self, url: str | None = None, *, home: str | os.PathLike[str] | None = None,
+                 clock: Callable[[], datetime] | None = None) -> None:
+        self.home: Path = corral_home(home)
+        self.url = url or default_url(self.home)
+        self._clock = clock or _utcnow
+        self._db = Database(self.url)
+        self.audit = AuditLog(self._db, self._now)
+        # Quota check and insert must not interleave between two creates of this process; other processes
+        # are held off by the write transaction (and, on PostgreSQL, the tenant row lock).
+        self._create_lock = asyncio.Lock()
+
+    def _now(self) -> datetime:
+        return self._clock().astimezone(UTC)
+
+    async def start(self) -> None:
+        await self._db.start(self._now())
+
+    async def close(self) -> None:
+        await self._db.close()
+
+    async def __aenter__(self) -> ControlStore:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def schema_version(self) -> int | None:
+        return await self._db.schema_version()
+
+    # -- tenants ------------------------------------------------------------------------------------------
+
+    async def create_tenant(self, name: str, quotas: Quotas | None = None) -> Tenant:
+        if not _TENANT_NAME.fullmatch(name):
+            raise InvalidRequestError(f"tenant name {name!r} is not valid: use 1 to 128 letters, digits, '.', "
+                                      f"'_' or '-', starting with a letter or digit")
+        row = TenantRow(id=_new_id("tn"), name=name, created_at=self._now(), disabled=False,
+                        **asdict(quotas or Quotas()))
+        try:
+            async with self._db.write() as session:
+                session.add(row)
+        except IntegrityError:
+            raise ConflictError(f"a tenant named {name!r} already exists") from None
+        return tenant_from_row(row)
+
+    async def get_tenant(self, tenant_id: str) -> Tenant:
+        async with self._db.read() as session:
+            return tenant_from_row(await _tenant_row(session, tenant_id))
+
+    async def tenant_by_name(self, name: str) -> Tenant:
+        async with self._db.read() as session:
+            row = await session.scalar(select(TenantRow).where(TenantRow.name == name))
+        if row is None:
+            raise NotFoundError(f"no tenant named {name!r}")
+        return tenant_from_row(row)
+
+    async def list_tenants(self) -> list[Tenant]:
+        async with self._db.read() as session:
+            rows = (await session.scalars(select(TenantRow).order_by(TenantRow.name))).all()
+        return [tenant_from_row(r) for r in rows]
+
+    async def set_quotas(self, tenant_id: str, quotas: Quotas) -> Tenant:
+        async with self._db.write() as session:
+            row = await _tenant_row(session, tenant_id)
+            for name, value in asdict(quotas).items():
+                setattr(row, name, value)
+        return tenant_from_row(row)
+
+    async def set_tenant_disabled(self, tenant_id: str, disabled: bool) -> Tenant:
+        """A disabled tenant's keys stop authenticating; its records stay."""
+        async with self._db.write() as session:
+            row = await _tenant_row(session, tenant_id)
+            row.disabled = disabled
+        return tenant_from_row(row)
+
+    # -- keys -----------------------------------------------------------------------------------------------
+
+    async def create_key(self, tenant_id: str, role: Role | str, name: str = "") -> NewApiKey:
+        """A new key; `NewApiKey.key` is the only time its secret is available."""
+        if len(name) > _NAME_MAX:  # SQLite would store it, PostgreSQL would refuse it: refuse it everywhere
+            raise InvalidRequestError(f"key name is longer than {_NAME_MAX} characters")
+        return await self._add_key(tenant_id, _role(role), name, generate_key())
+
+    async def _add_key(self, tenant_id: str, role: Role, name: str, raw: str) -> NewApiKey:
+        prefix = parse_key(raw).prefix
+        row = ApiKeyRow(id=_new_id("key"), tenant_id=tenant_id, role=role.value, name=name, hash=hash_key(raw),
+                        prefix=prefix, created_at=self._now(), revoked_at=None, last_used_at=None)
+        try:
+            async with self._db.write() as session:
+                await _tenant_row(session, tenant_id)
+                session.add(row)
+        except IntegrityError:
+            # A prefix collision (1 in 36**8 per existing key): the caller may simply try again.
+            raise ConflictError(f"key prefix {prefix!r} is taken; create the key again") from None
+        return NewApiKey(key=raw, info=key_from_row(row))
+
+    async def get_key(self, key_id: str) -> ApiKey:
+        async with self._db.read() as session:
+            return key_from_row(await _key_row(session, key_id))
+
+    async def list_keys(self, tenant_id: str | None = None) -> list[ApiKey]:
+        stmt = select(ApiKeyRow).order_by(ApiKeyRow.created_at, ApiKeyRow.id)
+        if tenant_id is not None:
+            stmt = stmt.where(ApiKeyRow.tenant_id == tenant_id)
+        async with self._db.read() as session:
+            return [key_from_row(r) for r in (await session.scalars(stmt)).all()]
+
+    async def revoke_key(self, key_id: str) -> ApiKey:
+        """Revoke a key for good (idempotent: the first revocation time is kept)."""
+        async with self._db.write() as session:
+            row = await _key_row(session, key_id)
+            if row.revoked_at is None:
+                row.revoked_at = self._now()
+        return key_from_row(row)
+
+    async def authenticate(self, raw_key: str) -> Principal:
+        """The principal a presented key stands for; `AuthenticationError` for anything else."""
+        parsed = parse_key(raw_key)
+        async with self._db.read() as session:
+            row = await session.scalar(select(ApiKeyRow).where(ApiKeyRow.prefix == parsed.prefix))
+            tenant = await session.get(TenantRow, row.tenant_id) if row is not None else None
+        matched = same_hash(hash_key(raw_key), row.hash if row is not None else _NO_SUCH_HASH)
+        if row is None or not matched:
+            raise AuthenticationError("invalid API key")
+        if row.revoked_at is not None:
+            raise AuthenticationError("this API key was revoked")
+        if tenant is None or tenant.disabled:
+            raise AuthenticationError("this API key's tenant is disabled")
+        await self._touch(row)
+        return Principal(tenant_id=row.tenant_id, key_id=row.id, role=Role(row.role))
+
+    async def _touch(self, row: ApiKeyRow) -> None:
+        now = self._now()
+        if row.last_used_at is not None and now - row.last_used_at < LAST_USED_RESOLUTION:
+            return
+        async with self._db.write() as session:
+            fresh = await _key_row(session, row.id)
+            fresh.last_used_at = now
+
+    async def bootstrap_admin(self, explicit_key: str | None) -> str | None:
+        """Give a store without keys its first admin key; return the path of a generated key file.
+
+        With `explicit_key` (the server passes `CORRAL_ADMIN_KEY`), that key becomes the admin key and None is
+        returned. Without it, a key is generated and written 0600 to `<home>/admin.key`, whose path is
+        returned for the server to print. A store that has keys is left alone (None).
+        """
+        if explicit_key is not None:
+            validate_key(explicit_key, "CORRAL_ADMIN_KEY")
+        async with self._db.read() as session:
+            if await session.scalar(select(func.count()).select_from(ApiKeyRow)):
+                return None
+        raw = explicit_key.strip() if explicit_key is not None else generate_key()
+        path = None if explicit_key is not None else self._write_key_file(raw)
+        tenant = await self._admin_tenant()
+        await self._add_key(tenant.id, Role.ADMIN, "bootstrap", raw)
+        return str(path) if path is not None else None
+
+    async def _admin_tenant(self) -> Tenant:
+        try:
+            return await self.tenant_by_name(ADMIN_TENANT)
+        except NotFoundError:
+            return await self.create_tenant(ADMIN_TENANT)
+
+    def _write_key_file(self, raw: str) -> Path:
+        """Write the key before it is stored: a crash in between leaves a useless file, never an unknown key."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        path = self.home / ADMIN_KEY_FILE
+        tmp = path.with_name(f".{ADMIN_KEY_FILE}.{secrets.token_hex(4)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            os.fchmod(fd, 0o600)  # whatever the umask
+            os.write(fd, (raw + "\n").encode("ascii"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        return path
+
+    # -- sandboxes --------------------------------------------------------------------------------------------
+
+    async def reserve_sandbox(self, principal: Principal, spec: SandboxSpec, *,
+                              sandbox_id: str | None = None) -> SandboxRecord:
+        """Check the tenant's quotas and record a sandbox in state `creating`, in one transaction.
+
+        Create it in the engine next, then `mark_running` (or `mark_destroyed(failed=True)` if that fails).
+        """
+        authorize(principal, Action.SANDBOX_CREATE, principal.tenant_id)
+        now = self._now()
+        row = SandboxRow(id=sandbox_id or _new_id("sb"), tenant_id=principal.tenant_id, key_id=principal.key_id,
+                         template=spec.template, spec=_stored_spec(spec), metadata_=dict(spec.metadata),
+                         memory_bytes=spec.limits.memory, cpus=spec.limits.cpus, disk_bytes=spec.limits.disk,
+                         state=SandboxStatus.CREATING.value, created_at=now,
+                         expires_at=now + timedelta(seconds=spec.timeout), destroyed_at=None)
+        async with self._create_lock:
+            try:
+                async with self._db.write() as session:
+                    # FOR UPDATE serialises creates of one tenant on PostgreSQL; SQLite compiles it away (its
+                    # BEGIN IMMEDIATE already holds the only write lock).
+                    tenant = await session.scalar(
+                        select(TenantRow).where(TenantRow.id == principal.tenant_id).with_for_update())
+                    if tenant is None:
+                        raise NotFoundError(f"no tenant {principal.tenant_id!r}")
+                    _check_per_sandbox(tenant, row)
+                    await _check_totals(session, tenant, row)
+                    session.add(row)
+            except IntegrityError:
+                raise ConflictError(f"a sandbox {row.id!r} already exists") from None
+        return sandbox_from_row(row)
+
+    async def mark_running(self, sandbox_id: str, *, engine_id: str | None = None,
+                           expires_at: datetime | None = None) -> SandboxRecord:
+        """The engine created it: record its state, and its engine id if that differs from the reservation's."""
+        async with self._db.write() as session:
+            row = await _live_sandbox_row(session, sandbox_id)
+            row.state = SandboxStatus.RUNNING.value
+            if engine_id is not None:
+                row.id = engine_id
+            if expires_at is not None:
+                row.expires_at = expires_at
+        return sandbox_from_row(row)
+
+    async def set_sandbox_state(self, sandbox_id: str, state: SandboxStatus) -> SandboxRecord:
+        """Running or paused; use `mark_destroyed` to end a sandbox."""
+        if state not in (SandboxStatus.RUNNING, SandboxStatus.PAUSED):
+            raise InvalidRequestError(f"use mark_destroyed for state {state.value!r}")
+        async with self._db.write() as session:
+            row = await _live_sandbox_row(session, sandbox_id)
+            row.state = state.value
+        return sandbox_from_row(row)
+
+    async def set_sandbox_timeout(self, sandbox_id: str, seconds: float) -> SandboxRecord:
+        """Expire `seconds` from now, within the tenant's `max_sandbox_timeout`."""
+        if not seconds > 0:
+            raise InvalidRequestError("timeout must be a positive number of seconds")
+        async with self._db.write() as session:
+            row = await _live_sandbox_row(session, sandbox_id)
+            tenant = await _tenant_row(session, row.tenant_id)
+            _check_limit(tenant, "max_sandbox_timeout", tenant.max_sandbox_timeout, seconds, "a sandbox timeout",
+                         unit="s")
+            row.expires_at = self._now() + timedelta(seconds=seconds)
+        return sandbox_from_row(row)
+
+    async def mark_destroyed(self, sandbox_id: str, *, failed: bool = False) -> SandboxRecord:
+        """The sandbox is gone (or never came up, `failed=True`): it stops counting against quotas."""
+        async with self._db.write() as session:
+            row = await _sandbox_row(session, sandbox_id)
+            if row.destroyed_at is None:
+                row.destroyed_at = self._now()
+                row.state = (SandboxStatus.FAILED if failed else SandboxStatus.DESTROYED).value
+        return sandbox_from_row(row)
+
+    async def get_sandbox(self, sandbox_id: str) -> SandboxRecord:
+        async with self._db.read() as session:
+            return sandbox_from_row(await _sandbox_row(session, sandbox_id))
+
+    async def sandbox_for(self, principal: Principal, sandbox_id: str, action: Action, *,
+                          include_destroyed: bool = False) -> SandboxRecord:
+        """The sandbox if `principal` may do `action` on it; another tenant's is `NotFoundError`, like a
+        missing one (checked before the role, so nothing about it leaks)."""
+        async with self._db.read() as session:
+            row = await session.get(SandboxRow, sandbox_id)
+        if row is not None and row.destroyed_at is not None and not include_destroyed:
+            row = None
+        require_sandbox(principal, action, sandbox_id, row.tenant_id if row is not None else None)
+        assert row is not None
+        return sandbox_from_row(row)
+
+    async def list_sandboxes(self, tenant_id: str | None, *, key_id: str | None = None,
+                             metadata: dict[str, str] | None = None,
+                             include_destroyed: bool = False) -> list[SandboxRecord]:
+        """Sandboxes of a tenant (None: all tenants), optionally of one key, whose metadata has these pairs.
+
+        The metadata filter runs here, not in SQL: matching inside JSON differs between SQLite and PostgreSQL.
+        """
+        stmt = select(SandboxRow).order_by(SandboxRow.created_at, SandboxRow.id)
+        if tenant_id is not None:
+            stmt = stmt.where(SandboxRow.tenant_id == tenant_id)
+        if key_id is not None:
+            stmt = stmt.where(SandboxRow.key_id == key_id)
+        if not include_destroyed:
+            stmt = stmt.where(SandboxRow.destroyed_at.is_(None))
+        async with self._db.read() as session:
+            rows = (await session.scalars(stmt)).all()
+        wanted = (metadata or {}).items()
+        return [sandbox_from_row(r) for r in rows if all(r.metadata_.get(k) == v for k, v in wanted)]
+
+    async def expired_sandboxes(self) -> list[SandboxRecord]:
+        """Live sandboxes past their timeout, for the reaper."""
+        stmt = select(SandboxRow).where(SandboxRow.destroyed_at.is_(None), SandboxRow.expires_at <= self._now())
+        async with self._db.read() as session:
+            return [sandbox_from_row(r) for r in (await session.scalars(stmt.order_by(SandboxRow.expires_at))).all()]
+
+
+# -- helpers -----------------------------------------------------------------------------------------------------
+
+
+def _role(role: Role | str) -> Role:
+    try:
+        return Role(role)
+    except ValueError:
+        raise InvalidRequestError(f"no role {role!r}; roles are {', '.join(r.value for r in Role)}") from None
+
+
+def _stored_spec(spec: SandboxSpec) -> dict[str, Any]:
+    """The spec as recorded: environment values are left out (they often carry secrets), names kept."""
+    data = spec.model_dump(mode="json", exclude={"env"})
+    data["env_names"] = sorted(spec.env)
+    return data
+
+
+async def _tenant_row(session: AsyncSession, tenant_id: str) -> TenantRow:
+    row = await session.get(TenantRow, tenant_id)
+    if row is None:
+        raise NotFoundError(f"no tenant {tenant_id!r}")
+    return row
+
+
+async def _key_row(session: AsyncSession, key_id: str) -> ApiKeyRow:
+    row = await session.get(ApiKeyRow, key_id)
+    if row is None:
+        raise NotFoundError(f"no API key {key_id!r}")
+    return row
+
+
+async def _sandbox_row(session: AsyncSession, sandbox_id: str) -> SandboxRow:
+    row = await session.get(SandboxRow, sandbox_id)
+    if row is None:
+        raise NotFoundError(f"no sandbox {sandbox_id!r}")
+    return row
+
+
+async def _live_sandbox_row(session: AsyncSession, sandbox_id: str) -> SandboxRow:
+    row = await _sandbox_row(session, sandbox_id)
+    if row.destroyed_at is not None:
+        raise NotFoundError(f"no sandbox {sandbox_id!r}")
+    return row
+
+
+def _check_limit(tenant: TenantRow, limit_name: str, limit: float | None, value: float, what: str, *,
+                 current: float | None = None, unit: str = "") -> None:
+    """Raise if `value` (the total after this request, or one sandbox's figure) is over `limit`."""
+    if limit is None or value <= limit + _CPU_EPSILON:
+        return
+    in_use = f" ({_fmt(current, unit)} in use)" if current is not None else ""
+    raise QuotaExceededError(
+        f"tenant {tenant.name!r} quota exceeded: {what} would be {_fmt(value, unit)}, over {limit_name} = "
+        f"{_fmt(limit, unit)}{in_use}",
+        details={"tenant": tenant.name, "tenant_id": tenant.id, "limit": limit_name, "max": limit,
+                 "requested": value, "current": current},
+    )
+
+
+def _fmt(value: float, unit: str) -> str:
+    return f"{value:g}{unit}" if isinstance(value, float) else f"{value}{unit}"
+
+
+def _check_per_sandbox(tenant: TenantRow, row: SandboxRow) -> None:
+    timeout = (row.expires_at - row.created_at).total_seconds()
+    _check_limit(tenant, "max_sandbox_memory_bytes", tenant.max_sandbox_memory_bytes, row.memory_bytes,
+                 "this sandbox's memory", unit=" bytes")
+    _check_limit(tenant, "max_sandbox_cpus", tenant.max_sandbox_cpus, row.cpus, "this sandbox's cpus")
+    _check_limit(tenant, "max_sandbox_disk_bytes", tenant.max_sandbox_disk_bytes, row.disk_bytes,
+                 "this sandbox's disk", unit=" bytes")
+    _check_limit(tenant, "max_sandbox_timeout", tenant.max_sandbox_timeout, timeout, "a sandbox timeout", unit="s")
+
+
+async def _check_totals(session: AsyncSession, tenant: TenantRow, row: SandboxRow) -> None:
+    live = (SandboxRow.tenant_id == tenant.id, SandboxRow.destroyed_at.is_(None))
+    totals = (await session.execute(select(func.count(), func.coalesce(func.sum(SandboxRow.memory_bytes), 0),
+                                           func.coalesce(func.sum(SandboxRow.cpus), 0.0)).where(*live))).one()
+    count, memory, cpus = int(totals[0]), int(totals[1]), float(totals[2])
+    _check_limit(tenant, "max_sandboxes", tenant.max_sandboxes, count + 1, "concurrent sandboxes", current=count)
+    _check_limit(tenant, "max_memory_bytes", tenant.max_memory_bytes, memory + row.memory_bytes,
+                 "total memory", current=memory, unit=" bytes")
+    _check_limit(tenant, "max_cpus", tenant.max_cpus, cpus + row.cpus, "total cpus", current=cpus)
