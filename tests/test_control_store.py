@@ -62,6 +62,12 @@ async def test_schema_and_sqlite_settings(store: ControlStore, tmp_path: Path) -
         assert (await conn.execute(text("PRAGMA foreign_keys"))).scalar() == 1
 
 
+async def test_database_is_readable_by_root_only(store: ControlStore, tmp_path: Path) -> None:
+    await store.create_tenant("acme")
+    for path in tmp_path.glob("corral.db*"):
+        assert path.stat().st_mode & 0o077 == 0, f"{path.name} is mode {path.stat().st_mode & 0o777:o}"
+
+
 async def test_foreign_keys_are_enforced(store: ControlStore, tmp_path: Path) -> None:
     with sqlite3.connect(tmp_path / "corral.db") as con:
         con.execute("PRAGMA foreign_keys=ON")

@@ -1,5 +1,6 @@
 """Corral: a self-hostable sandbox runtime for AI agents."""
 
+from ._client import AsyncSandbox, Sandbox
 from ._exceptions import (
     AgentError,
     AuthenticationError,
@@ -16,20 +17,26 @@ from ._exceptions import (
     TemplateBuildError,
     error_from_code,
 )
+from ._sdk_models import CommandResult, Entry, SandboxInfo
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AgentError",
+    "AsyncSandbox",
     "AuthenticationError",
+    "CommandResult",
     "ConflictError",
     "CorralError",
     "DiskFullError",
+    "Entry",
     "InvalidRequestError",
     "NotFoundError",
     "PermissionDeniedError",
     "QuotaExceededError",
     "RuntimeUnavailableError",
+    "Sandbox",
+    "SandboxInfo",
     "SandboxTimeoutError",
     "ServerError",
     "TemplateBuildError",

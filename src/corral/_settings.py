@@ -2,6 +2,8 @@
 
 `CORRAL_HOME` is the server's state directory (database, templates, sandboxes); default `/var/lib/corral`.
 `CORRAL_ADMIN_KEY` is the bootstrap admin key a fresh server takes (else it generates one).
+`CORRAL_URL` is where clients find the API server; default `http://127.0.0.1:7770`.
+`CORRAL_API_KEY` is the API key clients send as a Bearer token.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import os
 from pathlib import Path
 
 DEFAULT_HOME = Path("/var/lib/corral")
+DEFAULT_URL = "http://127.0.0.1:7770"
 
 
 def corral_home(explicit: str | os.PathLike[str] | None = None) -> Path:
@@ -23,3 +26,13 @@ def corral_home(explicit: str | os.PathLike[str] | None = None) -> Path:
 def admin_key() -> str | None:
     """`$CORRAL_ADMIN_KEY`, the bootstrap admin key of a fresh server, if set."""
     return os.environ.get("CORRAL_ADMIN_KEY") or None
+
+
+def api_url() -> str:
+    """`$CORRAL_URL`, the API server clients talk to, else `http://127.0.0.1:7770`."""
+    return os.environ.get("CORRAL_URL") or DEFAULT_URL
+
+
+def api_key() -> str | None:
+    """`$CORRAL_API_KEY`, the key clients send as `Authorization: Bearer`, if set."""
+    return os.environ.get("CORRAL_API_KEY") or None

@@ -33,6 +33,17 @@ def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Structure
 
 
 @app.command()
+def serve(
+    host: str = typer.Option("127.0.0.1", help="Address to listen on."),
+    port: int = typer.Option(7770, help="Port to listen on."),
+) -> None:
+    """Run the API server (state, templates and sandboxes in $CORRAL_HOME, default /var/lib/corral)."""
+    from ..server import serve as run_server  # FastAPI and uvicorn load only for this command
+
+    run_server(host, port)
+
+
+@app.command()
 def version() -> None:
     """Print Corral's version."""
     typer.echo(__version__)

@@ -48,8 +48,14 @@ class Database:
 
     async def start(self, now: datetime) -> None:
         """Create missing tables and record the schema version of a new database."""
-        if self.is_sqlite and self.url.database not in (None, "", ":memory:"):
-            Path(self.url.database).parent.mkdir(parents=True, exist_ok=True)
+        database = self.url.database if self.is_sqlite and self.url.database not in (None, "", ":memory:") else None
+        if database is not None:
+            Path(database).parent.mkdir(parents=True, exist_ok=True)
+            # Key hashes and the audit log: readable by root only. Created empty here so that SQLite (which
+            # keeps an existing file's mode for its -wal and -shm companions) never makes it 0644.
+            fd = os.open(database, os.O_RDWR | os.O_CREAT, 0o600)
+            os.close(fd)
+            os.chmod(database, 0o600)
         async with self.engine.begin() as conn:
             await conn.run_sync(Base.metadata.create_all)
         async with self.write() as session:

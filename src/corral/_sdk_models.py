@@ -1,0 +1,152 @@
+"""What the SDK hands back: command results, directory entries and sandbox descriptions.
+
+Bytes are the truth; text is a view of them. `CommandResult.stdout` decodes `stdout_bytes` as UTF-8 with invalid
+sequences replaced by U+FFFD, so reading output never raises.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._exceptions import ServerError
+
+__all__ = ["CommandResult", "Entry", "SandboxInfo"]
+
+
+def _b64(value: Any, what: str) -> bytes:
+    if value is None or value == "":
+        return b""
+    if not isinstance(value, str):
+        raise ServerError(f"malformed response from Corral: {what} is not a base64 string")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ServerError(f"malformed response from Corral: {what} is not valid base64") from exc
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """The outcome of one command. Never raised: a non-zero exit, a timeout or an OOM kill are fields here.
+
+    **Fields:**
+
+    * `exit_code` - the process's exit status; `None` when it has none (killed by `signal`).
+    * `stdout_bytes`, `stderr_bytes` - the exact bytes (with `truncated`, the kept part only).
+    * `timed_out`, `oom_killed`, `killed` - how the command ended, if not by itself.
+    * `truncated` - output went over the limit; `stdout_size`/`stderr_size` still count every byte produced.
+    * `stdout_cut`, `stderr_cut` - how much of each stream was dropped (as reported by the server).
+    * `duration` - wall-clock seconds.
+    """
+
+    exit_code: int | None
+    stdout_bytes: bytes = b""
+    stderr_bytes: bytes = b""
+    timed_out: bool = False
+    oom_killed: bool = False
+    killed: bool = False
+    truncated: bool = False
+    stdout_size: int = 0
+    stderr_size: int = 0
+    stdout_cut: int = 0
+    stderr_cut: int = 0
+    signal: int | None = None
+    duration: float = 0.0
+
+    @property
+    def stdout(self) -> str:
+        """`stdout_bytes` as text; invalid UTF-8 becomes U+FFFD, never an exception."""
+        return self.stdout_bytes.decode("utf-8", errors="replace")
+
+    @property
+    def stderr(self) -> str:
+        """`stderr_bytes` as text; invalid UTF-8 becomes U+FFFD, never an exception."""
+        return self.stderr_bytes.decode("utf-8", errors="replace")
+
+    @classmethod
+    def from_wire(
+        cls, data: dict[str, Any], *, stdout_prefix: bytes = b"", stderr_prefix: bytes = b""
+    ) -> CommandResult:
+        """Build from the API's result object; `*_prefix` are bytes already received as stream events."""
+        out = stdout_prefix + _b64(data.get("stdout_b64"), "stdout_b64")
+        err = stderr_prefix + _b64(data.get("stderr_b64"), "stderr_b64")
+        return cls(
+            exit_code=_opt_int(data.get("exit_code")),
+            stdout_bytes=out,
+            stderr_bytes=err,
+            timed_out=bool(data.get("timed_out")),
+            oom_killed=bool(data.get("oom_killed")),
+            killed=bool(data.get("killed")),
+            truncated=bool(data.get("truncated")),
+            stdout_size=int(data.get("stdout_size") or len(out)),
+            stderr_size=int(data.get("stderr_size") or len(err)),
+            stdout_cut=int(data.get("stdout_cut") or 0),
+            stderr_cut=int(data.get("stderr_cut") or 0),
+            signal=_opt_int(data.get("signal")),
+            duration=float(data.get("duration") or 0.0),
+        )
+
+
+_DIR_TYPES = frozenset({"dir", "directory"})
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One file system entry in a sandbox, from `files.list` (and `files.write`)."""
+
+    name: str
+    path: str
+    size: int
+    is_dir: bool
+    type: str = "file"
+    mode: int | None = None
+    mtime: float | None = None
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> Entry:
+        kind = str(data.get("type") or "file")
+        path = str(data["path"])
+        return cls(
+            name=str(data.get("name") or path.rstrip("/").rsplit("/", 1)[-1]),
+            path=path,
+            size=int(data.get("size") or 0),
+            is_dir=kind in _DIR_TYPES,
+            type=kind,
+            mode=_opt_int(data.get("mode")),
+            mtime=None if data.get("mtime") is None else float(data["mtime"]),
+        )
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    """A sandbox as the server describes it (`Sandbox.list()`, `sb.info`)."""
+
+    id: str
+    state: str
+    template: str
+    runtime: str | None = None
+    limits: dict[str, Any] = field(default_factory=dict)
+    created_at: str | None = None
+    expires_at: str | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> SandboxInfo:
+        if not isinstance(data, dict) or not isinstance(data.get("id"), str):
+            raise ServerError("malformed response from Corral: expected a sandbox object with an 'id'")
+        return cls(
+            id=data["id"],
+            state=str(data.get("state") or ""),
+            template=str(data.get("template") or ""),
+            runtime=data.get("runtime"),
+            limits=dict(data.get("limits") or {}),
+            created_at=data.get("created_at"),
+            expires_at=data.get("expires_at"),
+            metadata=dict(data.get("metadata") or {}),
+        )

@@ -1,0 +1,46 @@
+"""Corral's HTTP API server (FastAPI on uvicorn); the contract is `docs/api.md`.
+
+```python
+app = create_app(engine, store)      # an ASGI app; its lifespan starts and stops engine and store
+serve("127.0.0.1", 7770)             # `corral serve`: Engine + ControlStore in CORRAL_HOME, admin key, uvicorn
+```
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from .._settings import admin_key, corral_home
+from ..control import ControlStore
+from ..engine import Engine
+from ._app import create_app, reap_expired
+from ._errors import STATUS_BY_CODE, status_for
+
+__all__ = ["STATUS_BY_CODE", "create_app", "reap_expired", "serve", "status_for"]
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 7770
+
+
+def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
+          home: str | os.PathLike[str] | None = None) -> None:
+    """Run the API server until interrupted, with its state in `home` (default `CORRAL_HOME`)."""
+    import uvicorn
+
+    state = corral_home(home)
+    engine = Engine(state)
+    store = ControlStore(home=state)
+    explicit = admin_key()
+
+    async def bootstrap(store: ControlStore) -> None:
+        path = await store.bootstrap_admin(explicit)
+        if path is not None:
+            print(f"corral: generated the admin API key; it is in {path} (mode 0600)", flush=True)
+        elif explicit is not None:
+            print("corral: admin API key taken from CORRAL_ADMIN_KEY (used only if the server had no keys)",
+                  flush=True)
+
+    app = create_app(engine, store, on_startup=bootstrap)
+    config = uvicorn.Config(app, host=host, port=port, lifespan="on", log_level="info")
+    asyncio.run(uvicorn.Server(config).serve())
