@@ -450,18 +450,12 @@ class Files:
         self._client.request("DELETE", self._path(), params=params)
 
 
-class Sandbox:
-    """A sandbox on a Corral server. Make one with `Sandbox.create()` or `Sandbox.connect()`.
+class _SandboxBase:
+    """What `Sandbox` and `AsyncSandbox` share that does no I/O."""
 
-    Used as a context manager, leaving the block kills the sandbox.
-    """
-
-    def __init__(self, info: SandboxInfo, client: _SyncClient) -> None:
+    def __init__(self, info: SandboxInfo) -> None:
         self._info = info
-        self._client = client
         self._killed = False
-        self.commands = Commands(client, info.id)
-        self.files = Files(client, info.id)
 
     @property
     def id(self) -> str:
@@ -473,7 +467,20 @@ class Sandbox:
         return self._info
 
     def __repr__(self) -> str:
-        return f"Sandbox(id={self.id!r}, template={self._info.template!r})"
+        return f"{type(self).__name__}(id={self.id!r}, template={self._info.template!r})"
+
+
+class Sandbox(_SandboxBase):
+    """A sandbox on a Corral server. Make one with `Sandbox.create()` or `Sandbox.connect()`.
+
+    Used as a context manager, leaving the block kills the sandbox.
+    """
+
+    def __init__(self, info: SandboxInfo, client: _SyncClient) -> None:
+        super().__init__(info)
+        self._client = client
+        self.commands = Commands(client, info.id)
+        self.files = Files(client, info.id)
 
     @classmethod
     def create(
@@ -672,26 +679,14 @@ class AsyncFiles:
         await self._client.request("DELETE", self._path(), params=params)
 
 
-class AsyncSandbox:
+class AsyncSandbox(_SandboxBase):
     """`Sandbox`, awaited: `async with await AsyncSandbox.create() as sb: await sb.commands.run("ls")`."""
 
     def __init__(self, info: SandboxInfo, client: _AsyncClient) -> None:
-        self._info = info
+        super().__init__(info)
         self._client = client
-        self._killed = False
         self.commands = AsyncCommands(client, info.id)
         self.files = AsyncFiles(client, info.id)
-
-    @property
-    def id(self) -> str:
-        return self._info.id
-
-    @property
-    def info(self) -> SandboxInfo:
-        return self._info
-
-    def __repr__(self) -> str:
-        return f"AsyncSandbox(id={self.id!r}, template={self._info.template!r})"
 
     @classmethod
     async def create(
