@@ -72,3 +72,37 @@ def engine(
     out.write_text(json.dumps(results, indent=2))
     typer.echo(json.dumps(results, indent=2))
     console.print(f"[dim]written to {out}[/dim]")
+
+
+@bench_app.command("api")
+def api(
+    n: int = typer.Option(200, help="Samples per latency measurement."),
+    clients: int = typer.Option(50, help="Concurrent clients, each with its own sandbox."),
+    steps: int = typer.Option(20, help="Agent-like steps per client."),
+    size_mib: int = typer.Option(100, help="Upload/download size in MiB."),
+    template: str = typer.Option("default"),
+    out: Path = typer.Option(Path("bench-results/api.json"), help="Where to write the JSON figures."),
+) -> None:
+    """The HTTP API (a real `corral serve`, the SDK over loopback) against the engine in-process."""
+    module = _load("api")
+    home = Path(f"/var/tmp/corral-bench-api-{int(time.time())}")
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as bar:
+        tasks: dict[str, Any] = {}
+
+        def progress(what: str, done: int, total: int) -> None:
+            if what not in tasks:
+                tasks[what] = bar.add_task(what, total=total)
+            bar.update(tasks[what], completed=done)
+
+        try:
+            results = module.run(home=home, template_home=corral_home(), template=template, n=n, clients=clients,
+                                 steps=steps, size_mib=size_mib, progress=progress)
+        finally:
+            import shutil
+
+            shutil.rmtree(home, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    typer.echo(json.dumps(results, indent=2))
+    console.print(f"[dim]written to {out}[/dim]")
