@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -41,17 +42,10 @@ def _load(name: str) -> ModuleType:
     return module
 
 
-@bench_app.command("engine")
-def engine(
-    n: int = typer.Option(30, help="Samples per measurement."),
-    concurrent: int = typer.Option(50, help="Sandboxes created at once."),
-    pool: int = typer.Option(4, help="Warm pool size."),
-    template: str = typer.Option("default"),
-    out: Path = typer.Option(Path("bench-results/engine.json"), help="Where to write the JSON figures."),
-) -> None:
-    """Sandbox create, exec, idle memory and concurrency, against bare `runc run`."""
-    module = _load("engine")
-    home = Path(f"/var/tmp/corral-bench-{int(time.time())}")
+def _run(name: str, out: Path, **kwargs: Any) -> None:
+    """Run `benchmarks/<name>.py`'s `run()` (sync or async) with a progress bar; print and save its figures."""
+    module = _load(name)
+    home = Path(f"/var/tmp/corral-bench-{name}-{int(time.time())}")
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as bar:
         tasks: dict[str, Any] = {}
@@ -62,16 +56,27 @@ def engine(
             bar.update(tasks[what], completed=done)
 
         try:
-            results = asyncio.run(module.run(home=home, template_home=corral_home(), template=template, n=n,
-                                             concurrent=concurrent, pool=pool, progress=progress))
+            results = module.run(home=home, template_home=corral_home(), progress=progress, **kwargs)
+            if asyncio.iscoroutine(results):
+                results = asyncio.run(results)
         finally:
-            import shutil
-
             shutil.rmtree(home, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
     typer.echo(json.dumps(results, indent=2))
     console.print(f"[dim]written to {out}[/dim]")
+
+
+@bench_app.command("engine")
+def engine(
+    n: int = typer.Option(30, help="Samples per measurement."),
+    concurrent: int = typer.Option(50, help="Sandboxes created at once."),
+    pool: int = typer.Option(4, help="Warm pool size."),
+    template: str = typer.Option("default"),
+    out: Path = typer.Option(Path("bench-results/engine.json"), help="Where to write the JSON figures."),
+) -> None:
+    """Sandbox create, exec, idle memory and concurrency, against bare `runc run`."""
+    _run("engine", out, template=template, n=n, concurrent=concurrent, pool=pool)
 
 
 @bench_app.command("api")
@@ -84,25 +89,4 @@ def api(
     out: Path = typer.Option(Path("bench-results/api.json"), help="Where to write the JSON figures."),
 ) -> None:
     """The HTTP API (a real `corral serve`, the SDK over loopback) against the engine in-process."""
-    module = _load("api")
-    home = Path(f"/var/tmp/corral-bench-api-{int(time.time())}")
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as bar:
-        tasks: dict[str, Any] = {}
-
-        def progress(what: str, done: int, total: int) -> None:
-            if what not in tasks:
-                tasks[what] = bar.add_task(what, total=total)
-            bar.update(tasks[what], completed=done)
-
-        try:
-            results = module.run(home=home, template_home=corral_home(), template=template, n=n, clients=clients,
-                                 steps=steps, size_mib=size_mib, progress=progress)
-        finally:
-            import shutil
-
-            shutil.rmtree(home, ignore_errors=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
-    typer.echo(json.dumps(results, indent=2))
-    console.print(f"[dim]written to {out}[/dim]")
+    _run("api", out, template=template, n=n, clients=clients, steps=steps, size_mib=size_mib)
