@@ -41,7 +41,16 @@ ALLOW = ("SCMP_ACT_ALLOW", None)
 DENY_EPERM = ("SCMP_ACT_ERRNO", EPERM)
 DEFAULT = ("SCMP_ACT_ERRNO", ENOSYS)
 
-ROOTFS = Path(os.environ.get("CORRAL_TEST_ROOTFS", "/var/tmp/devroot"))
+def test_rootfs() -> Path:
+    """CORRAL_TEST_ROOTFS for quick iteration, else the template the rest of the suite uses (never skipped)."""
+    from .conftest import DEV_ROOTFS, TEMPLATE, template_store
+
+    if DEV_ROOTFS:
+        return Path(DEV_ROOTFS)
+    return Path(template_store().get(TEMPLATE).rootfs)
+
+
+test_rootfs.__test__ = False  # type: ignore[attr-defined]  # a helper, not a test
 HOST_UID_BASE = 1_000_000
 
 
@@ -630,15 +639,16 @@ def _oci_config(
 class Runc:
     """One command per throwaway container; each container is force-deleted however the run ends."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, rootfs: Path) -> None:
         self.workdir = workdir
+        self.rootfs = rootfs
         self.state = workdir / "runc"
 
     def run(
         self,
         args: list[str],
         *,
-        rootfs: Path = ROOTFS,
+        rootfs: Path | None = None,
         mounts: list[dict[str, Any]] | None = None,
         seccomp: bool = True,
         capable: bool = False,
@@ -647,7 +657,8 @@ class Runc:
         container = f"corral-seccomp-{uuid.uuid4().hex[:12]}"
         bundle = self.workdir / container
         bundle.mkdir()
-        config = _oci_config(args, rootfs=rootfs, mounts=mounts or [], seccomp=seccomp, capable=capable)
+        config = _oci_config(args, rootfs=rootfs or self.rootfs, mounts=mounts or [], seccomp=seccomp,
+                             capable=capable)
         (bundle / "config.json").write_text(json.dumps(config))
         runc = ["runc", "--root", str(self.state)]
         try:
@@ -674,13 +685,12 @@ def _python(source: str, *argv: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def runc(tmp_path_factory: pytest.TempPathFactory) -> Runc:
-    if os.geteuid() != 0:
-        pytest.skip("runc tests need root")
-    if shutil.which("runc") is None:
-        pytest.skip("runc is not installed")
-    if not (ROOTFS / "usr/bin/python3").exists():
-        pytest.skip(f"no template rootfs with python3 at {ROOTFS}")
-    return Runc(tmp_path_factory.mktemp("seccomp"))
+    if os.geteuid() != 0 or shutil.which("runc") is None:
+        pytest.fail("the seccomp tests need root and runc (scripts/install installs it)", pytrace=False)
+    rootfs = test_rootfs()
+    if not (rootfs / "usr/bin/python3").exists():
+        pytest.fail(f"no rootfs with python3 at {rootfs}", pytrace=False)
+    return Runc(tmp_path_factory.mktemp("seccomp"), rootfs)
 
 
 @pytest.fixture(scope="module")
