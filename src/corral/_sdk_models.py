@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._exceptions import ServerError
+from .engine._models import OutputText
 
 __all__ = ["CommandResult", "Entry", "SandboxInfo"]
 
@@ -32,7 +33,7 @@ def _opt_int(value: Any) -> int | None:
 
 
 @dataclass(frozen=True)
-class CommandResult:
+class CommandResult(OutputText):
     """The outcome of one command. Never raised: a non-zero exit, a timeout or an OOM kill are fields here.
 
     **Fields:**
@@ -41,7 +42,8 @@ class CommandResult:
     * `stdout_bytes`, `stderr_bytes` - the exact bytes (with `truncated`, the kept part only).
     * `timed_out`, `oom_killed`, `killed` - how the command ended, if not by itself.
     * `truncated` - output went over the limit; `stdout_size`/`stderr_size` still count every byte produced.
-    * `stdout_cut`, `stderr_cut` - how much of each stream was dropped (as reported by the server).
+    * `stdout_cut`, `stderr_cut` - with `truncated`, the offset in `stdout_bytes`/`stderr_bytes` where the
+      omitted middle was (the kept head before it, the kept tail after it); `None` when nothing was omitted.
     * `duration` - wall-clock seconds.
     """
 
@@ -54,20 +56,10 @@ class CommandResult:
     truncated: bool = False
     stdout_size: int = 0
     stderr_size: int = 0
-    stdout_cut: int = 0
-    stderr_cut: int = 0
+    stdout_cut: int | None = None
+    stderr_cut: int | None = None
     signal: int | None = None
     duration: float = 0.0
-
-    @property
-    def stdout(self) -> str:
-        """`stdout_bytes` as text; invalid UTF-8 becomes U+FFFD, never an exception."""
-        return self.stdout_bytes.decode("utf-8", errors="replace")
-
-    @property
-    def stderr(self) -> str:
-        """`stderr_bytes` as text; invalid UTF-8 becomes U+FFFD, never an exception."""
-        return self.stderr_bytes.decode("utf-8", errors="replace")
 
     @classmethod
     def from_wire(
@@ -86,8 +78,8 @@ class CommandResult:
             truncated=bool(data.get("truncated")),
             stdout_size=int(data.get("stdout_size") or len(out)),
             stderr_size=int(data.get("stderr_size") or len(err)),
-            stdout_cut=int(data.get("stdout_cut") or 0),
-            stderr_cut=int(data.get("stderr_cut") or 0),
+            stdout_cut=_opt_int(data.get("stdout_cut")),
+            stderr_cut=_opt_int(data.get("stderr_cut")),
             signal=_opt_int(data.get("signal")),
             duration=float(data.get("duration") or 0.0),
         )

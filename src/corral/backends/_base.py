@@ -44,5 +44,8 @@ class Backend(Protocol):
     def adopt(self, record: Record) -> None:
         """Take back a sandbox found running after a restart (reserve what it holds)."""
 
+    async def close(self) -> None:
+        """Release what the backend holds for all sandboxes (not the sandboxes: they outlive the engine)."""
+
     async def sweep(self, known: set[str]) -> list[str]:
         """Remove leftovers of sandboxes not in `known` (half-created, crashed); return their ids."""

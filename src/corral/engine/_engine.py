@@ -145,6 +145,7 @@ class Engine:
         victims = pool + (list(self._sandboxes.values()) if destroy_all else [])
         await asyncio.gather(*(self._destroy(sb, reason="engine closed") for sb in victims),
                              return_exceptions=True)
+        await self.backend.close()
         self._started = False
         if self._lock_fd is not None:
             os.close(self._lock_fd)

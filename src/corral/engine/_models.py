@@ -140,8 +140,26 @@ class SandboxInfo:
     metadata: dict[str, str]
 
 
+class OutputText:
+    """Text views of a command's exact output bytes: invalid UTF-8 becomes U+FFFD, never an exception.
+
+    Shared by the engine's `ExecResult` and the SDK's `CommandResult`.
+    """
+
+    stdout_bytes: bytes
+    stderr_bytes: bytes
+
+    @property
+    def stdout(self) -> str:
+        return self.stdout_bytes.decode("utf-8", errors="replace")
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_bytes.decode("utf-8", errors="replace")
+
+
 @dataclass(frozen=True)
-class ExecResult:
+class ExecResult(OutputText):
     """The outcome of one command: never raised for a non-zero exit, a timeout or an OOM kill."""
 
     exit_code: int | None
@@ -159,14 +177,6 @@ class ExecResult:
     stderr_cut: int | None = None
     pid: int = 0
     id: str = ""
-
-    @property
-    def stdout(self) -> str:
-        return self.stdout_bytes.decode("utf-8", errors="replace")
-
-    @property
-    def stderr(self) -> str:
-        return self.stderr_bytes.decode("utf-8", errors="replace")
 
     @property
     def ok(self) -> bool:

@@ -154,6 +154,10 @@ class LocalBackend:
             removed.append(sid)
         return removed
 
+    async def close(self) -> None:
+        """Leave no empty cgroup parent behind; a parent that still holds sandboxes stays (rmdir refuses)."""
+        _cgroups.remove_parent(f"/{self.cgroup_parent}/x")
+
     def adopt(self, record: Record) -> None:
         """Take back a sandbox found after a restart (its uid range stays reserved)."""
         self._slots.add(int(record["slot"]))

@@ -95,3 +95,10 @@ def kill_all(cgroups_path: str) -> None:
             os.kill(pid, 9)
         except OSError:
             pass
+
+
+def remove_parent(cgroups_path: str) -> None:
+    """Remove the parent that runc created for our sandboxes (`/corral`), if no sandbox is left in it."""
+    parent = cgroups_path.rstrip("/").rsplit("/", 1)[0]
+    if parent:
+        remove(parent)
