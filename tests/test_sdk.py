@@ -36,7 +36,7 @@ from corral import (
     ServerError,
     TemplateBuildError,
 )
-from corral._client import AsyncCommands, AsyncFiles, Commands, Files
+from corral._sdk import AsyncCommands, AsyncFiles, Commands, Files
 
 KEY = "test-key"
 URL = "http://corral.test:7770"

@@ -1,6 +1,5 @@
 """Corral: a self-hostable sandbox runtime for AI agents."""
 
-from ._client import AsyncSandbox, Sandbox
 from ._exceptions import (
     AgentError,
     AuthenticationError,
@@ -17,7 +16,7 @@ from ._exceptions import (
     TemplateBuildError,
     error_from_code,
 )
-from ._sdk_models import CommandResult, Entry, SandboxInfo
+from ._sdk import AsyncSandbox, CommandResult, Entry, Sandbox, SandboxInfo
 
 __version__ = "0.1.0"
 

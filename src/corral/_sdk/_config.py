@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import _settings
+from .. import _settings
 
 __all__ = ["DEFAULT_REQUEST_TIMEOUT", "ConnectionConfig"]
 

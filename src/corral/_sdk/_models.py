@@ -11,8 +11,8 @@ import binascii
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._exceptions import ServerError
-from .engine._models import OutputText
+from .._exceptions import ServerError
+from ..engine._models import OutputText
 
 __all__ = ["CommandResult", "Entry", "SandboxInfo"]
 

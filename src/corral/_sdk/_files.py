@@ -1,0 +1,152 @@
+"""`sb.files`: a sandbox's files as exact bytes, streamed both ways. Relative paths resolve against `/workspace`."""
+
+from __future__ import annotations
+
+import builtins
+import inspect
+import io
+import os
+from collections.abc import AsyncIterator, Iterator
+from typing import IO, Any
+
+from ._models import Entry
+from ._transport import AsyncClient, SyncClient, json_dict, sandbox_path
+
+__all__ = ["AsyncFiles", "Files", "PathLike", "WriteData"]
+
+_UPLOAD_CHUNK = 256 * 1024
+
+PathLike = str | os.PathLike[str]
+WriteData = bytes | bytearray | memoryview | str | IO[bytes]
+
+
+def _upload_kind(data: WriteData) -> bytes | IO[bytes]:
+    """The bytes to send, or the binary file object to stream from."""
+    if isinstance(data, str):
+        return data.encode("utf-8")
+    if isinstance(data, bytes | bytearray | memoryview):
+        return bytes(data)
+    if isinstance(data, io.TextIOBase):
+        raise TypeError("files.write needs a binary file object (open it with 'rb'), not a text file")
+    if callable(getattr(data, "read", None)):
+        return data
+    raise TypeError(f"files.write takes bytes, str or a binary file object, not {type(data).__name__}")
+
+
+def _check_chunk(chunk: Any) -> bytes:
+    if not isinstance(chunk, bytes | bytearray | memoryview):
+        raise TypeError(f"files.write: the file object returned {type(chunk).__name__}; open it in binary mode")
+    return bytes(chunk)
+
+
+def _iter_file(f: IO[bytes]) -> Iterator[bytes]:
+    while chunk := _check_chunk(f.read(_UPLOAD_CHUNK)):
+        yield chunk
+
+
+async def _aiter_file(f: Any) -> AsyncIterator[bytes]:
+    while True:
+        chunk = f.read(_UPLOAD_CHUNK)
+        if inspect.isawaitable(chunk):  # an async file object (aiofiles, anyio)
+            chunk = await chunk
+        data = _check_chunk(chunk)
+        if not data:
+            return
+        yield data
+
+
+class Files:
+    """`sb.files`: the sandbox's files, as exact bytes. Relative paths resolve against `/workspace`."""
+
+    def __init__(self, client: SyncClient, sandbox_id: str) -> None:
+        self._client = client
+        self._sandbox_id = sandbox_id
+
+    def _path(self, suffix: str = "") -> str:
+        return sandbox_path(self._sandbox_id, "/files" + suffix)
+
+    def write(self, path: PathLike, data: WriteData, *, mode: int | None = None) -> Entry:
+        """Write `data` (bytes, str as UTF-8, or a binary file object, streamed in chunks) to `path`."""
+        payload = _upload_kind(data)
+        content = payload if isinstance(payload, bytes) else _iter_file(payload)
+        params = {"path": os.fspath(path)} | ({} if mode is None else {"mode": str(mode)})
+        headers = {"Content-Type": "application/octet-stream"}
+        reply = json_dict(
+            self._client.request("PUT", self._path(), params=params, content=content, headers=headers), "a write"
+        )
+        return Entry.from_wire({"type": "file", **reply})
+
+    def read(self, path: PathLike) -> bytes:
+        """The file's exact bytes."""
+        out = bytearray()
+        with self._client.stream("GET", self._path(), params={"path": os.fspath(path)}) as response:
+            for chunk in response.iter_bytes():
+                out += chunk
+        return bytes(out)
+
+    def read_text(self, path: PathLike, *, encoding: str = "utf-8", errors: str = "replace") -> str:
+        """The file as text; undecodable bytes are replaced unless `errors` says otherwise."""
+        return self.read(path).decode(encoding, errors=errors)
+
+    def list(self, path: PathLike) -> builtins.list[Entry]:
+        data = json_dict(self._client.request("GET", self._path("/list"), params={"path": os.fspath(path)}), "a list")
+        return [Entry.from_wire(e) for e in data.get("entries", [])]
+
+    def exists(self, path: PathLike) -> bool:
+        data = self._client.request("GET", self._path("/exists"), params={"path": os.fspath(path)})
+        return bool(json_dict(data, "exists").get("exists"))
+
+    def make_dir(self, path: PathLike) -> bool:
+        """Create the directory (and its parents); `False` if it already existed."""
+        data = self._client.request("POST", self._path("/mkdir"), json={"path": os.fspath(path)})
+        return bool(json_dict(data, "mkdir").get("created"))
+
+    def remove(self, path: PathLike, *, recursive: bool = False) -> None:
+        params = {"path": os.fspath(path)} | ({"recursive": "true"} if recursive else {})
+        self._client.request("DELETE", self._path(), params=params)
+
+
+class AsyncFiles:
+    """`sb.files` of an `AsyncSandbox`."""
+
+    def __init__(self, client: AsyncClient, sandbox_id: str) -> None:
+        self._client = client
+        self._sandbox_id = sandbox_id
+
+    def _path(self, suffix: str = "") -> str:
+        return sandbox_path(self._sandbox_id, "/files" + suffix)
+
+    async def write(self, path: PathLike, data: WriteData, *, mode: int | None = None) -> Entry:
+        """Write `data` (bytes, str as UTF-8, or a binary file object, sync or async, streamed) to `path`."""
+        payload = _upload_kind(data)
+        content = payload if isinstance(payload, bytes) else _aiter_file(payload)
+        params = {"path": os.fspath(path)} | ({} if mode is None else {"mode": str(mode)})
+        headers = {"Content-Type": "application/octet-stream"}
+        reply = await self._client.request("PUT", self._path(), params=params, content=content, headers=headers)
+        return Entry.from_wire({"type": "file", **json_dict(reply, "a write")})
+
+    async def read(self, path: PathLike) -> bytes:
+        out = bytearray()
+        async with self._client.stream("GET", self._path(), params={"path": os.fspath(path)}) as response:
+            async for chunk in response.aiter_bytes():
+                out += chunk
+        return bytes(out)
+
+    async def read_text(self, path: PathLike, *, encoding: str = "utf-8", errors: str = "replace") -> str:
+        return (await self.read(path)).decode(encoding, errors=errors)
+
+    async def list(self, path: PathLike) -> builtins.list[Entry]:
+        data = await self._client.request("GET", self._path("/list"), params={"path": os.fspath(path)})
+        return [Entry.from_wire(e) for e in json_dict(data, "a list").get("entries", [])]
+
+    async def exists(self, path: PathLike) -> bool:
+        data = await self._client.request("GET", self._path("/exists"), params={"path": os.fspath(path)})
+        return bool(json_dict(data, "exists").get("exists"))
+
+    async def make_dir(self, path: PathLike) -> bool:
+        data = await self._client.request("POST", self._path("/mkdir"), json={"path": os.fspath(path)})
+        return bool(json_dict(data, "mkdir").get("created"))
+
+    async def remove(self, path: PathLike, *, recursive: bool = False) -> None:
+        params = {"path": os.fspath(path)} | ({"recursive": "true"} if recursive else {})
+        await self._client.request("DELETE", self._path(), params=params)

@@ -1,0 +1,286 @@
+"""`Sandbox` and `AsyncSandbox`: a sandbox on a Corral server, with its `commands` and `files`.
+
+The two classes are twins written side by side; what they share without I/O is `_SandboxBase` and the request
+helpers below.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any, Self
+
+import httpx
+
+from .._exceptions import NotFoundError, SandboxTimeoutError
+from ._commands import AsyncCommands, Commands
+from ._config import DEFAULT_REQUEST_TIMEOUT, ConnectionConfig
+from ._files import AsyncFiles, Files
+from ._models import SandboxInfo
+from ._transport import AsyncClient, SyncClient, json_dict, sandbox_path
+
+__all__ = ["AsyncSandbox", "Sandbox"]
+
+
+def _create_body(
+    template: str,
+    timeout: int | None,
+    network: str | Sequence[str],
+    limits: Mapping[str, Any] | None,
+    env: Mapping[str, str] | None,
+    metadata: Mapping[str, str] | None,
+) -> dict[str, Any]:
+    return {
+        "template": template,
+        "timeout": timeout,
+        "network": network if isinstance(network, str) else builtins.list(network),
+        "limits": dict(limits or {}),
+        "env": dict(env or {}),
+        "metadata": dict(metadata or {}),
+    }
+
+
+def _list_params(metadata: Mapping[str, str] | None) -> dict[str, str]:
+    return {f"metadata.{key}": value for key, value in (metadata or {}).items()}
+
+
+class _SandboxBase:
+    """What `Sandbox` and `AsyncSandbox` share that does no I/O."""
+
+    def __init__(self, info: SandboxInfo) -> None:
+        self._info = info
+        self._killed = False
+
+    @property
+    def id(self) -> str:
+        return self._info.id
+
+    @property
+    def info(self) -> SandboxInfo:
+        """The description from the last call that returned one (see `get_info()` for a fresh one)."""
+        return self._info
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(id={self.id!r}, template={self._info.template!r})"
+
+
+class Sandbox(_SandboxBase):
+    """A sandbox on a Corral server. Make one with `Sandbox.create()` or `Sandbox.connect()`.
+
+    Used as a context manager, leaving the block kills the sandbox.
+    """
+
+    def __init__(self, info: SandboxInfo, client: SyncClient) -> None:
+        super().__init__(info)
+        self._client = client
+        self.commands = Commands(client, info.id)
+        self.files = Files(client, info.id)
+
+    @classmethod
+    def create(
+        cls,
+        template: str = "default",
+        *,
+        timeout: int | None = 300,
+        network: str | Sequence[str] = "none",
+        limits: Mapping[str, Any] | None = None,
+        env: Mapping[str, str] | None = None,
+        metadata: Mapping[str, str] | None = None,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
+        transport: httpx.BaseTransport | None = None,
+    ) -> Sandbox:
+        """Start a new sandbox. `timeout` is its time to live in seconds; `api_key`/`base_url` default to
+        `$CORRAL_API_KEY`/`$CORRAL_URL`; `transport` is an httpx transport (for tests)."""
+        config = ConnectionConfig.resolve(api_key=api_key, base_url=base_url, request_timeout=request_timeout)
+        client = SyncClient(config, transport)
+        try:
+            body = _create_body(template, timeout, network, limits, env, metadata)
+            info = SandboxInfo.from_wire(client.request("POST", "/v1/sandboxes", json=body))
+        except BaseException:
+            client.close()
+            raise
+        return cls(info, client)
+
+    @classmethod
+    def connect(
+        cls,
+        sandbox_id: str,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
+        transport: httpx.BaseTransport | None = None,
+    ) -> Sandbox:
+        """Attach to an existing sandbox (`NotFoundError` if it does not exist for this key)."""
+        config = ConnectionConfig.resolve(api_key=api_key, base_url=base_url, request_timeout=request_timeout)
+        client = SyncClient(config, transport)
+        try:
+            info = SandboxInfo.from_wire(client.request("GET", sandbox_path(sandbox_id)))
+        except BaseException:
+            client.close()
+            raise
+        return cls(info, client)
+
+    @classmethod
+    def list(
+        cls,
+        *,
+        metadata: Mapping[str, str] | None = None,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
+        transport: httpx.BaseTransport | None = None,
+    ) -> builtins.list[SandboxInfo]:
+        """The caller's tenant's sandboxes, optionally only those whose metadata has every given KEY=VALUE."""
+        config = ConnectionConfig.resolve(api_key=api_key, base_url=base_url, request_timeout=request_timeout)
+        client = SyncClient(config, transport)
+        try:
+            data = json_dict(client.request("GET", "/v1/sandboxes", params=_list_params(metadata)), "a list")
+        finally:
+            client.close()
+        return [SandboxInfo.from_wire(s) for s in data.get("sandboxes", [])]
+
+    def get_info(self) -> SandboxInfo:
+        self._info = SandboxInfo.from_wire(self._client.request("GET", sandbox_path(self.id)))
+        return self._info
+
+    def set_timeout(self, seconds: int) -> SandboxInfo:
+        """Let the sandbox live `seconds` from now."""
+        data = self._client.request("POST", sandbox_path(self.id, "/timeout"), json={"timeout": seconds})
+        self._info = SandboxInfo.from_wire(data)
+        return self._info
+
+    def kill(self) -> None:
+        """Destroy the sandbox now, and close this object's connection."""
+        if self._killed:
+            return
+        try:
+            self._client.request("DELETE", sandbox_path(self.id))
+            self._killed = True
+        finally:
+            self._client.close()
+
+    def close(self) -> None:
+        """Close the connection; the sandbox keeps running until its timeout (reattach with `connect`)."""
+        self._client.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._killed:
+            self._client.close()
+            return
+        with contextlib.suppress(NotFoundError, SandboxTimeoutError):  # already gone: the goal is met
+            self.kill()
+
+
+class AsyncSandbox(_SandboxBase):
+    """`Sandbox`, awaited: `async with await AsyncSandbox.create() as sb: await sb.commands.run("ls")`."""
+
+    def __init__(self, info: SandboxInfo, client: AsyncClient) -> None:
+        super().__init__(info)
+        self._client = client
+        self.commands = AsyncCommands(client, info.id)
+        self.files = AsyncFiles(client, info.id)
+
+    @classmethod
+    async def create(
+        cls,
+        template: str = "default",
+        *,
+        timeout: int | None = 300,
+        network: str | Sequence[str] = "none",
+        limits: Mapping[str, Any] | None = None,
+        env: Mapping[str, str] | None = None,
+        metadata: Mapping[str, str] | None = None,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> AsyncSandbox:
+        config = ConnectionConfig.resolve(api_key=api_key, base_url=base_url, request_timeout=request_timeout)
+        client = AsyncClient(config, transport)
+        try:
+            body = _create_body(template, timeout, network, limits, env, metadata)
+            info = SandboxInfo.from_wire(await client.request("POST", "/v1/sandboxes", json=body))
+        except BaseException:
+            await client.close()
+            raise
+        return cls(info, client)
+
+    @classmethod
+    async def connect(
+        cls,
+        sandbox_id: str,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> AsyncSandbox:
+        config = ConnectionConfig.resolve(api_key=api_key, base_url=base_url, request_timeout=request_timeout)
+        client = AsyncClient(config, transport)
+        try:
+            info = SandboxInfo.from_wire(await client.request("GET", sandbox_path(sandbox_id)))
+        except BaseException:
+            await client.close()
+            raise
+        return cls(info, client)
+
+    @classmethod
+    async def list(
+        cls,
+        *,
+        metadata: Mapping[str, str] | None = None,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> builtins.list[SandboxInfo]:
+        config = ConnectionConfig.resolve(api_key=api_key, base_url=base_url, request_timeout=request_timeout)
+        client = AsyncClient(config, transport)
+        try:
+            data = await client.request("GET", "/v1/sandboxes", params=_list_params(metadata))
+        finally:
+            await client.close()
+        return [SandboxInfo.from_wire(s) for s in json_dict(data, "a list").get("sandboxes", [])]
+
+    async def get_info(self) -> SandboxInfo:
+        self._info = SandboxInfo.from_wire(await self._client.request("GET", sandbox_path(self.id)))
+        return self._info
+
+    async def set_timeout(self, seconds: int) -> SandboxInfo:
+        data = await self._client.request("POST", sandbox_path(self.id, "/timeout"), json={"timeout": seconds})
+        self._info = SandboxInfo.from_wire(data)
+        return self._info
+
+    async def kill(self) -> None:
+        if self._killed:
+            return
+        try:
+            await self._client.request("DELETE", sandbox_path(self.id))
+            self._killed = True
+        finally:
+            await self._client.close()
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._killed:
+            await self._client.close()
+            return
+        with contextlib.suppress(NotFoundError, SandboxTimeoutError):
+            await self.kill()

@@ -1,0 +1,195 @@
+"""The SDK's HTTP layer: the error table, httpx error mapping, and the sync and async clients.
+
+Laid out like httpx's `_client.py`: everything that does no I/O (configuration, timeouts, the error table) lives in
+`_BaseClient` and module-level helpers; `SyncClient` and `AsyncClient` hold the I/O.
+
+Errors: every failure is a `corral.CorralError`. An API error is rebuilt from the `code` in its body
+(`{"error": {"code", "message", "details"}}`), falling back to `_STATUS_CODES` when the body has none; transport
+failures (connection refused, timeouts, broken streams) become `ServerError` chained with `raise ... from`.
+No httpx exception escapes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from .._exceptions import CorralError, ServerError, error_from_code
+from ._config import ConnectionConfig
+
+__all__ = ["AsyncClient", "SyncClient", "json_dict", "sandbox_path"]
+
+# The one status -> code table, the reverse of the server's (docs/api.md, "Errors"). Used only when an error
+# response carries no code of its own (a proxy's HTML page, an empty body).
+_STATUS_CODES: dict[int, str] = {
+    400: "invalid_request",
+    401: "unauthenticated",
+    403: "permission_denied",
+    404: "not_found",
+    409: "conflict",
+    410: "sandbox_timeout",
+    422: "invalid_request",  # the API promises 400, but a framework default must not become a ServerError
+    429: "quota_exceeded",
+    500: "server_error",
+    502: "agent_error",
+    503: "runtime_unavailable",
+    507: "disk_full",
+}
+
+
+def _error_from_response(status: int, body: bytes, headers: Mapping[str, str]) -> CorralError:
+    """The exception for an error response: the body's code if it has one, else the status table."""
+    code: str | None = None
+    message: str | None = None
+    details: dict[str, Any] = {}
+    try:
+        payload = json.loads(body) if body else None
+    except ValueError:
+        payload = None
+    error = payload.get("error") if isinstance(payload, dict) else None
+    if isinstance(error, dict):
+        code = error["code"] if isinstance(error.get("code"), str) else None
+        message = error["message"] if isinstance(error.get("message"), str) else None
+        details = dict(error["details"]) if isinstance(error.get("details"), dict) else {}
+    if code is None:
+        code = _STATUS_CODES.get(status, "server_error")
+    if not message:
+        text = body.decode("utf-8", errors="replace").strip()
+        message = f"HTTP {status} from Corral" + (f": {text[:500]}" if text else "")
+    details.setdefault("status", status)
+    retry_after = headers.get("retry-after")
+    if retry_after:
+        details.setdefault("retry_after", retry_after)
+    return error_from_code(code, message, details)
+
+
+@contextlib.contextmanager
+def _map_transport_errors(base_url: str) -> Iterator[None]:
+    """Turn httpx's exceptions into `ServerError`s that say what failed and where (chained, never leaked)."""
+    try:
+        yield
+    except httpx.ConnectError as exc:
+        raise ServerError(
+            f"cannot connect to Corral at {base_url}: {exc or 'connection failed'}. "
+            "Is `corral serve` running there? (set CORRAL_URL or pass base_url=)",
+            details={"url": base_url, "transport_error": "connect"},
+        ) from exc
+    except httpx.TimeoutException as exc:
+        raise ServerError(
+            f"timed out talking to Corral at {base_url} ({type(exc).__name__})",
+            details={"url": base_url, "transport_error": "timeout"},
+        ) from exc
+    except httpx.HTTPError as exc:
+        raise ServerError(
+            f"transport error talking to Corral at {base_url}: {type(exc).__name__}: {exc}",
+            details={"url": base_url, "transport_error": type(exc).__name__},
+        ) from exc
+    except (httpx.InvalidURL, httpx.StreamError) as exc:
+        raise ServerError(
+            f"cannot send a request to Corral at {base_url}: {type(exc).__name__}: {exc}",
+            details={"url": base_url, "transport_error": type(exc).__name__},
+        ) from exc
+
+
+def sandbox_path(sandbox_id: str, suffix: str = "") -> str:
+    return f"/v1/sandboxes/{quote(sandbox_id, safe='')}{suffix}"
+
+
+def json_dict(data: Any, what: str) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise ServerError(f"malformed response from Corral: expected a JSON object for {what}")
+    return data
+
+
+class _BaseClient:
+    """What both clients share without doing I/O: the configuration and the per-call timeouts."""
+
+    def __init__(self, config: ConnectionConfig) -> None:
+        self.config = config
+
+    def _client_options(self) -> dict[str, Any]:
+        return {
+            "base_url": self.config.base_url,
+            "headers": self.config.headers(),
+            "timeout": self.config.request_timeout,
+        }
+
+    def exec_timeout(self, command_timeout: float | None) -> httpx.Timeout:
+        """A command may be silent for its whole timeout; wait that long plus the usual margin for a reply."""
+        base = self.config.request_timeout
+        if base is None:
+            return httpx.Timeout(None)
+        return httpx.Timeout(base, read=None if command_timeout is None else command_timeout + base)
+
+    @staticmethod
+    def _decode(response: httpx.Response) -> Any:
+        if response.is_error:
+            raise _error_from_response(response.status_code, response.content, response.headers)
+        if response.status_code == 204 or not response.content:
+            return None
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise ServerError(f"malformed response from Corral: HTTP {response.status_code} body is not JSON") from exc
+
+
+class SyncClient(_BaseClient):
+    def __init__(self, config: ConnectionConfig, transport: httpx.BaseTransport | None = None) -> None:
+        super().__init__(config)
+        self._http = httpx.Client(transport=transport, **self._client_options())
+
+    def request(self, method: str, path: str, *, timeout: httpx.Timeout | None = None, **kwargs: Any) -> Any:
+        if timeout is not None:
+            kwargs["timeout"] = timeout
+        with _map_transport_errors(self.config.base_url):
+            response = self._http.request(method, path, **kwargs)
+        return self._decode(response)
+
+    @contextlib.contextmanager
+    def stream(
+        self, method: str, path: str, *, timeout: httpx.Timeout | None = None, **kwargs: Any
+    ) -> Iterator[httpx.Response]:
+        if timeout is not None:
+            kwargs["timeout"] = timeout
+        with _map_transport_errors(self.config.base_url), self._http.stream(method, path, **kwargs) as response:
+            if response.is_error:
+                response.read()
+                raise _error_from_response(response.status_code, response.content, response.headers)
+            yield response
+
+    def close(self) -> None:
+        self._http.close()
+
+
+class AsyncClient(_BaseClient):
+    def __init__(self, config: ConnectionConfig, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        super().__init__(config)
+        self._http = httpx.AsyncClient(transport=transport, **self._client_options())
+
+    async def request(self, method: str, path: str, *, timeout: httpx.Timeout | None = None, **kwargs: Any) -> Any:
+        if timeout is not None:
+            kwargs["timeout"] = timeout
+        with _map_transport_errors(self.config.base_url):
+            response = await self._http.request(method, path, **kwargs)
+        return self._decode(response)
+
+    @contextlib.asynccontextmanager
+    async def stream(
+        self, method: str, path: str, *, timeout: httpx.Timeout | None = None, **kwargs: Any
+    ) -> AsyncIterator[httpx.Response]:
+        if timeout is not None:
+            kwargs["timeout"] = timeout
+        with _map_transport_errors(self.config.base_url):
+            async with self._http.stream(method, path, **kwargs) as response:
+                if response.is_error:
+                    await response.aread()
+                    raise _error_from_response(response.status_code, response.content, response.headers)
+                yield response
+
+    async def close(self) -> None:
+        await self._http.aclose()
