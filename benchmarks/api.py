@@ -16,11 +16,7 @@ import asyncio
 import json
 import os
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,18 +24,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from corral import Sandbox
+from corral import Admin, Sandbox
 from corral.backends.local import LocalBackend
-from corral.control import generate_key
 from corral.engine import Engine, SandboxSpec
+from corral.server import ServerProcess
 from corral.templates import TemplateStore
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
 MIB = 2**20
-CORRAL = str(Path(sys.executable).parent / "corral")
 TARGETS = {"exec_p50_ms": 10, "transfer_mb_s": 200, "server_rss_growth_mib": 50, "concurrent_errors": 0}
 
 
@@ -50,79 +43,11 @@ def summary(samples: list[float]) -> dict[str, float]:
             "min_ms": round(ms[0], 2), "max_ms": round(ms[-1], 2)}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     return 0
-
-
-class Server:
-    """`corral serve` as a subprocess on a throwaway home whose `templates` is the real store."""
-
-    def __init__(self, home: Path, template_home: Path) -> None:
-        self.home = home
-        home.mkdir(parents=True)
-        (home / "templates").symlink_to(template_home / "templates")
-        self.admin_key = generate_key()
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = home / "server.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        env = {**os.environ, "CORRAL_HOME": str(self.home), "CORRAL_ADMIN_KEY": self.admin_key}
-        with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen([CORRAL, "serve", "--port", str(self.port)], env=env,
-                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/v1/health", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.log.read_text(errors='replace')[-2000:]}")
-            time.sleep(0.1)
-        raise RuntimeError("server did not become healthy within 60 s")
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def admin(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        r = httpx.request(method, f"{self.url}/v1{path}", headers={"Authorization": f"Bearer {self.admin_key}"},
-                          timeout=30, **kwargs)
-        r.raise_for_status()
-        return r
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-
-    def kill_leftovers(self) -> None:
-        """Sandboxes outlive their server by design: kill whatever this run left behind."""
-        env = {**os.environ, "CORRAL_HOME": str(self.home)}
-        listed = subprocess.run([CORRAL, "sandbox", "ls", "--json"], env=env, capture_output=True, text=True)
-        try:
-            ids = [s["id"] for s in json.loads(listed.stdout or "[]")]
-        except ValueError:
-            ids = []
-        if ids:
-            subprocess.run([CORRAL, "sandbox", "kill", *ids], env=env, capture_output=True)
 
 
 @contextmanager
@@ -208,7 +133,7 @@ async def _engine_figures(home: Path, store: TemplateStore, spec: SandboxSpec, n
 # -- the API ---------------------------------------------------------------------------------------------------
 
 
-def _transfers(sb: Sandbox, server: Server, work: Path, size_mib: int, progress: Progress) -> dict[str, Any]:
+def _transfers(sb: Sandbox, server: ServerProcess, work: Path, size_mib: int, progress: Progress) -> dict[str, Any]:
     src = work / "upload.bin"
     with open(src, "wb") as f:
         for _ in range(size_mib):
@@ -245,7 +170,7 @@ def _transfers(sb: Sandbox, server: Server, work: Path, size_mib: int, progress:
     return out
 
 
-def _concurrent(server: Server, key: str, template: str, clients: int, steps: int,
+def _concurrent(server: ServerProcess, key: str, template: str, clients: int, steps: int,
                 progress: Progress) -> dict[str, Any]:
     barrier = threading.Barrier(clients + 1)
     lock = threading.Lock()
@@ -317,11 +242,11 @@ def run(*, home: Path, template_home: Path, template: str = "default", n: int = 
 
     results["engine"] = asyncio.run(_engine_figures(home / "engine", store, spec, n, progress))
 
-    server = Server(home / "server", template_home)
-    try:
-        server.start()
-        server.admin("POST", "/tenants", json={"name": "bench"})
-        key = server.admin("POST", "/keys", json={"tenant": "bench", "role": "developer"}).json()["key"]
+    # Leaving the block stops the server (SIGTERM, then SIGKILL) and destroys whatever this run left behind.
+    with ServerProcess(home / "server", template_home=template_home) as server:
+        with Admin(api_key=server.admin_key, base_url=server.url) as admin:
+            admin.tenants.create("bench")
+            key = admin.keys.create("bench", "developer").key
         api: dict[str, Any] = {"server_rss_idle_mib": round(rss_kib(server.pid) / 1024, 1)}
         results["api"] = api
         sb = Sandbox.create(template=template, timeout=600, api_key=key, base_url=server.url)
@@ -347,11 +272,6 @@ def run(*, home: Path, template_home: Path, template: str = "default", n: int = 
             sb.kill()
         api["concurrent"] = _concurrent(server, key, template, clients, steps, progress)
         api["server_rss_end_mib"] = round(rss_kib(server.pid) / 1024, 1)
-    finally:
-        try:
-            server.stop()
-        finally:
-            server.kill_leftovers()
 
     eng, api = results["engine"], results["api"]
     results["api_overhead"] = {

@@ -36,7 +36,7 @@ from corral import (
     ServerError,
 )
 from corral.backends.local import _cgroups
-from corral.engine import SandboxSpec
+from corral.engine import AgentClient, SandboxSpec
 
 from .conftest import CGROUP_PARENT, TEMPLATE, make_engine, spec
 
@@ -83,6 +83,75 @@ def host_free_bytes(path: Path) -> int:
 
 def errname(code: int | None) -> str:
     return errno.errorcode.get(code or 0, str(code))
+
+
+# -- 1, 2: no host sockets; the agent channel ------------------------------------------------------
+
+HOST_SOCKETS = ["/var/run/docker.sock", "/run/docker.sock", "/run/containerd/containerd.sock",
+                "/run/crio/crio.sock", "/run/podman/podman.sock", "/run/dbus/system_bus_socket",
+                "/run/systemd/private", "/run/corral"]
+
+
+async def test_01_no_container_engine_or_host_sockets(sandbox):
+    out = await probe(sandbox, r"""
+import glob, json, os, socket
+paths = PATHS + glob.glob("/run/*.sock") + glob.glob("/var/run/*.sock") + glob.glob("/run/*/*.sock")
+seen = {p: os.path.exists(p) for p in paths}
+connected = []
+for p in paths:
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(1)
+    try:
+        s.connect(p)
+        connected.append(p)
+    except OSError:
+        pass
+    finally:
+        s.close()
+# every Unix socket this network namespace knows about, bound to a path
+with open("/proc/net/unix") as f:
+    bound = [line.split()[-1] for line in f.read().splitlines()[1:] if len(line.split()) >= 8]
+print(json.dumps({"seen": [p for p, e in seen.items() if e], "connected": connected, "bound": bound}))
+""".replace("PATHS", repr(HOST_SOCKETS)))
+    assert out["seen"] == [] and out["connected"] == [], out
+    assert out["bound"] == [], f"Unix sockets bound to paths inside the sandbox: {out['bound']}"
+
+
+async def test_02_agent_needs_its_own_token(engine, sandbox):
+    other = await engine.create(spec())
+    try:
+        sock = engine.backend.agent(record(engine, sandbox)).socket_path
+        assert (await AgentClient(sock, record(engine, sandbox)["token"]).ping())  # the right token works
+        for token in ("", "x" * 43, record(engine, other)["token"]):  # none, a guess, another sandbox's
+            with pytest.raises(CorralError) as info:
+                await AgentClient(sock, token).ping()
+            assert "token" in info.value.message, info.value.message
+    finally:
+        await other.destroy()
+    # the socket file on the host is for its owner only
+    assert os.stat(sock).st_mode & 0o077 == 0
+
+
+async def test_02_nothing_listens_inside_but_loopback(sandbox):
+    # Start a loopback listener so the probe is known to see listeners at all.
+    await sh(sandbox, "nohup python3 -m http.server --bind 127.0.0.1 8123 >/dev/null 2>&1 & sleep 1")
+    out = await probe(sandbox, r"""
+import json
+listening = []
+for name in ("/proc/net/tcp", "/proc/net/tcp6", "/proc/net/udp", "/proc/net/udp6"):
+    with open(name) as f:
+        for line in f.read().splitlines()[1:]:
+            fields = line.split()
+            local, state = fields[1], fields[3]
+            if name.startswith("/proc/net/tcp") and state != "0A":  # LISTEN
+                continue
+            listening.append((name, local))
+print(json.dumps(listening))
+""")
+    loopback = {"0100007F", "00000000000000000000000001000000"}
+    assert any(addr.split(":")[0] in loopback for _, addr in out), f"the probe saw no listener: {out}"
+    exposed = [(n, a) for n, a in out if a.split(":")[0] not in loopback]
+    assert exposed == [], f"listening on non-loopback addresses: {exposed}"
 
 
 # -- 3, 4, 5, 6: user, capabilities, setuid, read-only template -------------------------------------

@@ -1,74 +1,372 @@
-"""The `corral` CLI, run as a real subprocess against a throwaway state directory."""
+"""The `corral` CLI as a user runs it: a real subprocess against a real `corral serve` (one per module, on a
+home under /var/tmp whose templates are the built store), with the key and URL in the environment."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import signal
+import sqlite3
 import subprocess
 import sys
+import threading
+import time
+import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
-from .conftest import DEV_ROOTFS, TEMPLATE, TEMPLATE_HOME
+from corral import Admin
+from corral.cli import app
+from corral.server import ServerProcess
+
+from .conftest import DEV_ROOTFS, TEMPLATE, TEMPLATE_HOME, TEST_HOME
+
+pytestmark = [
+    pytest.mark.runc,
+    pytest.mark.skipif(bool(DEV_ROOTFS), reason="the server needs a built template store, not a bare rootfs"),
+]
 
 CORRAL = str(Path(sys.executable).parent / "corral")
+MIB = 2**20
 
 
-def corral(home: Path, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    env = {**os.environ, "CORRAL_HOME": str(home)}
-    if stdin is None:
-        return subprocess.run([CORRAL, *args], env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
-    return subprocess.run([CORRAL, *args], env=env, input=stdin, capture_output=True, timeout=120)
+@dataclass
+class Cli:
+    """Runs `corral` against one server, as one API key: in-process through typer's runner by default (a CLI
+    start costs seconds of imports on a busy 2-CPU machine), as a real subprocess with `real=True` (streaming,
+    signals, what `main()` adds)."""
+
+    url: str
+    key: str
+
+    def env(self, key: str | None = None) -> dict[str, str | None]:
+        unset: dict[str, str | None] = {k: None for k in os.environ if k.startswith("CORRAL_")}
+        return {**unset, "CORRAL_URL": self.url, "CORRAL_API_KEY": key or self.key}
+
+    def run(self, *args: str, stdin: bytes | None = None, key: str | None = None,
+            real: bool = False) -> subprocess.CompletedProcess[bytes]:
+        if real:
+            env = {k: v for k, v in {**os.environ, **self.env(key)}.items() if v is not None}
+            return subprocess.run([CORRAL, *args], env=env, input=stdin, capture_output=True, timeout=120,
+                                  stdin=None if stdin is not None else subprocess.DEVNULL)
+        r = CliRunner().invoke(app, list(args), input=stdin or b"", env=self.env(key))
+        if r.exception is not None and not isinstance(r.exception, SystemExit):
+            raise r.exception  # a bug, not a CLI outcome: show its traceback
+        return subprocess.CompletedProcess(list(args), r.exit_code, r.stdout_bytes, r.stderr_bytes)
+
+    def ok(self, *args: str, stdin: bytes | None = None) -> bytes:
+        r = self.run(*args, stdin=stdin)
+        assert r.returncode == 0, (args, r.returncode, r.stderr.decode(errors="replace"))
+        return r.stdout
+
+    def popen(self, *args: str) -> subprocess.Popen[bytes]:
+        env = {k: v for k, v in {**os.environ, **self.env()}.items() if v is not None}
+        return subprocess.Popen([CORRAL, *args], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
 
 
-@pytest.fixture
-def cli_home(test_home: Path, unique: str) -> Iterator[Path]:
-    home = test_home / f"cli-{unique}"  # not under pytest's tmp_path: that is 0700, sandboxes cannot reach it
-    home.mkdir()
-    (home / "templates").symlink_to(TEMPLATE_HOME / "templates")
-    yield home
-    shutil.rmtree(home)
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    TEST_HOME.mkdir(parents=True, exist_ok=True)
+    home = TEST_HOME / f"cli-{uuid.uuid4().hex[:8]}"  # not pytest's tmp_path: 0700, sandboxes cannot reach it
+    with ServerProcess(home, template_home=TEMPLATE_HOME) as srv:
+        yield srv
+    shutil.rmtree(home, ignore_errors=True)
 
 
-@pytest.mark.runc
-@pytest.mark.skipif(bool(DEV_ROOTFS), reason="the CLI needs a built template store, not a bare rootfs")
-def test_sandbox_commands(cli_home: Path):
-    created = corral(cli_home, "sandbox", "create", "--template", TEMPLATE, "--memory", "256M", "--json")
-    assert created.returncode == 0, created.stderr
-    sid = json.loads(created.stdout)["id"]
+@pytest.fixture(scope="module")
+def admin(server: ServerProcess) -> Cli:
+    return Cli(server.url, server.admin_key)
+
+
+@pytest.fixture(scope="module")
+def dev(admin: Cli) -> Cli:
+    """A developer of tenant `cli`, made with the CLI itself."""
+    admin.ok("tenants", "create", "cli")
+    out = admin.ok("keys", "create", "--tenant", "cli", "--role", "developer")
+    return Cli(admin.url, out.decode().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def sandbox(dev: Cli) -> Iterator[str]:
+    sid = dev.ok("sandbox", "create", "--template", TEMPLATE, "--memory", "512M").decode().strip()
+    yield sid
+    dev.run("sandbox", "kill", sid)
+
+
+def one_error_line(r: subprocess.CompletedProcess[bytes], code: str) -> str:
+    """The CLI's error contract: exit 1, one line `error: <code>: ...` on stderr, no traceback."""
+    err = r.stderr.decode()
+    assert r.returncode == 1, (r.returncode, err)
+    assert err.startswith(f"error: {code}: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+# -- tenants and keys ---------------------------------------------------------------------------------------------
+
+
+def test_tenants_and_keys(admin: Cli) -> None:
+    tenant_id = admin.ok("tenants", "create", "acme").decode().strip()
+    assert tenant_id.startswith("tn_")
+    out = admin.ok("keys", "create", "--tenant", "acme", "--role", "operator", "--name", "ci").decode()
+    key = out.splitlines()[-1]
+    assert key.startswith("corral_") and " " not in key
+    created = json.loads(admin.ok("keys", "create", "--tenant", "acme", "--role", "auditor", "--json"))
+    assert created["role"] == "auditor" and created["tenant"] == "acme" and created["key"].startswith("corral_")
+
+    listed = admin.ok("keys", "ls", "--tenant", "acme", "--json")
+    keys = json.loads(listed)
+    assert {k["role"] for k in keys} == {"operator", "auditor"} and all(k["tenant"] == "acme" for k in keys)
+    assert key.encode() not in listed and created["key"].encode() not in listed  # secrets are never listed
+    assert [k["name"] for k in keys if k["role"] == "operator"] == ["ci"]
+    assert b"acme" in admin.ok("tenants", "ls")
+    assert json.loads(admin.ok("sandbox", "ls", "--json")) == []  # the admin's own tenant has none
+
+    quotas = json.loads(admin.ok("tenants", "update", "acme", "--max-sandboxes", "0", "--max-memory", "1G",
+                                 "--json"))["quotas"]
+    assert quotas["max_sandboxes"] == 0 and quotas["max_memory_bytes"] == 2**30
+    one_error_line(admin.run("sandbox", "create", key=key), "quota_exceeded")
+    assert json.loads(admin.ok("tenants", "update", tenant_id, "--max-sandboxes", "none", "--json"))["quotas"][
+        "max_sandboxes"] is None
+
+    admin.ok("keys", "revoke", created["id"])
+    one_error_line(admin.run("sandbox", "ls", key=created["key"]), "unauthenticated")
+    admin.ok("tenants", "update", "acme", "--disable")
+    one_error_line(admin.run("sandbox", "ls", key=key), "unauthenticated")
+
+
+# -- sandboxes ----------------------------------------------------------------------------------------------------
+
+
+def test_sandbox_create_ls_kill(dev: Cli, admin: Cli) -> None:
+    info = json.loads(dev.ok("sandbox", "create", "--template", TEMPLATE, "--metadata", "job=cli-ls",
+                             "--timeout", "120", "--json"))
+    sid = info["id"]
+    assert info["metadata"] == {"job": "cli-ls"} and info["state"] == "running"
+    assert [s["id"] for s in json.loads(dev.ok("sandbox", "ls", "--metadata", "job=cli-ls", "--json"))] == [sid]
+    assert json.loads(dev.ok("sandbox", "ls", "--metadata", "job=other", "--json")) == []
+    assert sid.encode() in dev.ok("sandbox", "ls")  # the table, ids never cut
+    dev.ok("sandbox", "kill", sid)
+    assert sid not in [s["id"] for s in json.loads(dev.ok("sandbox", "ls", "--json"))]
+
+
+def test_network_policy_at_create_and_live_and_the_refusal_notice(dev: Cli) -> None:
+    info = json.loads(dev.ok("sandbox", "create", "--template", TEMPLATE, "--network", "example.org,@packages",
+                             "--timeout", "120", "--json"))
+    sid = info["id"]
+    assert info["network"] == ["example.org", "@packages"]
+    r = dev.run("exec", sid, "--", "curl", "-sS", "--max-time", "20", "https://pypi.org/", real=True)
+    assert r.returncode != 0
+    assert b"corral: Corral egress denied: pypi.org is not in this sandbox's allowlist" in r.stderr, r.stderr
+    assert dev.ok("sandbox", "network", sid, "none").strip() == b"none"
+    dev.ok("sandbox", "kill", sid)
+
+
+def test_kill_switch_by_tenant(admin: Cli) -> None:
+    admin.ok("tenants", "create", "runaway")
+    key = admin.ok("keys", "create", "--tenant", "runaway", "--role", "developer").decode().splitlines()[-1]
+    agent = Cli(admin.url, key)
+    ids = {agent.ok("sandbox", "create", "--template", TEMPLATE).decode().strip() for _ in range(2)}
+    killed = admin.ok("sandbox", "kill", "--tenant", "runaway").decode().split()
+    assert set(killed) == ids
+    assert json.loads(agent.ok("sandbox", "ls", "--json")) == []
+    assert admin.run("sandbox", "kill").returncode == 2  # nothing to kill named: a usage error
+
+
+# -- exec ---------------------------------------------------------------------------------------------------------
+
+
+def test_exec_exit_codes_and_exact_bytes(dev: Cli, sandbox: str) -> None:
+    r = dev.run("exec", sandbox, r"printf 'a\x00b\xff\n'; printf '\xfe\x00' >&2; exit 3", real=True)
+    assert (r.returncode, r.stdout, r.stderr) == (3, b"a\x00b\xff\n", b"\xfe\x00")
+    r = dev.run("exec", sandbox, "--", "python3", "-c", "import sys; sys.stdout.buffer.write(bytes(range(256)))",
+                real=True)
+    assert (r.returncode, r.stdout) == (0, bytes(range(256)))
+    r = dev.run("exec", sandbox, "cat; exit 0", stdin=b"in\x00put\xff", real=True)
+    assert (r.returncode, r.stdout) == (0, b"in\x00put\xff")
+    r = dev.run("exec", "--timeout", "0.5", sandbox, "sleep 30", real=True)
+    assert r.returncode == 124 and b"timed out" in r.stderr
+    r = dev.run("exec", sandbox, "--", "sh", "-c", "kill -9 $$", real=True)
+    assert r.returncode == 128 + signal.SIGKILL
+
+
+def test_exec_streams_output_live(dev: Cli, sandbox: str) -> None:
+    proc = dev.popen("exec", sandbox, "echo first; sleep 3; echo second")
+    assert proc.stdout is not None
+    first = proc.stdout.readline()
+    first_at = time.monotonic()
+    rest, _ = proc.communicate(timeout=60)
+    ahead = time.monotonic() - first_at
+    assert first == b"first\n" and rest == b"second\n" and proc.returncode == 0
+    assert ahead > 1.5, f"the first line came only {ahead:.1f}s before the end: output is not streamed"
+
+
+# -- cp -----------------------------------------------------------------------------------------------------------
+
+
+def test_cp_files_both_ways(dev: Cli, sandbox: str, tmp_path: Path) -> None:
+    small = tmp_path / "small.bin"
+    small.write_bytes(b"\x00" * 7 + b"a\x00b\xff" + b"\x00")
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(5 * MIB + 3) + b"\x00" * 100)
+    dev.ok("cp", str(small), f"{sandbox}:/workspace/small.bin")
+    dev.ok("exec", sandbox, "mkdir -p /workspace/in")
+    dev.ok("cp", str(big), f"{sandbox}:in")  # into an existing directory: in/big.bin
+    digest = dev.ok("exec", sandbox, "sha256sum < /workspace/in/big.bin").split()[0].decode()
+    assert digest == hashlib.sha256(big.read_bytes()).hexdigest()
+
+    back = tmp_path / "back"
+    back.mkdir()
+    dev.ok("cp", f"{sandbox}:/workspace/small.bin", str(back / "small.copy"))
+    dev.ok("cp", f"{sandbox}:in/big.bin", str(back))  # into an existing local directory
+    assert (back / "small.copy").read_bytes() == small.read_bytes()
+    assert (back / "big.bin").read_bytes() == big.read_bytes()
+
+    dev.ok("cp", "-", f"{sandbox}:/workspace/from-stdin", stdin=b"\x00\xffpiped")
+    assert dev.ok("cp", f"{sandbox}:/workspace/from-stdin", "-") == b"\x00\xffpiped"
+
+
+def _tree(root: Path) -> dict[str, bytes | str]:
+    out: dict[str, bytes | str] = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        if path.is_symlink():
+            out[rel] = "-> " + os.readlink(path)
+        elif path.is_dir():
+            out[rel] = "dir"
+        else:
+            out[rel] = path.read_bytes()
+    return out
+
+
+def test_cp_directories_both_ways(dev: Cli, sandbox: str, tmp_path: Path) -> None:
+    src = tmp_path / "project"
+    (src / "pkg" / "deep").mkdir(parents=True)
+    (src / "empty-dir").mkdir()
+    (src / "pkg" / "data.bin").write_bytes(os.urandom(2 * MIB) + b"\x00")
+    (src / "pkg" / "deep" / "empty").write_bytes(b"")
+    (src / "pkg" / "run.sh").write_bytes(b"#!/bin/sh\necho ran\n")
+    (src / "pkg" / "run.sh").chmod(0o755)
+    (src / "link").symlink_to("pkg/run.sh")
+
+    dev.ok("cp", str(src), f"{sandbox}:/workspace/proj")  # a new path: the directory becomes it
+    assert dev.ok("exec", sandbox, "/workspace/proj/link") == b"ran\n"
+    dev.ok("exec", sandbox, "mkdir -p /workspace/dest")
+    dev.ok("cp", str(src), f"{sandbox}:/workspace/dest")  # an existing directory: it lands inside
+    assert dev.ok("exec", sandbox, "cmp /workspace/proj/pkg/data.bin /workspace/dest/project/pkg/data.bin") == b""
+
+    new = tmp_path / "copy"
+    dev.ok("cp", f"{sandbox}:/workspace/proj", str(new))
+    assert _tree(new) == _tree(src)
+    assert os.access(new / "pkg" / "run.sh", os.X_OK)
+    inside = tmp_path / "existing"
+    inside.mkdir()
+    dev.ok("cp", f"{sandbox}:/workspace/proj", str(inside))
+    assert _tree(inside / "proj") == _tree(src)
+
+
+# -- audit --------------------------------------------------------------------------------------------------------
+
+
+def _tamper(db: Path, seq: int, params: str) -> str:
+    """Overwrite one record's params behind the server's back; return what was there."""
+    con = sqlite3.connect(db, isolation_level=None)
     try:
-        r = corral(cli_home, "sandbox", "exec", sid, "cat; printf '\\xff' >&2; exit 4", stdin=b"in\x00put")
-        assert (r.returncode, r.stdout, r.stderr) == (4, b"in\x00put", b"\xff")
-        listed = json.loads(corral(cli_home, "sandbox", "ls", "--json").stdout)
-        assert [s["id"] for s in listed] == [sid]
-        r = corral(cli_home, "sandbox", "exec", sid, "sleep 10", "--timeout", "0.5")
-        assert r.returncode != 0 and b"timed out" in r.stderr
+        (before,) = con.execute("SELECT params FROM audit WHERE seq = ?", (seq,)).fetchone()
+        con.execute("UPDATE audit SET params = ? WHERE seq = ?", (params, seq))
     finally:
-        assert corral(cli_home, "sandbox", "kill", sid).returncode == 0
-    assert json.loads(corral(cli_home, "sandbox", "ls", "--json").stdout) == []
+        con.close()
+    return str(before)
 
 
-def test_errors_are_one_clear_line(cli_home: Path):
-    r = corral(cli_home, "sandbox", "kill", "sb-doesnotexist")
-    assert r.returncode == 1 and r.stderr.decode().strip() == "error: no sandbox 'sb-doesnotexist'"
-    r = corral(cli_home, "sandbox", "create", "--memory", "lots")
-    assert r.returncode != 0 and b"not a size" in r.stderr
+def test_audit_verify_export_and_tampering(admin: Cli, dev: Cli, server: ServerProcess, tmp_path: Path) -> None:
+    dev.ok("sandbox", "ls")  # at least a few records
+    r = admin.run("audit", "verify")
+    assert r.returncode == 0 and r.stdout.startswith(b"ok: "), r.stdout
+    head = admin.ok("audit", "head").decode().strip()
+    assert json.loads(admin.ok("audit", "verify", "--head", head, "--json"))["ok"] is True
+
+    out = tmp_path / "audit.jsonl"
+    admin.ok("audit", "export", "--out", str(out))
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["seq"] for r in records] == list(range(1, len(records) + 1)) and len(records) >= int(head.split(":")[0])
+    assert admin.run("audit", "verify", "--file", str(out)).returncode == 0
+    mine = [json.loads(line) for line in admin.ok("audit", "export", "--action", "sandbox.list").splitlines()]
+    assert mine and all(r["action"] == "sandbox.list" for r in mine)
+
+    original = _tamper(server.home / "corral.db", 2, '{"name": "innocent"}')
+    try:
+        r = admin.run("audit", "verify")
+        assert r.returncode == 1 and b"record 2" in r.stdout and b"edited" in r.stdout, r.stdout
+        assert json.loads(admin.run("audit", "verify", "--json").stdout)["problem"]["seq"] == 2
+    finally:
+        _tamper(server.home / "corral.db", 2, original)
+    assert admin.run("audit", "verify").returncode == 0
 
 
-def test_templates_ls(cli_home: Path):
-    r = corral(cli_home, "templates", "ls", "--json")
-    assert r.returncode == 0
-    if not DEV_ROOTFS:
-        assert TEMPLATE in [t["name"] for t in json.loads(r.stdout)]
+def test_audit_tail_shows_new_records(admin: Cli) -> None:
+    after = admin.ok("audit", "head").decode().split(":")[0]
+    lines: list[bytes] = []
+    with admin.popen("audit", "tail", "--json", "--action", "tenant.create", "--after", after) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, b"")), daemon=True)
+        reader.start()
+        try:
+            admin.ok("tenants", "create", "tailed")
+            deadline = time.monotonic() + 20
+            while not lines and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert lines, "audit tail printed nothing within 20 s"
+            record = json.loads(lines[0])
+            assert record["action"] == "tenant.create" and record["params"] == {"name": "tailed"}
+        finally:
+            proc.send_signal(signal.SIGINT)  # Ctrl-C: how a tail ends
+            proc.wait(20)
+            reader.join(5)
+        assert proc.returncode == 0 and b"Traceback" not in proc.stderr.read()
 
 
-def test_unreachable_home_is_refused_with_the_fix(tmp_path: Path):
-    home = tmp_path / "private"  # pytest's tmp_path sits under a 0700 directory
-    home.mkdir()
-    (home / "templates").symlink_to(TEMPLATE_HOME / "templates")
-    r = corral(home, "sandbox", "create", "--template", TEMPLATE)
-    assert r.returncode == 1 and b"not traversable by other users" in r.stderr and b"chmod o+x" in r.stderr
-    assert not list((home / "sandboxes").iterdir())
+def test_admin_sdk_against_the_real_server(server: ServerProcess) -> None:
+    with Admin(api_key=server.admin_key, base_url=server.url) as admin:
+        admin.tenants.create("sdk")
+        new = admin.keys.create("sdk", "auditor", name="watcher")
+        assert new.key not in repr(new)
+        assert [k.id for k in admin.keys.list("sdk")] == [new.id]
+        head = admin.audit.head()
+        follow = admin.audit.follow(after=int(head.split(":")[0]), action="key.revoke")
+        admin.keys.revoke(new.id)
+        record = next(follow)
+        follow.close()
+        assert record.target == new.id and record.outcome["status"] == 204
+        assert admin.keys.list("sdk")[0].revoked
+        assert admin.audit.verify(head).ok
+        assert admin.kill_all(tenant="sdk").killed == []
+
+
+# -- errors -------------------------------------------------------------------------------------------------------
+
+
+def test_errors_are_one_clear_line(dev: Cli, server: ServerProcess) -> None:
+    # The installed command itself, once: main() and the root group print the same line.
+    one_error_line(dev.run("sandbox", "ls", key="corral_" + "0" * 8 + "_" + "A" * 43, real=True), "unauthenticated")
+    err = one_error_line(dev.run("exec", "sb-doesnotexist", "true", real=True), "not_found")
+    assert "sb-doesnotexist" in err
+    one_error_line(dev.run("sandbox", "kill", "sb-doesnotexist"), "not_found")
+    one_error_line(dev.run("cp", "sb-doesnotexist:/workspace/x", "/tmp/never-written"), "not_found")
+    one_error_line(dev.run("tenants", "create", "nope"), "permission_denied")
+    one_error_line(dev.run("sandbox", "create", "--template", "no-such-template"), "invalid_request")
+    one_error_line(dev.run("sandbox", "ls", "--url", "http://127.0.0.1:9"), "server_error")
+    r = dev.run("cp", "a", "b", real=True)
+    assert r.returncode == 2 and b"ID:PATH" in r.stderr and b"Traceback" not in r.stderr
+
+
+def test_templates_ls_stays_local() -> None:
+    env = {**os.environ, "CORRAL_HOME": str(TEMPLATE_HOME)}
+    r = subprocess.run([CORRAL, "templates", "ls", "--json"], env=env, capture_output=True, timeout=60)
+    assert r.returncode == 0 and TEMPLATE in [t["name"] for t in json.loads(r.stdout)]

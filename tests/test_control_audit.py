@@ -236,8 +236,11 @@ async def test_replaced_newest_records_are_caught_by_the_exported_head(chain: Co
     head = await chain.audit.head()
     with db(chain) as con:
         con.execute("DELETE FROM audit WHERE seq > ?", (N - 2,))
-    for i in range(3):  # the attacker appends valid records over the gap
-        await chain.audit.append(event(i))
+    # The attacker appends valid records over the gap, from a process of their own (this store's head is the
+    # deleted record's: its next append would leave a gap that verify reports on its own).
+    async with ControlStore(home=chain.home, clock=Clock()) as attacker:
+        for i in range(3):
+            await attacker.audit.append(event(i))
     assert (await chain.audit.verify()).ok
     result = await chain.audit.verify(expected_head=(head.seq, head.hash))
     assert result.problem is not None and (result.problem.seq, result.problem.kind) == (N, "edited")
@@ -319,3 +322,37 @@ async def test_follow_from_a_seq(chain: ControlStore) -> None:
     got = [await anext(follower), await anext(follower)]
     await follower.aclose()  # type: ignore[attr-defined]
     assert [e.seq for e in got] == [N - 1, N]
+
+
+# -- the fast append path (SQLite) ---------------------------------------------------------------------------------
+
+
+async def test_fast_appends_store_records_exactly_like_careful_ones(store: ControlStore) -> None:
+    """The first append reads the head in a transaction; the next ones go straight to the driver."""
+    entries = [await store.audit.append(event(0)), await store.audit.append(event(1))]
+    with db(store) as con:
+        rows = con.execute("SELECT time, params, outcome, typeof(time), typeof(params) FROM audit ORDER BY seq")
+        careful, fast = rows.fetchall()
+    stored = [e.time.replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds") for e in entries]
+    assert [careful[0], fast[0]] == stored
+    assert careful[3:] == fast[3:] == ("text", "text")
+    assert json.loads(careful[1]) == {"cmd": "echo 0"} and careful[2] == fast[2] == '{"exit_code": 0}'
+    assert (await store.audit.verify()).ok
+
+
+async def test_a_stale_head_falls_back_to_the_careful_path(tmp_path: Path) -> None:
+    async with ControlStore(home=tmp_path) as one, ControlStore(home=tmp_path) as two:
+        await one.audit.append(event(0))
+        await one.audit.append(event(1))  # `one` now holds head 2 in memory
+        await two.audit.append(event(2))  # seq 3, behind `one`'s back
+        entry = await one.audit.append(event(3))  # `one` tries seq 3, collides, re-reads: seq 4
+        assert entry.seq == 4
+        assert (await one.audit.verify()).ok
+
+
+async def test_records_deleted_behind_the_logs_back_leave_a_visible_gap(chain: ControlStore) -> None:
+    with db(chain) as con:
+        con.execute("DELETE FROM audit WHERE seq > ?", (N - 2,))
+    await chain.audit.append(event(0))  # chained to the in-memory head, record N, which is gone
+    result = await chain.audit.verify()
+    assert result.problem is not None and result.problem.kind == "deleted"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import itertools
 import os
@@ -11,15 +12,20 @@ import stat
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from corral import AuthenticationError, InvalidRequestError, NotFoundError, PermissionDeniedError
 from corral.control import (
     ADMIN_KEY_FILE,
+    AUTH_DENIED,
     PERMISSIONS,
     Action,
+    AuditEntry,
+    AuthDenials,
     ControlStore,
+    Denial,
     Principal,
     Role,
     authorize,
@@ -183,7 +189,7 @@ _SANDBOX_USE = {Action.SANDBOX_CREATE, Action.SANDBOX_READ, Action.SANDBOX_EXEC,
                 Action.SANDBOX_FILES_WRITE, Action.SANDBOX_UPDATE, Action.SANDBOX_KILL}
 EXPECTED: dict[Role, set[Action]] = {
     Role.ADMIN: set(Action),
-    Role.OPERATOR: _SANDBOX_USE | {Action.SANDBOX_KILL_ALL, Action.AUDIT_READ},
+    Role.OPERATOR: _SANDBOX_USE | {Action.SANDBOX_KILL_ALL, Action.AUDIT_READ, Action.TENANT_EGRESS},
     Role.DEVELOPER: set(_SANDBOX_USE),
     Role.AUDITOR: {Action.AUDIT_READ},
 }
@@ -312,3 +318,171 @@ async def test_bootstrap_overwrites_a_stale_key_file_with_0600(tmp_path: Path) -
     assert path is not None
     assert stat.S_IMODE(Path(path).stat().st_mode) == 0o600
     assert Path(path).read_text().startswith("corral_")
+
+
+# -- the principal cache ---------------------------------------------------------------------------------------------
+
+
+def no_database(store: ControlStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make every read or write of `store`'s database fail, to prove what is served from memory."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the database was used")
+
+    monkeypatch.setattr(store._db, "read", refuse)
+    monkeypatch.setattr(store._db, "write", refuse)
+
+
+async def test_authentication_is_served_from_memory(store: ControlStore, clock: Clock,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    tenant = await store.create_tenant("acme")
+    new = await store.create_key(tenant.id, Role.DEVELOPER)
+    principal = await store.authenticate(new.key)
+    with monkeypatch.context() as patched:
+        no_database(store, patched)
+        for _ in range(100):
+            clock.advance(0.01)  # within the TTL and LAST_USED_RESOLUTION: no read, no write
+            assert await store.authenticate(new.key) == principal
+    with pytest.raises(AuthenticationError, match="invalid API key"):
+        # a wrong secret with the same prefix is no cache hit (entries are keyed by the whole key's hash)
+        await store.authenticate(f"corral_{new.info.prefix}_{generate_key().split('_', 2)[2]}")
+
+
+async def test_cached_principals_expire_after_the_ttl(tmp_path: Path, clock: Clock) -> None:
+    """Another process's revocation (here: a second store on the same database) is seen within the TTL."""
+    async with ControlStore(home=tmp_path, clock=clock, cache_ttl=5) as one, \
+            ControlStore(home=tmp_path, clock=clock, cache_ttl=5) as two:
+        tenant = await one.create_tenant("acme")
+        new = await one.create_key(tenant.id, Role.DEVELOPER)
+        await two.authenticate(new.key)
+        await one.revoke_key(new.info.id)
+        clock.advance(4.9)
+        await two.authenticate(new.key)  # still cached by the other store
+        clock.advance(0.1)
+        with pytest.raises(AuthenticationError, match="revoked"):
+            await two.authenticate(new.key)
+
+
+async def test_cache_ttl_zero_reads_every_time(tmp_path: Path, clock: Clock) -> None:
+    async with ControlStore(home=tmp_path, clock=clock, cache_ttl=0) as one, ControlStore(home=tmp_path) as two:
+        tenant = await one.create_tenant("acme")
+        new = await one.create_key(tenant.id, Role.DEVELOPER)
+        await one.authenticate(new.key)
+        await two.revoke_key(new.info.id)
+        with pytest.raises(AuthenticationError, match="revoked"):
+            await one.authenticate(new.key)
+
+
+async def test_disabling_a_tenant_drops_its_cached_principals(store: ControlStore) -> None:
+    a = await store.create_tenant("a")
+    b = await store.create_tenant("b")
+    key_a = (await store.create_key(a.id, Role.OPERATOR)).key
+    key_b = (await store.create_key(b.id, Role.OPERATOR)).key
+    await store.authenticate(key_a)
+    await store.authenticate(key_b)
+    await store.set_tenant_disabled(a.id, True)
+    with pytest.raises(AuthenticationError, match="disabled"):
+        await store.authenticate(key_a)  # at once, though it was cached
+    await store.authenticate(key_b)
+
+
+async def test_a_revocation_during_a_lookup_is_not_undone_by_the_cache(store: ControlStore,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lookup that read the key before the revocation committed must not cache what it read."""
+    tenant = await store.create_tenant("acme")
+    new = await store.create_key(tenant.id, Role.DEVELOPER)
+    original = store._authenticate_in_db
+    revoked = asyncio.Event()
+
+    async def slow_lookup(prefix: str, digest: str) -> object:
+        found = await original(prefix, digest)  # read while the key is still valid...
+        await revoked.wait()  # ...and return only after the revocation
+        return found
+
+    monkeypatch.setattr(store, "_authenticate_in_db", slow_lookup)
+    lookup = asyncio.create_task(store.authenticate(new.key))
+    await asyncio.sleep(0.01)
+    await store.revoke_key(new.info.id)
+    revoked.set()
+    await lookup  # the request that raced the revocation still passes (it started before it)...
+    monkeypatch.setattr(store, "_authenticate_in_db", original)
+    with pytest.raises(AuthenticationError, match="revoked"):
+        await store.authenticate(new.key)  # ...but nothing after it does
+
+
+async def test_last_used_is_written_once_per_resolution(store: ControlStore, clock: Clock,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    tenant = await store.create_tenant("acme")
+    new = await store.create_key(tenant.id, Role.DEVELOPER)
+    writes = 0
+    original = store._db.write
+
+    def counting_write() -> Any:
+        nonlocal writes
+        writes += 1
+        return original()
+
+    monkeypatch.setattr(store._db, "write", counting_write)
+    for _ in range(200):  # 200 requests over 100 seconds: two writes (t=0 and t=60)
+        await store.authenticate(new.key)
+        clock.advance(0.5)
+    assert writes == 2
+
+
+# -- auth.denied records ---------------------------------------------------------------------------------------------
+
+
+def denial(client: str | None = "10.0.0.1", prefix: str | None = "abcdefgh", path: str = "/v1/sandboxes") -> Denial:
+    return Denial(client=client, method="GET", path=path, key_prefix=prefix, reason="invalid API key")
+
+
+async def denied_records(store: ControlStore) -> list[AuditEntry]:
+    return await store.audit.query(action=AUTH_DENIED, limit=None)
+
+
+async def test_first_denial_per_address_is_recorded_at_once(store: ControlStore) -> None:
+    await store.auth_denials.record(denial())
+    await store.auth_denials.record(denial(client="10.0.0.2", prefix=None))
+    first, second = await denied_records(store)
+    assert first.params == {"client": "10.0.0.1", "method": "GET", "path": "/v1/sandboxes", "key_prefix": "abcdefgh",
+                            "count": 1, "key_prefixes": ["abcdefgh"]}
+    assert first.outcome == {"status": 401, "error": "unauthenticated", "reason": "invalid API key",
+                             "aggregated": False}
+    assert first.tenant_id is None and first.key_id is None
+    assert second.params["client"] == "10.0.0.2" and second.params["key_prefix"] is None
+
+
+async def test_a_flood_from_one_address_is_one_record_and_one_summary(tmp_path: Path) -> None:
+    async with ControlStore(home=tmp_path) as store:
+        store.auth_denials = AuthDenials(store.audit, window=0.2)
+        for i in range(500):
+            await store.auth_denials.record(denial(prefix=f"{i % 3:08d}", path=f"/v1/sandboxes/{i}"))
+        assert len(await denied_records(store)) == 1  # the rest are being counted
+        await asyncio.sleep(0.4)  # the window ends: its summary is written
+        first, summary = await denied_records(store)
+        assert summary.params["count"] == 499 and summary.outcome["aggregated"] is True
+        assert summary.params["key_prefixes"] == ["00000000", "00000001", "00000002"]
+        assert summary.params["path"] == "/v1/sandboxes/499"  # the last one
+        assert first.params["count"] + summary.params["count"] == 500
+        await store.auth_denials.record(denial())  # a new window: recorded at once again
+        assert len(await denied_records(store)) == 3
+        assert (await store.audit.verify()).ok
+
+
+async def test_open_windows_are_summed_up_when_the_store_closes(tmp_path: Path) -> None:
+    async with ControlStore(home=tmp_path) as store:
+        for _ in range(3):
+            await store.auth_denials.record(denial())
+    async with ControlStore(home=tmp_path) as again:
+        assert [r.params["count"] for r in await denied_records(again)] == [1, 2]
+
+
+async def test_addresses_past_the_limit_share_one_bucket(store: ControlStore) -> None:
+    store.auth_denials = AuthDenials(store.audit, max_clients=2)
+    for client in ["a", "b", "c", "d", "e", "a"]:
+        await store.auth_denials.record(denial(client=client))
+    await store.auth_denials.flush()
+    records = await denied_records(store)
+    assert [r.params["client"] for r in records if not r.outcome["aggregated"]] == ["a", "b", "*"]  # c opened "*"
+    summed = {r.params["client"]: r.params["count"] for r in records if r.outcome["aggregated"]}
+    assert summed == {"a": 1, "*": 2}  # d and e went to "*"

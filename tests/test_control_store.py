@@ -12,7 +12,17 @@ import pytest
 from sqlalchemy import text
 
 from corral import ConflictError, InvalidRequestError, NotFoundError, QuotaExceededError
-from corral.control import SCHEMA_VERSION, ControlStore, Principal, Quotas, Role, SandboxStatus
+from corral.control import (
+    SCHEMA_VERSION,
+    Action,
+    ControlStore,
+    Principal,
+    Quotas,
+    Role,
+    SandboxRecord,
+    SandboxStatus,
+)
+from corral.control._cache import MISSING, TTLCache
 from corral.engine import Limits, SandboxSpec
 
 pytestmark = pytest.mark.anyio
@@ -246,3 +256,82 @@ def test_public_surface_is_sorted_and_complete() -> None:
     assert all(hasattr(corral.control, name) for name in corral.control.__all__)
     public = {n for n, v in vars(corral.control).items() if not n.startswith("_") and not hasattr(v, "__path__")}
     assert public - set(corral.control.__all__) <= {"annotations"}
+
+
+# -- the sandbox record cache --------------------------------------------------------------------------------------
+
+
+async def test_sandbox_lookups_are_served_from_memory(store: ControlStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    dev = await developer(store)
+    other = await developer(store, "other")
+    sb = await store.mark_running((await store.reserve_sandbox(dev, spec())).id)
+    assert await store.sandbox_for(dev, sb.id, Action.SANDBOX_EXEC) == sb  # read once, then cached
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the database was used")
+
+    monkeypatch.setattr(store._db, "read", refuse)
+    for _ in range(50):
+        assert await store.sandbox_for(dev, sb.id, Action.SANDBOX_EXEC) == sb  # the full record
+    with pytest.raises(NotFoundError, match=f"no sandbox '{sb.id}'"):
+        await store.sandbox_for(other, sb.id, Action.SANDBOX_READ)  # another tenant's: 404, from the cache too
+
+
+async def test_every_change_through_the_store_is_seen_at_once(store: ControlStore, clock: Clock) -> None:
+    dev = await developer(store)
+    sb = await store.reserve_sandbox(dev, spec())
+
+    async def seen() -> SandboxRecord:
+        return await store.sandbox_for(dev, sb.id, Action.SANDBOX_READ, include_destroyed=True)
+
+    assert (await seen()).state is SandboxStatus.CREATING
+    await store.mark_running(sb.id)
+    assert (await seen()).state is SandboxStatus.RUNNING
+    await store.set_sandbox_state(sb.id, SandboxStatus.PAUSED)
+    assert (await seen()).state is SandboxStatus.PAUSED
+    clock.now += timedelta(seconds=1)
+    await store.set_sandbox_timeout(sb.id, 30)
+    assert (await seen()).expires_at == clock.now + timedelta(seconds=30)
+    await store.mark_destroyed(sb.id)
+    assert (await seen()).state is SandboxStatus.DESTROYED
+    with pytest.raises(NotFoundError):
+        await store.sandbox_for(dev, sb.id, Action.SANDBOX_EXEC)  # destroyed: 404 at once
+
+
+async def test_a_renamed_reservation_is_gone_under_its_old_id(store: ControlStore) -> None:
+    dev = await developer(store)
+    sb = await store.reserve_sandbox(dev, spec())
+    await store.sandbox_for(dev, sb.id, Action.SANDBOX_READ)  # cached under the reservation's id
+    await store.mark_running(sb.id, engine_id="engine-7")
+    with pytest.raises(NotFoundError):
+        await store.sandbox_for(dev, sb.id, Action.SANDBOX_READ)
+    assert (await store.sandbox_for(dev, "engine-7", Action.SANDBOX_READ)).state is SandboxStatus.RUNNING
+
+
+async def test_a_sandbox_unknown_here_is_looked_up_again(tmp_path: Path) -> None:
+    """Misses are not cached: a sandbox another server process just created is found at once."""
+    async with ControlStore(home=tmp_path) as one, ControlStore(home=tmp_path) as two:
+        dev = await developer(one)
+        with pytest.raises(NotFoundError):
+            await two.sandbox_for(dev, "sb-later", Action.SANDBOX_READ)
+        await one.reserve_sandbox(dev, spec(), sandbox_id="sb-later")
+        assert (await two.sandbox_for(dev, "sb-later", Action.SANDBOX_READ)).id == "sb-later"
+
+
+def test_ttl_cache_expiry_bound_and_invalidation_race() -> None:
+    clock = Clock()
+    cache: TTLCache[str, int] = TTLCache(timedelta(seconds=5), clock, max_entries=3)
+    token = cache.token()
+    for i, key in enumerate("abcd"):
+        cache.put(key, i, token)
+    assert len(cache) == 3 and cache.get("a") is MISSING and cache.get("d") == 3  # the oldest went first
+    clock.now += timedelta(seconds=5)
+    assert cache.get("d") is MISSING  # expired
+    stale_reader = cache.token()  # a reader starts...
+    cache.invalidate("e")  # ...a writer commits and invalidates...
+    cache.put("e", 1, stale_reader)  # ...and what the reader read is not cached
+    assert cache.get("e") is MISSING
+    cache.put("e", 2, cache.token())
+    assert cache.get("e") == 2
+    clock.now -= timedelta(seconds=1)  # a clock that goes back does not make entries live longer
+    assert cache.get("e") is MISSING

@@ -3,102 +3,60 @@ SIGKILL restart that must keep sandboxes and their files."""
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
-from corral import Sandbox
-from corral.control import generate_key
+from corral import Admin, CapacityError, Sandbox
+from corral.server import ServerProcess
 
 from .conftest import DEV_ROOTFS, TEMPLATE, TEMPLATE_HOME
+from .test_control_postgres import Cluster
+from .test_control_postgres import postgres as postgres  # the session's throwaway PostgreSQL cluster
 
 pytestmark = [
     pytest.mark.runc,
     pytest.mark.skipif(bool(DEV_ROOTFS), reason="the server needs a built template store, not a bare rootfs"),
 ]
 
-CORRAL = str(Path(sys.executable).parent / "corral")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Server:
-    def __init__(self, home: Path, admin_key: str) -> None:
-        self.home = home
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.admin_key = admin_key
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        env = {**os.environ, "CORRAL_HOME": str(self.home), "CORRAL_ADMIN_KEY": self.admin_key}
-        self.proc = subprocess.Popen([CORRAL, "serve", "--port", str(self.port)], env=env,
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/v1/health", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            if self.proc.poll() is not None:
-                raise AssertionError(f"server exited: {self.proc.stdout.read().decode() if self.proc.stdout else ''}")
-            time.sleep(0.1)
-        raise AssertionError("server did not become healthy within 60 s")
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            self.proc.wait(30)
-        if self.proc is not None and self.proc.stdout is not None:
-            self.proc.stdout.close()
-
-    def admin(self, method: str, path: str, **kwargs: object) -> httpx.Response:
-        r = httpx.request(method, f"{self.url}/v1{path}", headers={"Authorization": f"Bearer {self.admin_key}"},
-                          timeout=30, **kwargs)  # type: ignore[arg-type]
-        r.raise_for_status()
-        return r
-
 
 @pytest.fixture
-def server(test_home: Path, unique: str) -> Iterator[Server]:
-    home = test_home / f"e2e-{unique}"
-    home.mkdir()
-    (home / "templates").symlink_to(TEMPLATE_HOME / "templates")
-    srv = Server(home, generate_key())
-    srv.start()
-    try:
+def server(test_home: Path, unique: str) -> Iterator[ServerProcess]:
+    # Stopped with SIGTERM at the end, then every sandbox it left behind is destroyed (they outlive servers).
+    with ServerProcess(test_home / f"e2e-{unique}", template_home=TEMPLATE_HOME) as srv:
         yield srv
-    finally:
-        srv.kill(signal.SIGTERM)
-        _kill_leftovers(home)
 
 
-def _kill_leftovers(home: Path) -> None:
-    """Sandboxes outlive their server by design: a failed test must still not leave any behind."""
-    env = {**os.environ, "CORRAL_HOME": str(home)}
-    listed = subprocess.run([CORRAL, "sandbox", "ls", "--json"], env=env, capture_output=True, text=True)
-    ids = [s["id"] for s in json.loads(listed.stdout or "[]")]
-    if ids:
-        subprocess.run([CORRAL, "sandbox", "kill", *ids], env=env, capture_output=True)
+def test_sdk_against_a_real_server_and_a_sigkill_restart(server: ServerProcess) -> None:
+    _session_survives_a_sigkill_restart(server)
 
 
-def test_sdk_against_a_real_server_and_a_sigkill_restart(server: Server) -> None:
-    server.admin("POST", "/tenants", json={"name": "acme"})
-    key = server.admin("POST", "/keys", json={"tenant": "acme", "role": "developer"}).json()["key"]
+def test_the_same_with_the_control_database_on_postgresql(postgres: Cluster, test_home: Path, unique: str) -> None:
+    url = postgres.create_database(f"e2e_{unique.replace('-', '_')}")
+    with ServerProcess(test_home / f"e2e-{unique}", template_home=TEMPLATE_HOME, args=["--db", url]) as server:
+        _session_survives_a_sigkill_restart(server)
+    assert not (test_home / f"e2e-{unique}" / "corral.db").exists()  # nothing went to SQLite
+
+
+def test_a_full_machine_answers_503_and_the_sdk_raises_capacity_error(test_home: Path, unique: str) -> None:
+    with ServerProcess(test_home / f"e2e-{unique}", template_home=TEMPLATE_HOME,
+                       args=["--max-sandboxes", "1"]) as server:
+        with Admin(api_key=server.admin_key, base_url=server.url) as admin:
+            admin.tenants.create("acme")
+            key = admin.keys.create("acme", "developer").key
+        with Sandbox.create(template=TEMPLATE, api_key=key, base_url=server.url):
+            with pytest.raises(CapacityError, match="at most 1 sandboxes") as info:
+                Sandbox.create(template=TEMPLATE, api_key=key, base_url=server.url)
+            assert int(info.value.details["retry_after"]) >= 1
+        Sandbox.create(template=TEMPLATE, api_key=key, base_url=server.url).kill()  # room again
+
+
+def _session_survives_a_sigkill_restart(server: ServerProcess) -> None:
+    with Admin(api_key=server.admin_key, base_url=server.url) as admin:
+        admin.tenants.create("acme")
+        key = admin.keys.create("acme", "developer").key
 
     sb = Sandbox.create(template=TEMPLATE, timeout=300, api_key=key, base_url=server.url,
                         metadata={"purpose": "e2e"})
@@ -110,7 +68,7 @@ def test_sdk_against_a_real_server_and_a_sigkill_restart(server: Server) -> None
     assert sb.files.read("/workspace/blob.bin") == data
 
     sb.close()  # the connection only; the sandbox keeps running
-    server.kill(signal.SIGKILL)  # no chance to clean up
+    server.kill()  # SIGKILL: no chance to clean up
     server.start()
 
     again = Sandbox.connect(sb.id, api_key=key, base_url=server.url)
@@ -119,5 +77,6 @@ def test_sdk_against_a_real_server_and_a_sigkill_restart(server: Server) -> None
     assert [s.id for s in Sandbox.list(api_key=key, base_url=server.url)] == [sb.id]
     again.kill()
     assert Sandbox.list(api_key=key, base_url=server.url) == []
-    verify = server.admin("GET", "/audit/verify").json()
-    assert verify["ok"] is True and verify["checked"] > 5
+    with Admin(api_key=server.admin_key, base_url=server.url) as admin:
+        verify = admin.audit.verify()
+    assert verify.ok and verify.checked > 5

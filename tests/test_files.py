@@ -9,7 +9,10 @@ import tarfile
 
 import pytest
 
-from corral import InvalidRequestError, NotFoundError
+from corral import InvalidRequestError, NotFoundError, PermissionDeniedError
+from corral.engine import SandboxSpec
+
+from .conftest import TEMPLATE
 
 pytestmark = [pytest.mark.anyio, pytest.mark.runc]
 
@@ -142,3 +145,16 @@ async def test_upload_past_the_disk_limit_is_disk_full_and_leaves_nothing(engine
         assert "big.bin" not in r.stdout and ".corral-upload" not in r.stdout
         await sb.files.write("/workspace/small.txt", b"still works")  # the space came back
         assert await sb.files.read("/workspace/small.txt") == b"still works"
+
+
+async def test_file_roots_in_the_spec_confine_the_engines_file_api(engine):
+    sb = await engine.create(SandboxSpec(template=TEMPLATE, file_roots=("/workspace/out",)))
+    try:
+        assert await sb.files.write("/workspace/out/ok", b"1") == 1
+        for path in ("/workspace/no", "/tmp/no", "/workspace/out/../no"):
+            with pytest.raises((InvalidRequestError, PermissionDeniedError)):
+                await sb.files.write(path, b"x")
+        assert (await sb.exec("ls /workspace /tmp")).stdout.split().count("no") == 0
+        assert [e.name for e in await sb.files.list("/workspace/out")] == ["ok"]
+    finally:
+        await sb.destroy()

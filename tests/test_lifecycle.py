@@ -8,8 +8,8 @@ import time
 import anyio
 import pytest
 
-from corral import ConflictError, InvalidRequestError, NotFoundError, SandboxTimeoutError
-from corral.engine import SandboxSpec
+from corral import CapacityError, ConflictError, InvalidRequestError, NotFoundError, SandboxTimeoutError
+from corral.engine import Capacity, SandboxSpec
 
 from .conftest import TEMPLATE, leaks, make_engine, spec
 
@@ -32,8 +32,8 @@ async def test_pause_freezes_and_resume_continues(engine):
         await sb.pause()
         with pytest.raises(ConflictError, match="paused"):
             await sb.exec("true")
-        n1 = (await sb.files.read("/workspace/n")) if False else None  # files need a running agent too
-        assert n1 is None
+        with pytest.raises(ConflictError, match="paused"):  # files need a running agent too
+            await sb.files.read("/workspace/n")
         await anyio.sleep(0.5)
         await sb.resume()
         a = int((await sb.files.read("/workspace/n")).strip())
@@ -139,3 +139,41 @@ async def test_caller_chosen_id(engine):
     for bad in ("../x", "sb-A", "sb-", "other-1234", "sb-" + "a" * 70):
         with pytest.raises(InvalidRequestError):
             await engine.create(spec(), sandbox_id=bad)
+
+
+# -- machine capacity ----------------------------------------------------------------------------------------------
+
+
+async def test_capacity_count_refuses_with_retry_after_and_creates_nothing(engine, test_home):
+    engine.capacity = Capacity(max_sandboxes=1)
+    first = await engine.create(spec())
+    before = set(leaks(test_home))
+    with pytest.raises(CapacityError, match="at most 1 sandboxes") as info:
+        await engine.create(spec())
+    assert info.value.details["resource"] == "max_sandboxes" and 1 <= info.value.details["retry_after"] <= 300
+    assert [s.id for s in engine.list()] == [first.id] and set(leaks(test_home)) == before
+    await first.destroy()
+    await (await engine.create(spec())).destroy()  # the slot is free again
+
+
+async def test_capacity_holds_under_concurrent_creates(engine):
+    engine.capacity = Capacity(max_sandboxes=2)
+    results = await asyncio.gather(*(engine.create(spec()) for _ in range(5)), return_exceptions=True)
+    made = [r for r in results if not isinstance(r, BaseException)]
+    refused = [r for r in results if isinstance(r, CapacityError)]
+    assert len(made) == 2 and len(refused) == 3, results
+    for sb in made:
+        await sb.destroy()
+
+
+@pytest.mark.parametrize(("capacity", "resource"), [
+    (Capacity(memory_overcommit=1e-6), "memory_overcommit"),
+    (Capacity(min_free_memory=1 << 60), "min_free_memory"),
+    (Capacity(min_free_disk=1 << 60), "min_free_disk"),
+])
+async def test_capacity_resources_are_named(engine, capacity, resource):
+    engine.capacity = capacity
+    with pytest.raises(CapacityError) as info:
+        await engine.create(spec())
+    assert info.value.details["resource"] == resource and info.value.details["retry_after"] >= 1
+    assert engine.list() == [] and engine.usage().sandboxes == 0

@@ -22,6 +22,7 @@ from corral import (
     AgentError,
     AsyncSandbox,
     AuthenticationError,
+    CapacityError,
     CommandResult,
     ConflictError,
     CorralError,
@@ -62,6 +63,7 @@ EXPECTED_CLASS: dict[str, type[CorralError]] = {
     "conflict": ConflictError,
     "sandbox_timeout": SandboxTimeoutError,
     "quota_exceeded": QuotaExceededError,
+    "capacity_exceeded": CapacityError,
     "disk_full": DiskFullError,
     "server_error": ServerError,
     "template_build_failed": TemplateBuildError,
@@ -287,7 +289,8 @@ def fake() -> FakeCorral:
 
 @pytest.fixture
 def opts(fake: FakeCorral) -> dict[str, Any]:
-    return {"api_key": KEY, "base_url": URL, "transport": FakeTransport(fake)}
+    # No retries here: these tests see each answer once; retries of 429/503 are tested on their own below.
+    return {"api_key": KEY, "base_url": URL, "transport": FakeTransport(fake), "max_retries": 0}
 
 
 @pytest.fixture(autouse=True)
@@ -526,7 +529,7 @@ def test_list_exists_make_dir_remove(fake, opts):
 
 def test_the_doc_error_table_is_fully_covered():
     assert set(DOC_ERRORS) == set(EXPECTED_CLASS)
-    assert len(DOC_ERRORS) == 12
+    assert len(DOC_ERRORS) == 13
 
 
 @pytest.mark.parametrize(("code", "status"), sorted(DOC_ERRORS.items()))
@@ -691,9 +694,77 @@ def test_design_surface_is_there():
     assert create["template"].default == "default" and create["timeout"].default == 300
     assert create["network"].default == "none"
     run = inspect.signature(Commands.run).parameters
-    assert [*run][1:] == ["cmd", "timeout", "cwd", "env", "stdin", "on_stdout", "on_stderr"]
+    assert [*run][1:] == ["cmd", "timeout", "cwd", "env", "stdin", "on_stdout", "on_stderr", "background"]
     assert run["timeout"].default == 30
     for method in ("write", "read", "read_text", "list", "remove", "exists", "make_dir"):
         assert callable(getattr(Files, method))
     for method in ("set_timeout", "kill", "connect", "list", "create"):
         assert callable(getattr(Sandbox, method))
+
+
+# --- retries of 429 and 503 -------------------------------------------------------------------------------------
+
+
+class Flaky(httpx.BaseTransport, httpx.AsyncBaseTransport):
+    """A transport that answers the first `failures` requests with `status` (and `Retry-After`), then delegates."""
+
+    def __init__(self, inner: FakeTransport, failures: int, status: int, retry_after: str | None) -> None:
+        self.inner, self.failures, self.status, self.retry_after = inner, failures, status, retry_after
+        self.seen = 0
+
+    def _failure(self) -> httpx.Response | None:
+        self.seen += 1
+        if self.seen > self.failures:
+            return None
+        headers = {"Retry-After": self.retry_after} if self.retry_after is not None else {}
+        code = {503: "capacity_exceeded", 429: "quota_exceeded"}.get(self.status, "server_error")
+        return httpx.Response(self.status, headers=headers,
+                              json={"error": {"code": code, "message": "full", "details": {}}})
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        return self._failure() or self.inner.handle_request(request)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return self._failure() or await self.inner.handle_async_request(request)
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_429_and_503_are_retried_after_retry_after(fake, status):
+    flaky = Flaky(FakeTransport(fake), failures=2, status=status, retry_after="0")
+    sb = Sandbox.create(api_key=KEY, base_url=URL, transport=flaky)  # type: ignore[arg-type]
+    assert flaky.seen == 3 and sb.id in fake.sandboxes
+
+
+def test_retries_give_up_after_max_retries_with_the_servers_error(fake):
+    flaky = Flaky(FakeTransport(fake), failures=5, status=503, retry_after="0")
+    with pytest.raises(CapacityError) as info:
+        Sandbox.create(api_key=KEY, base_url=URL, transport=flaky, max_retries=2)  # type: ignore[arg-type]
+    assert flaky.seen == 3 and info.value.details["retry_after"] == "0"
+    assert fake.sandboxes == {}
+
+
+def test_a_long_retry_after_is_left_to_the_caller(fake):
+    flaky = Flaky(FakeTransport(fake), failures=1, status=429, retry_after="120")
+    with pytest.raises(QuotaExceededError) as info:
+        Sandbox.create(api_key=KEY, base_url=URL, transport=flaky)  # type: ignore[arg-type]
+    assert flaky.seen == 1 and info.value.details["retry_after"] == "120"
+
+
+def test_other_errors_and_streamed_bodies_are_not_retried(fake):
+    flaky = Flaky(FakeTransport(fake), failures=1, status=500, retry_after="0")
+    with pytest.raises(ServerError):
+        Sandbox.create(api_key=KEY, base_url=URL, transport=flaky)  # type: ignore[arg-type]
+    assert flaky.seen == 1
+    sb = Sandbox.create(api_key=KEY, base_url=URL, transport=FakeTransport(fake))  # type: ignore[arg-type]
+    sb._client._http._transport = flaky = Flaky(FakeTransport(fake), failures=1, status=503, retry_after="0")
+    with pytest.raises(CapacityError):
+        sb.files.write("/workspace/f", io.BytesIO(b"streamed once"))  # a file object cannot be sent twice
+    assert flaky.seen == 1
+
+
+@pytest.mark.anyio
+async def test_async_retries_too(fake):
+    flaky = Flaky(FakeTransport(fake), failures=1, status=503, retry_after="0")
+    sb = await AsyncSandbox.create(api_key=KEY, base_url=URL, transport=flaky)
+    assert flaky.seen == 2 and sb.id in fake.sandboxes
+    await sb.close()

@@ -104,10 +104,14 @@ def _spec() -> dict[str, Any]:
 SCHEMA = schemathesis.openapi.from_dict(_spec())
 OPERATIONS = [result.ok() for result in SCHEMA.get_all_operations() if isinstance(result, Ok)]
 assert len(OPERATIONS) == len(list(SCHEMA.get_all_operations())), "the app's OpenAPI document has invalid parts"
+# Streams that end only when the client leaves cannot go through ASGITransport, which waits for the whole body:
+# the follow endpoint is tested over a real socket (tests/test_sdk_admin.py, tests/test_cli.py).
+ENDLESS = frozenset({"/v1/audit/follow"})
 # Negative cases need something to break: an operation without parameters or a body has none.
 CASES = [pytest.param(op, mode, id=f"{op.method.upper()} {op.path} {mode}")
          for op in OPERATIONS for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
-         if mode is GenerationMode.POSITIVE or len(op.path_parameters) + len(op.query) + len(op.body) > 0]
+         if op.path not in ENDLESS
+         and (mode is GenerationMode.POSITIVE or len(op.path_parameters) + len(op.query) + len(op.body) > 0)]
 
 
 def _flat(value: Any) -> Any:

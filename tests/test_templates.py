@@ -39,8 +39,11 @@ from corral.templates import (
     import_image,
     load_spec,
 )
+from corral.templates import _build as build_module
 from corral.templates import _spec as spec_module
 from corral.templates import _store as store_module
+
+from .conftest import TEMPLATE
 
 is_root = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not is_root, reason="needs root")
@@ -171,7 +174,7 @@ def test_default_template() -> None:
     spec = DEFAULT_TEMPLATE
     assert spec.name == "default" and spec.suite == "bookworm" and spec.variant == "minbase"
     required = """python3 python3-pip python3-venv python3-numpy python3-pandas python3-matplotlib
-        python3-sklearn nodejs bash coreutils procps curl git gcc g++ make ca-certificates tar gzip
+        python3-sklearn nodejs npm bash coreutils procps curl git gcc g++ make ca-certificates tar gzip
         xz-utils less file""".split()
     assert set(required) <= set(spec.apt_packages)
     assert spec.env["PATH"] == "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -718,6 +721,28 @@ def test_build_needs_root(monkeypatch: pytest.MonkeyPatch, store: TemplateStore)
     assert build_dirs(store) == []
 
 
+def test_apt_step_refuses_mount_points_that_are_not_directories(tmp_path: Path) -> None:
+    rootfs = tmp_path / "rootfs"
+    for name in ("dev", "proc", "run"):
+        (rootfs / name).mkdir(parents=True)
+    (rootfs / "sys").symlink_to("/sys")  # mount(8) would follow it onto the host's /sys
+    with pytest.raises(TemplateBuildError, match="/sys is not a directory"):
+        build_module._in_build_chroot(rootfs, "apt-get", "update")
+    (rootfs / "sys").unlink()
+    (rootfs / "sys").mkdir()
+    cmd = build_module._in_build_chroot(rootfs, "apt-get", "update")
+    assert cmd[:6] == ["unshare", "--mount", "--pid", "--fork", "--kill-child", f"--mount-proc={rootfs}/proc"]
+    assert cmd[-2:] == ["apt-get", "update"]
+
+
+def test_file_mirror_is_bind_mounted_for_apt(tmp_path: Path) -> None:
+    assert build_module._local_mirror("http://deb.debian.org/debian") is None
+    (tmp_path / "my mirror").mkdir()
+    assert build_module._local_mirror(f"file://{tmp_path}/my%20mirror") == tmp_path / "my mirror"
+    with pytest.raises(TemplateBuildError, match="does not exist"):
+        build_module._local_mirror(f"file://{tmp_path}/nope")
+
+
 @needs_debootstrap
 def test_failed_build_leaves_nothing(store: TemplateStore) -> None:
     spec = TemplateSpec(name="broken", mirror="http://127.0.0.1:9/debian")
@@ -866,6 +891,7 @@ def test_build_minimal_template_then_rebuild_instantly(store: TemplateStore) -> 
     template = build_template(spec, store, progress=lines.append)
     assert time.monotonic() - started < 240
     assert any(line.startswith("I: ") for line in lines)  # debootstrap's output was streamed
+    assert not any(line.startswith("==> apt-get") for line in lines)  # no packages asked for: no apt step
 
     root = template.rootfs
     assert (template.name, template.digest, template.source) == ("tiny", spec.digest(), "debootstrap")
@@ -916,9 +942,76 @@ def test_build_minimal_template_then_rebuild_instantly(store: TemplateStore) -> 
 @needs_debootstrap
 def test_build_installs_pip_packages(store: TemplateStore) -> None:
     spec = TemplateSpec(name="pip", pip_packages=["six==1.16.0"])
-    template = build_template(spec, store)
+    lines: list[str] = []
+    template = build_template(spec, store, progress=lines.append)
+    # pip and its certificates came from apt-get in the chroot, whose output was streamed.
+    assert "==> apt-get install ca-certificates python3-pip" in lines
+    assert any(line.startswith("Setting up python3-pip") for line in lines)
     site = template.rootfs / "usr" / "local" / "lib" / "python3.11" / "dist-packages"
     assert (site / "six.py").is_file()
     assert (template.rootfs / "usr" / "bin" / "pip3").exists()
     assert not (template.rootfs / "root" / ".cache" / "pip").exists()
+    # Nothing the build used is left: service policy, the host's CA copy, apt's downloads, lists and logs.
+    root = template.rootfs
+    for leftover in ("usr/sbin/policy-rc.d", "tmp/corral-build-ca.pem", "tmp/corral-build-sources.list"):
+        assert not os.path.lexists(root / leftover), leftover
+    assert not list((root / "var" / "cache" / "apt" / "archives").glob("*.deb"))
+    assert not list((root / "var" / "cache" / "apt").glob("*.bin"))
+    assert {p.name for p in (root / "var" / "lib" / "apt" / "lists").iterdir()} <= {"lock", "partial"}
+    assert list((root / "var" / "log" / "apt").iterdir()) == []
+    assert (root / "etc" / "resolv.conf").read_bytes() == build_module._RESOLV_CONF
+    # The apt step's /dev and /sys were its own: nothing of them reached the rootfs or the host.
+    dev_modes = [os.lstat(p).st_mode for p in (root / "dev").iterdir()]
+    assert not [m for m in dev_modes if stat.S_ISCHR(m) or stat.S_ISBLK(m)]
+    assert list((root / "sys").iterdir()) == []
     assert str(store.root) not in Path("/proc/self/mountinfo").read_text()
+
+
+def processes_rooted_in(path: Path) -> list[str]:
+    """Processes whose root directory (chroot) or cwd is under `path`."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            for link in ("root", "cwd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{pid}/{link}").startswith(str(path)):
+                        found.append(f"{pid} ({link})")
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # a debootstrap run takes 40-200 s, depending on the mirror and the machine
+@needs_debootstrap
+def test_ctrl_c_during_apt_install_stops_it_and_leaves_nothing(store: TemplateStore) -> None:
+    def interrupt_while_dpkg_runs(line: str) -> None:
+        if line.startswith("Unpacking "):
+            raise KeyboardInterrupt
+
+    spec = TemplateSpec(name="t", apt_packages=["file", "less", "procps"])
+    with pytest.raises(KeyboardInterrupt):
+        build_template(spec, store, progress=interrupt_while_dpkg_runs)
+    assert build_dirs(store) == [] and store.list() == []
+    assert wait_until(lambda: not processes_mentioning(str(store.root)))
+    assert wait_until(lambda: not processes_rooted_in(store.root))
+    assert str(store.root) not in Path("/proc/self/mountinfo").read_text()
+
+
+# -- the suite's template ------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.runc
+async def test_default_template_runs_node_and_npm(engine: Any, sandbox: Any) -> None:
+    if TEMPLATE != "default":
+        pytest.skip(f"the suite runs on template {TEMPLATE!r}, not 'default'")
+    template = engine.templates.get(TEMPLATE)
+    if template.digest != DEFAULT_TEMPLATE.digest():
+        pytest.skip(
+            f"the 'default' template in {template.rootfs.parent.parent} was built from an older spec or "
+            "builder; rebuild it with `corral templates build default`"
+        )
+    r = await sandbox.exec("node -v && npm -v && npm config get registry")
+    assert r.exit_code == 0, r.stderr
+    node, npm, registry = r.stdout.split()
+    assert node.startswith("v") and npm[0].isdigit()
+    assert registry.startswith("http")

@@ -3,6 +3,7 @@
 from ._exceptions import (
     AgentError,
     AuthenticationError,
+    CapacityError,
     ConflictError,
     CorralError,
     DiskFullError,
@@ -16,22 +17,45 @@ from ._exceptions import (
     TemplateBuildError,
     error_from_code,
 )
-from ._sdk import AsyncSandbox, CommandResult, Entry, Sandbox, SandboxInfo
+from ._sdk import (
+    Admin,
+    AsyncAdmin,
+    AsyncCommandHandle,
+    AsyncPtySession,
+    AsyncSandbox,
+    CommandHandle,
+    CommandResult,
+    EgressDenial,
+    Entry,
+    ProcessInfo,
+    PtySession,
+    Sandbox,
+    SandboxInfo,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Admin",
     "AgentError",
+    "AsyncAdmin",
+    "AsyncCommandHandle",
+    "AsyncPtySession",
     "AsyncSandbox",
     "AuthenticationError",
+    "CapacityError",
+    "CommandHandle",
     "CommandResult",
     "ConflictError",
     "CorralError",
     "DiskFullError",
+    "EgressDenial",
     "Entry",
     "InvalidRequestError",
     "NotFoundError",
     "PermissionDeniedError",
+    "ProcessInfo",
+    "PtySession",
     "QuotaExceededError",
     "RuntimeUnavailableError",
     "Sandbox",

@@ -10,7 +10,8 @@ CorralError                      code             meaning
  ├── ConflictError               conflict         the target is in the wrong state (paused, exists, not empty)
  ├── AuthenticationError         unauthenticated  missing or wrong credentials (API key, agent token)
  ├── PermissionDeniedError       permission_denied the caller may not do this (role, file mode)
- ├── QuotaExceededError          quota_exceeded   a quota or capacity limit refused the request
+ ├── QuotaExceededError          quota_exceeded   a tenant's quota refused the request (HTTP 429)
+ │    ├── CapacityError          capacity_exceeded this machine is full (memory, disk, sandbox count; 503)
  │    └── DiskFullError          disk_full        the sandbox's disk quota is full (ENOSPC inside it)
  ├── SandboxTimeoutError         sandbox_timeout  the sandbox reached its timeout (TTL) and was destroyed
  └── ServerError                 server_error     Corral itself failed; the message says what and why
@@ -31,6 +32,7 @@ from typing import Any, ClassVar
 __all__ = [
     "AgentError",
     "AuthenticationError",
+    "CapacityError",
     "ConflictError",
     "CorralError",
     "DiskFullError",
@@ -86,6 +88,12 @@ class PermissionDeniedError(CorralError):
 
 class QuotaExceededError(CorralError):
     code = "quota_exceeded"
+
+
+class CapacityError(QuotaExceededError):
+    """The machine, not the tenant, is full: waiting (see `details["retry_after"]`) or another host helps."""
+
+    code = "capacity_exceeded"
 
 
 class DiskFullError(QuotaExceededError):

@@ -2,6 +2,8 @@
 
 `CORRAL_HOME` is the server's state directory (database, templates, sandboxes); default `/var/lib/corral`.
 `CORRAL_ADMIN_KEY` is the bootstrap admin key a fresh server takes (else it generates one).
+`CORRAL_DB_URL` is the server's database, a SQLAlchemy async URL (`postgresql+asyncpg://user@host/db`, or
+`postgresql+asyncpg://user@/db?host=/run/postgresql` for a Unix socket); default SQLite in `CORRAL_HOME`.
 `CORRAL_URL` is where clients find the API server; default `http://127.0.0.1:7770`.
 `CORRAL_API_KEY` is the API key clients send as a Bearer token.
 """
@@ -26,6 +28,11 @@ def corral_home(explicit: str | os.PathLike[str] | None = None) -> Path:
 def admin_key() -> str | None:
     """`$CORRAL_ADMIN_KEY`, the bootstrap admin key of a fresh server, if set."""
     return os.environ.get("CORRAL_ADMIN_KEY") or None
+
+
+def database_url() -> str | None:
+    """`$CORRAL_DB_URL`, the server's database, if set (else the server uses SQLite in its state directory)."""
+    return os.environ.get("CORRAL_DB_URL") or None
 
 
 def api_url() -> str:

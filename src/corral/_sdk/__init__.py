@@ -1,25 +1,56 @@
 """The Python SDK over Corral's HTTP API (`docs/api.md`); the public names are re-exported by `corral`.
 
 One module per concept: `_transport` (HTTP, errors), `_sandbox` (`Sandbox`, `AsyncSandbox`), `_commands`,
-`_files`, `_models` (what calls return), `_config` (where to connect).
+`_processes` (background commands), `_pty` (terminals), `_files`, `_models` (what calls return), `_config` (where to
+connect), `_admin` (`Admin`, `AsyncAdmin`: tenants, keys, audit, kill switch).
 """
 
+from ._admin import (
+    Admin,
+    AsyncAdmin,
+    AuditProblem,
+    AuditRecord,
+    AuditVerification,
+    KeyInfo,
+    KillResult,
+    NewKey,
+    TenantInfo,
+)
 from ._commands import AsyncCommands, Commands
 from ._config import DEFAULT_REQUEST_TIMEOUT, ConnectionConfig
 from ._files import AsyncFiles, Files
-from ._models import CommandResult, Entry, SandboxInfo
+from ._models import CommandResult, EgressDenial, Entry, SandboxInfo
+from ._processes import AsyncCommandHandle, CommandHandle, ProcessInfo
+from ._pty import AsyncPty, AsyncPtySession, Pty, PtySession
 from ._sandbox import AsyncSandbox, Sandbox
 
 __all__ = [
     "DEFAULT_REQUEST_TIMEOUT",
+    "Admin",
+    "AsyncAdmin",
+    "AsyncCommandHandle",
     "AsyncCommands",
     "AsyncFiles",
+    "AsyncPty",
+    "AsyncPtySession",
     "AsyncSandbox",
+    "AuditProblem",
+    "AuditRecord",
+    "AuditVerification",
+    "CommandHandle",
     "CommandResult",
     "Commands",
     "ConnectionConfig",
+    "EgressDenial",
     "Entry",
     "Files",
+    "KeyInfo",
+    "KillResult",
+    "NewKey",
+    "ProcessInfo",
+    "Pty",
+    "PtySession",
     "Sandbox",
     "SandboxInfo",
+    "TenantInfo",
 ]

@@ -1,25 +1,50 @@
-"""`sb.commands`: run commands in a sandbox, waiting for the result or streaming output to callbacks.
+"""`sb.commands`: run commands in a sandbox, waiting for the result, streaming output to callbacks, or in the
+background (a `CommandHandle` to wait for, feed, signal or find again later).
 
-The NDJSON decoder (`_ExecStream`) and the request body are I/O-free and shared by `Commands` and
-`AsyncCommands`, which are thin twins written side by side.
+The request bodies are built I/O-free here, the NDJSON decoder lives in `_processes`; `Commands` and
+`AsyncCommands` are thin twins written side by side.
 """
 
 from __future__ import annotations
 
 import base64
 import builtins
-import inspect
-import json
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, overload
 
-from .._exceptions import ServerError, error_from_code
-from ._models import CommandResult, _b64
+from ._models import CommandResult
+from ._processes import (
+    AsyncCommandHandle,
+    CommandHandle,
+    OutputCallback,
+    ProcessInfo,
+    Signal,
+    _deliver,
+    _ExecStream,
+    kill_body,
+    process_path,
+    stdin_bytes,
+)
 from ._transport import AsyncClient, SyncClient, json_dict, sandbox_path
 
 __all__ = ["AsyncCommands", "Commands", "OutputCallback"]
 
-OutputCallback = Callable[[bytes], object]
+Stdin = bytes | str | bool | None  # bytes to send (then EOF), or True: keep stdin open for send_stdin()
+
+
+def _command(cmd: str | Sequence[str]) -> str | builtins.list[str]:
+    if isinstance(cmd, bytes | bytearray):
+        raise TypeError("cmd must be a str (run by bash -lc) or a sequence of str (argv), not bytes")
+    return cmd if isinstance(cmd, str) else builtins.list(cmd)
+
+
+def _stdin_b64(stdin: bytes | str | None) -> str | None:
+    if stdin is None:
+        return None
+    try:
+        return base64.b64encode(stdin_bytes(stdin)).decode("ascii")
+    except TypeError:
+        raise TypeError(f"stdin must be bytes or str, not {type(stdin).__name__}") from None
 
 
 def _exec_body(
@@ -28,89 +53,38 @@ def _exec_body(
     timeout: float | None,
     cwd: str | None,
     env: Mapping[str, str] | None,
-    stdin: bytes | str | None,
+    stdin: Stdin,
     stream: bool,
 ) -> dict[str, Any]:
-    if isinstance(cmd, bytes | bytearray):
-        raise TypeError("cmd must be a str (run by bash -lc) or a sequence of str (argv), not bytes")
-    if isinstance(stdin, str):
-        stdin = stdin.encode("utf-8")
-    elif stdin is not None and not isinstance(stdin, bytes | bytearray | memoryview):
-        raise TypeError(f"stdin must be bytes or str, not {type(stdin).__name__}")
+    if isinstance(stdin, bool):
+        raise ValueError("stdin=True keeps stdin open for send_stdin(), which needs background=True")
     return {
-        "cmd": cmd if isinstance(cmd, str) else builtins.list(cmd),
+        "cmd": _command(cmd),
         "cwd": cwd,
         "env": dict(env or {}),
         "timeout": timeout,
-        "stdin_b64": None if stdin is None else base64.b64encode(stdin).decode("ascii"),
+        "stdin_b64": _stdin_b64(stdin),
         "stream": stream,
     }
 
 
-class _ExecStream:
-    """Decodes the NDJSON of a streamed exec into `(stream, bytes)` events and, at the end, the result.
-
-    The `exit` event's `stdout_b64`/`stderr_b64` hold only what was not streamed before (the kept tail of truncated
-    output); it is emitted as a last event too, so callbacks see exactly the bytes the result holds.
-    """
-
-    def __init__(self) -> None:
-        self._buffer = bytearray()
-        self._stdout = bytearray()
-        self._stderr = bytearray()
-        self.result: CommandResult | None = None
-
-    def feed(self, chunk: bytes) -> builtins.list[tuple[str, bytes]]:
-        self._buffer += chunk
-        events: builtins.list[tuple[str, bytes]] = []
-        while (end := self._buffer.find(b"\n")) >= 0:
-            line = bytes(self._buffer[:end])
-            del self._buffer[: end + 1]
-            events.extend(self._line(line))
-        return events
-
-    def finish(self) -> tuple[builtins.list[tuple[str, bytes]], CommandResult]:
-        events = self._line(bytes(self._buffer))
-        self._buffer.clear()
-        if self.result is None:
-            raise ServerError("the command's output stream ended before its exit event (connection lost?)")
-        return events, self.result
-
-    def _line(self, line: bytes) -> builtins.list[tuple[str, bytes]]:
-        if not line.strip():
-            return []
-        try:
-            event = json.loads(line)
-        except ValueError as exc:
-            raise ServerError("malformed response from Corral: a stream line is not JSON") from exc
-        if not isinstance(event, dict):
-            raise ServerError("malformed response from Corral: a stream line is not a JSON object")
-        kind = event.get("event")
-        if kind in ("stdout", "stderr"):
-            data = _b64(event.get("data_b64"), f"{kind} data_b64")
-            (self._stdout if kind == "stdout" else self._stderr).extend(data)
-            return [(kind, data)] if data else []
-        if kind == "exit":
-            out, err = bytes(self._stdout), bytes(self._stderr)
-            self.result = CommandResult.from_wire(event, stdout_prefix=out, stderr_prefix=err)
-            tails = [("stdout", self.result.stdout_bytes[len(out) :]), ("stderr", self.result.stderr_bytes[len(err) :])]
-            return [(k, d) for k, d in tails if d]
-        if kind == "error":
-            raw = event.get("error")
-            error: dict[str, Any] = raw if isinstance(raw, dict) else {}
-            raise error_from_code(
-                str(error.get("code") or "server_error"),
-                str(error.get("message") or "the command failed after its output began"),
-                error.get("details") if isinstance(error.get("details"), dict) else None,
-            )
-        return []  # an event kind this SDK does not know yet: ignore it, for forward compatibility
+def _start_body(
+    cmd: str | Sequence[str], *, timeout: float | None, cwd: str | None, env: Mapping[str, str] | None, stdin: Stdin
+) -> dict[str, Any]:
+    """A background command: stdin is /dev/null, the given bytes then EOF, or (True) a pipe kept open."""
+    data = None if isinstance(stdin, bool) else stdin
+    return {
+        "cmd": _command(cmd),
+        "cwd": cwd,
+        "env": dict(env or {}),
+        "timeout": timeout,
+        "stdin": stdin is True,
+        "stdin_b64": _stdin_b64(data),
+    }
 
 
-async def _deliver(callback: OutputCallback | None, data: bytes) -> None:
-    if callback is not None:
-        result = callback(data)
-        if inspect.isawaitable(result):
-            await result
+def _processes(data: Any) -> builtins.list[ProcessInfo]:
+    return [ProcessInfo.from_wire(p) for p in json_dict(data, "a process list").get("processes", [])]
 
 
 class Commands:
@@ -120,6 +94,24 @@ class Commands:
         self._client = client
         self._sandbox_id = sandbox_id
 
+    @overload
+    def run(
+        self, cmd: str | Sequence[str], *, timeout: float | None = ..., cwd: str | None = ...,
+        env: Mapping[str, str] | None = ..., stdin: bytes | str | None = ..., on_stdout: OutputCallback | None = ...,
+        on_stderr: OutputCallback | None = ..., background: Literal[False] = ...,
+    ) -> CommandResult: ...
+    @overload
+    def run(
+        self, cmd: str | Sequence[str], *, timeout: float | None = ..., cwd: str | None = ...,
+        env: Mapping[str, str] | None = ..., stdin: Stdin = ..., on_stdout: OutputCallback | None = ...,
+        on_stderr: OutputCallback | None = ..., background: Literal[True],
+    ) -> CommandHandle: ...
+    @overload
+    def run(
+        self, cmd: str | Sequence[str], *, timeout: float | None = ..., cwd: str | None = ...,
+        env: Mapping[str, str] | None = ..., stdin: Stdin = ..., on_stdout: OutputCallback | None = ...,
+        on_stderr: OutputCallback | None = ..., background: bool = ...,
+    ) -> CommandResult | CommandHandle: ...
     def run(
         self,
         cmd: str | Sequence[str],
@@ -127,14 +119,23 @@ class Commands:
         timeout: float | None = 30,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
-        stdin: bytes | str | None = None,
+        stdin: Stdin = None,
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,
-    ) -> CommandResult:
+        background: bool = False,
+    ) -> CommandResult | CommandHandle:
         """Run `cmd` (a string for `bash -lc`, or an argv list) and wait for it. Never raises on exit != 0.
 
         With `on_stdout`/`on_stderr` the output is streamed and each callback gets the bytes as they arrive.
+        With `background=True` it returns a `CommandHandle` at once; `timeout` still bounds the command (None: it
+        runs until killed or the sandbox ends), callbacks get the output while `handle.wait()` runs, and
+        `stdin=True` keeps stdin open for `handle.send_stdin()`.
         """
+        if background:
+            body = _start_body(cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin)
+            info = ProcessInfo.from_wire(self._client.request("POST", process_path(self._sandbox_id), json=body))
+            return CommandHandle(self._client, self._sandbox_id, info.id, info.pid, on_stdout=on_stdout,
+                                 on_stderr=on_stderr)
         streaming = on_stdout is not None or on_stderr is not None
         body = _exec_body(cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin, stream=streaming)
         path = sandbox_path(self._sandbox_id, "/exec")
@@ -155,6 +156,28 @@ class Commands:
                 callback(data)
         return result
 
+    def list(self) -> builtins.list[ProcessInfo]:
+        """The sandbox's processes: background commands (running, and the last ended ones), and the commands and
+        terminals running now."""
+        return _processes(self._client.request("GET", process_path(self._sandbox_id)))
+
+    def connect(
+        self, process_id: str, *, on_stdout: OutputCallback | None = None, on_stderr: OutputCallback | None = None
+    ) -> CommandHandle:
+        """A handle on a process started earlier (`NotFoundError` if the sandbox has no such process)."""
+        info = ProcessInfo.from_wire(self._client.request("GET", process_path(self._sandbox_id, process_id)))
+        return CommandHandle(self._client, self._sandbox_id, info.id, info.pid, on_stdout=on_stdout,
+                             on_stderr=on_stderr)
+
+    def kill(self, process_id: str, *, signal: Signal | None = None) -> None:
+        """SIGKILL a process's whole tree, or send `signal` (a number or a name like 'SIGTERM') to its group."""
+        self._client.request("POST", process_path(self._sandbox_id, process_id, "/kill"), json=kill_body(signal))
+
+    def send_stdin(self, process_id: str, data: bytes | str, *, eof: bool = False) -> None:
+        """Write exact bytes to a background command started with `stdin=True`; `eof` closes its stdin."""
+        self._client.request("POST", process_path(self._sandbox_id, process_id, "/stdin"),
+                             params={"eof": "true" if eof else "false"}, content=stdin_bytes(data))
+
 
 class AsyncCommands:
     """`sb.commands` of an `AsyncSandbox`. Callbacks may be plain functions or coroutine functions."""
@@ -163,6 +186,24 @@ class AsyncCommands:
         self._client = client
         self._sandbox_id = sandbox_id
 
+    @overload
+    async def run(
+        self, cmd: str | Sequence[str], *, timeout: float | None = ..., cwd: str | None = ...,
+        env: Mapping[str, str] | None = ..., stdin: bytes | str | None = ..., on_stdout: OutputCallback | None = ...,
+        on_stderr: OutputCallback | None = ..., background: Literal[False] = ...,
+    ) -> CommandResult: ...
+    @overload
+    async def run(
+        self, cmd: str | Sequence[str], *, timeout: float | None = ..., cwd: str | None = ...,
+        env: Mapping[str, str] | None = ..., stdin: Stdin = ..., on_stdout: OutputCallback | None = ...,
+        on_stderr: OutputCallback | None = ..., background: Literal[True],
+    ) -> AsyncCommandHandle: ...
+    @overload
+    async def run(
+        self, cmd: str | Sequence[str], *, timeout: float | None = ..., cwd: str | None = ...,
+        env: Mapping[str, str] | None = ..., stdin: Stdin = ..., on_stdout: OutputCallback | None = ...,
+        on_stderr: OutputCallback | None = ..., background: bool = ...,
+    ) -> CommandResult | AsyncCommandHandle: ...
     async def run(
         self,
         cmd: str | Sequence[str],
@@ -170,11 +211,20 @@ class AsyncCommands:
         timeout: float | None = 30,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
-        stdin: bytes | str | None = None,
+        stdin: Stdin = None,
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,
-    ) -> CommandResult:
-        """Run `cmd` (a string for `bash -lc`, or an argv list) and wait for it. Never raises on exit != 0."""
+        background: bool = False,
+    ) -> CommandResult | AsyncCommandHandle:
+        """Run `cmd` (a string for `bash -lc`, or an argv list) and wait for it. Never raises on exit != 0.
+
+        `background=True` returns an `AsyncCommandHandle` at once (see `Commands.run`).
+        """
+        if background:
+            body = _start_body(cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin)
+            info = ProcessInfo.from_wire(await self._client.request("POST", process_path(self._sandbox_id), json=body))
+            return AsyncCommandHandle(self._client, self._sandbox_id, info.id, info.pid, on_stdout=on_stdout,
+                                      on_stderr=on_stderr)
         streaming = on_stdout is not None or on_stderr is not None
         body = _exec_body(cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin, stream=streaming)
         path = sandbox_path(self._sandbox_id, "/exec")
@@ -192,3 +242,25 @@ class AsyncCommands:
         for kind, data in events:
             await _deliver(callbacks[kind], data)
         return result
+
+    async def list(self) -> builtins.list[ProcessInfo]:
+        """The sandbox's processes (see `Commands.list`)."""
+        return _processes(await self._client.request("GET", process_path(self._sandbox_id)))
+
+    async def connect(
+        self, process_id: str, *, on_stdout: OutputCallback | None = None, on_stderr: OutputCallback | None = None
+    ) -> AsyncCommandHandle:
+        """A handle on a process started earlier (`NotFoundError` if the sandbox has no such process)."""
+        info = ProcessInfo.from_wire(await self._client.request("GET", process_path(self._sandbox_id, process_id)))
+        return AsyncCommandHandle(self._client, self._sandbox_id, info.id, info.pid, on_stdout=on_stdout,
+                                  on_stderr=on_stderr)
+
+    async def kill(self, process_id: str, *, signal: Signal | None = None) -> None:
+        """SIGKILL a process's whole tree, or send `signal` (a number or a name like 'SIGTERM') to its group."""
+        await self._client.request("POST", process_path(self._sandbox_id, process_id, "/kill"),
+                                   json=kill_body(signal))
+
+    async def send_stdin(self, process_id: str, data: bytes | str, *, eof: bool = False) -> None:
+        """Write exact bytes to a background command started with `stdin=True`; `eof` closes its stdin."""
+        await self._client.request("POST", process_path(self._sandbox_id, process_id, "/stdin"),
+                                   params={"eof": "true" if eof else "false"}, content=stdin_bytes(data))

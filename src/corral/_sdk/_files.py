@@ -20,6 +20,17 @@ PathLike = str | os.PathLike[str]
 WriteData = bytes | bytearray | memoryview | str | IO[bytes]
 
 
+_OCTET_HEADERS = {"Content-Type": "application/octet-stream"}
+
+
+def _at(path: PathLike) -> dict[str, str]:
+    return {"path": os.fspath(path)}
+
+
+def _rename_body(src: PathLike, dst: PathLike, overwrite: bool) -> dict[str, Any]:
+    return {"src": os.fspath(src), "dst": os.fspath(dst), "overwrite": overwrite}
+
+
 def _upload_kind(data: WriteData) -> bytes | IO[bytes]:
     """The bytes to send, or the binary file object to stream from."""
     if isinstance(data, str):
@@ -105,6 +116,42 @@ class Files:
         params = {"path": os.fspath(path)} | ({"recursive": "true"} if recursive else {})
         self._client.request("DELETE", self._path(), params=params)
 
+    def stat(self, path: PathLike) -> Entry:
+        """The entry for `path` (`NotFoundError` if there is none)."""
+        return Entry.from_wire(json_dict(self._client.request("GET", self._path("/stat"), params=_at(path)), "stat"))
+
+    def rename(self, src: PathLike, dst: PathLike, *, overwrite: bool = False) -> None:
+        """Move `src` to `dst`; an existing `dst` is a `ConflictError` unless `overwrite`."""
+        self._client.request("POST", self._path("/rename"), json=_rename_body(src, dst, overwrite))
+
+    def read_into(self, path: PathLike, dest: IO[bytes]) -> int:
+        """Stream the file into the binary file object `dest` (nothing is held in memory); the bytes written."""
+        return self._download(self._path(), path, dest)
+
+    def read_archive(self, path: PathLike, dest: IO[bytes]) -> int:
+        """Stream the directory `path` as a tar archive into `dest`; the bytes written. Entries are named under
+        the directory's own name (`/workspace/src/a` is `src/a`), as `tar -C /workspace -c src` would."""
+        return self._download(sandbox_path(self._sandbox_id, "/archive"), path, dest)
+
+    def write_archive(self, path: PathLike, data: WriteData) -> int:
+        """Extract a tar archive (bytes or a binary file object, streamed) into the directory `path`.
+
+        The archive is checked whole first: entries escaping `path` (`..`, absolute names, links out) refuse the
+        lot and nothing is extracted. Returns the number of entries extracted."""
+        payload = _upload_kind(data)
+        content = payload if isinstance(payload, bytes) else _iter_file(payload)
+        url = sandbox_path(self._sandbox_id, "/archive")
+        reply = self._client.request("PUT", url, params=_at(path), content=content, headers=_OCTET_HEADERS)
+        return int(json_dict(reply, "an archive upload").get("entries") or 0)
+
+    def _download(self, url: str, path: PathLike, dest: IO[bytes]) -> int:
+        written = 0
+        with self._client.stream("GET", url, params=_at(path)) as response:
+            for chunk in response.iter_bytes():
+                dest.write(chunk)
+                written += len(chunk)
+        return written
+
 
 class AsyncFiles:
     """`sb.files` of an `AsyncSandbox`."""
@@ -150,3 +197,34 @@ class AsyncFiles:
     async def remove(self, path: PathLike, *, recursive: bool = False) -> None:
         params = {"path": os.fspath(path)} | ({"recursive": "true"} if recursive else {})
         await self._client.request("DELETE", self._path(), params=params)
+
+    async def stat(self, path: PathLike) -> Entry:
+        return Entry.from_wire(json_dict(await self._client.request("GET", self._path("/stat"), params=_at(path)),
+                                         "stat"))
+
+    async def rename(self, src: PathLike, dst: PathLike, *, overwrite: bool = False) -> None:
+        await self._client.request("POST", self._path("/rename"), json=_rename_body(src, dst, overwrite))
+
+    async def read_into(self, path: PathLike, dest: Any) -> int:
+        """Stream the file into `dest` (a binary file object; its `write` may be a coroutine)."""
+        return await self._download(self._path(), path, dest)
+
+    async def read_archive(self, path: PathLike, dest: Any) -> int:
+        return await self._download(sandbox_path(self._sandbox_id, "/archive"), path, dest)
+
+    async def write_archive(self, path: PathLike, data: WriteData) -> int:
+        payload = _upload_kind(data)
+        content = payload if isinstance(payload, bytes) else _aiter_file(payload)
+        url = sandbox_path(self._sandbox_id, "/archive")
+        reply = await self._client.request("PUT", url, params=_at(path), content=content, headers=_OCTET_HEADERS)
+        return int(json_dict(reply, "an archive upload").get("entries") or 0)
+
+    async def _download(self, url: str, path: PathLike, dest: Any) -> int:
+        written = 0
+        async with self._client.stream("GET", url, params=_at(path)) as response:
+            async for chunk in response.aiter_bytes():
+                result = dest.write(chunk)
+                if inspect.isawaitable(result):
+                    await result
+                written += len(chunk)
+        return written

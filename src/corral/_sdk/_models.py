@@ -14,7 +14,7 @@ from typing import Any
 from .._exceptions import ServerError
 from ..engine._models import OutputText
 
-__all__ = ["CommandResult", "Entry", "SandboxInfo"]
+__all__ = ["CommandResult", "EgressDenial", "Entry", "SandboxInfo"]
 
 
 def _b64(value: Any, what: str) -> bytes:
@@ -28,8 +28,29 @@ def _b64(value: Any, what: str) -> bytes:
         raise ServerError(f"malformed response from Corral: {what} is not valid base64") from exc
 
 
+def _network(value: Any) -> str | tuple[str, ...]:
+    return tuple(str(v) for v in value) if isinstance(value, list) else str(value or "none")
+
+
 def _opt_int(value: Any) -> int | None:
     return None if value is None else int(value)
+
+
+@dataclass(frozen=True)
+class EgressDenial:
+    """A connection or DNS lookup the sandbox's network policy refused (docs/egress.md)."""
+
+    kind: str  # "connect", "http", "mirror" or "dns"
+    host: str
+    port: int | None
+    reason: str  # names the host, the policy and how to get it allowed
+    rule: str = ""
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> EgressDenial:
+        return cls(kind=str(data.get("kind") or ""), host=str(data.get("host") or ""),
+                   port=_opt_int(data.get("port")), reason=str(data.get("reason") or ""),
+                   rule=str(data.get("rule") or ""))
 
 
 @dataclass(frozen=True)
@@ -45,6 +66,8 @@ class CommandResult(OutputText):
     * `stdout_cut`, `stderr_cut` - with `truncated`, the offset in `stdout_bytes`/`stderr_bytes` where the
       omitted middle was (the kept head before it, the kept tail after it); `None` when nothing was omitted.
     * `duration` - wall-clock seconds.
+    * `egress_denials` - network access the sandbox's policy refused while the command ran (pip, curl and git
+      do not print a proxy's reason); `notice` is the same as text to show next to stderr.
     """
 
     exit_code: int | None
@@ -60,6 +83,12 @@ class CommandResult(OutputText):
     stderr_cut: int | None = None
     signal: int | None = None
     duration: float = 0.0
+    egress_denials: tuple[EgressDenial, ...] = ()
+
+    @property
+    def notice(self) -> str:
+        """One line per refused connection or lookup, e.g. for an agent to read next to stderr ("" if none)."""
+        return "".join(f"corral: {d.reason}\n" for d in self.egress_denials)
 
     @classmethod
     def from_wire(
@@ -82,6 +111,8 @@ class CommandResult(OutputText):
             stderr_cut=_opt_int(data.get("stderr_cut")),
             signal=_opt_int(data.get("signal")),
             duration=float(data.get("duration") or 0.0),
+            egress_denials=tuple(EgressDenial.from_wire(d) for d in data.get("egress_denials") or ()
+                                 if isinstance(d, dict)),
         )
 
 
@@ -127,6 +158,8 @@ class SandboxInfo:
     created_at: str | None = None
     expires_at: str | None = None
     metadata: dict[str, str] = field(default_factory=dict)
+    file_roots: tuple[str, ...] = ()  # the directories `files` may touch
+    network: str | tuple[str, ...] = "none"  # the egress policy (docs/egress.md)
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> SandboxInfo:
@@ -141,4 +174,6 @@ class SandboxInfo:
             created_at=data.get("created_at"),
             expires_at=data.get("expires_at"),
             metadata=dict(data.get("metadata") or {}),
+            file_roots=tuple(str(r) for r in data.get("file_roots") or ()),
+            network=_network(data.get("network")),
         )

@@ -1,4 +1,4 @@
-"""`Sandbox` and `AsyncSandbox`: a sandbox on a Corral server, with its `commands` and `files`.
+"""`Sandbox` and `AsyncSandbox`: a sandbox on a Corral server, with its `commands`, `files` and `pty`.
 
 The two classes are twins written side by side; what they share without I/O is `_SandboxBase` and the request
 helpers below.
@@ -16,9 +16,10 @@ import httpx
 
 from .._exceptions import NotFoundError, SandboxTimeoutError
 from ._commands import AsyncCommands, Commands
-from ._config import DEFAULT_REQUEST_TIMEOUT, ConnectionConfig
+from ._config import DEFAULT_MAX_RETRIES, DEFAULT_REQUEST_TIMEOUT, ConnectionConfig
 from ._files import AsyncFiles, Files
 from ._models import SandboxInfo
+from ._pty import AsyncPty, Pty
 from ._transport import AsyncClient, SyncClient, json_dict, sandbox_path
 
 __all__ = ["AsyncSandbox", "Sandbox"]
@@ -31,8 +32,11 @@ def _create_body(
     limits: Mapping[str, Any] | None,
     env: Mapping[str, str] | None,
     metadata: Mapping[str, str] | None,
+    file_roots: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    return {
+    if isinstance(file_roots, str):
+        raise TypeError("file_roots is a list of directories, not one string")
+    body = {
         "template": template,
         "timeout": timeout,
         "network": network if isinstance(network, str) else builtins.list(network),
@@ -40,6 +44,11 @@ def _create_body(
         "env": dict(env or {}),
         "metadata": dict(metadata or {}),
     }
+    return body if file_roots is None else {**body, "file_roots": builtins.list(file_roots)}
+
+
+def _network_body(network: str | Sequence[str]) -> dict[str, Any]:
+    return {"network": network if isinstance(network, str) else builtins.list(network)}
 
 
 def _list_params(metadata: Mapping[str, str] | None) -> dict[str, str]:
@@ -77,6 +86,7 @@ class Sandbox(_SandboxBase):
         self._client = client
         self.commands = Commands(client, info.id)
         self.files = Files(client, info.id)
+        self.pty = Pty(client, info.id)
 
     @classmethod
     def create(
@@ -88,17 +98,22 @@ class Sandbox(_SandboxBase):
         limits: Mapping[str, Any] | None = None,
         env: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
+        file_roots: Sequence[str] | None = None,
         api_key: str | None = None,
         base_url: str | None = None,
         request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
+        max_retries: int = DEFAULT_MAX_RETRIES,
         transport: httpx.BaseTransport | None = None,
     ) -> Sandbox:
         """Start a new sandbox. `timeout` is its time to live in seconds; `api_key`/`base_url` default to
-        `$CORRAL_API_KEY`/`$CORRAL_URL`; `transport` is an httpx transport (for tests)."""
-        config = ConnectionConfig.resolve(api_key=api_key, base_url=base_url, request_timeout=request_timeout)
+        `$CORRAL_API_KEY`/`$CORRAL_URL`; a 429 or 503 answer (quota, full machine: nothing was created) is retried
+        up to `max_retries` times after the server's `Retry-After` (when at most 10 s); `transport` is an httpx
+        transport (for tests)."""
+        config = ConnectionConfig.resolve(api_key=api_key, base_url=base_url, request_timeout=request_timeout,
+                                          max_retries=max_retries)
         client = SyncClient(config, transport)
         try:
-            body = _create_body(template, timeout, network, limits, env, metadata)
+            body = _create_body(template, timeout, network, limits, env, metadata, file_roots)
             info = SandboxInfo.from_wire(client.request("POST", "/v1/sandboxes", json=body))
         except BaseException:
             client.close()
@@ -113,10 +128,12 @@ class Sandbox(_SandboxBase):
         api_key: str | None = None,
         base_url: str | None = None,
         request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
+        max_retries: int = DEFAULT_MAX_RETRIES,
         transport: httpx.BaseTransport | None = None,
     ) -> Sandbox:
         """Attach to an existing sandbox (`NotFoundError` if it does not exist for this key)."""
-        config = ConnectionConfig.resolve(api_key=api_key, base_url=base_url, request_timeout=request_timeout)
+        config = ConnectionConfig.resolve(api_key=api_key, base_url=base_url, request_timeout=request_timeout,
+                                          max_retries=max_retries)
         client = SyncClient(config, transport)
         try:
             info = SandboxInfo.from_wire(client.request("GET", sandbox_path(sandbox_id)))
@@ -133,10 +150,12 @@ class Sandbox(_SandboxBase):
         api_key: str | None = None,
         base_url: str | None = None,
         request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
+        max_retries: int = DEFAULT_MAX_RETRIES,
         transport: httpx.BaseTransport | None = None,
     ) -> builtins.list[SandboxInfo]:
         """The caller's tenant's sandboxes, optionally only those whose metadata has every given KEY=VALUE."""
-        config = ConnectionConfig.resolve(api_key=api_key, base_url=base_url, request_timeout=request_timeout)
+        config = ConnectionConfig.resolve(api_key=api_key, base_url=base_url, request_timeout=request_timeout,
+                                          max_retries=max_retries)
         client = SyncClient(config, transport)
         try:
             data = json_dict(client.request("GET", "/v1/sandboxes", params=_list_params(metadata)), "a list")
@@ -152,6 +171,21 @@ class Sandbox(_SandboxBase):
         """Let the sandbox live `seconds` from now."""
         data = self._client.request("POST", sandbox_path(self.id, "/timeout"), json={"timeout": seconds})
         self._info = SandboxInfo.from_wire(data)
+        return self._info
+
+    def set_network(self, network: str | Sequence[str]) -> SandboxInfo:
+        """Change the egress policy ("none", "internet" or rules); new connections follow it at once."""
+        data = self._client.request("PUT", sandbox_path(self.id, "/network"), json=_network_body(network))
+        self._info = SandboxInfo.from_wire(data)
+        return self._info
+
+    def pause(self) -> SandboxInfo:
+        """Freeze every process in the sandbox (memory kept, no CPU used) until `resume()`; its timeout still runs."""
+        self._info = SandboxInfo.from_wire(self._client.request("POST", sandbox_path(self.id, "/pause")))
+        return self._info
+
+    def resume(self) -> SandboxInfo:
+        self._info = SandboxInfo.from_wire(self._client.request("POST", sandbox_path(self.id, "/resume")))
         return self._info
 
     def kill(self) -> None:
@@ -189,6 +223,7 @@ class AsyncSandbox(_SandboxBase):
         self._client = client
         self.commands = AsyncCommands(client, info.id)
         self.files = AsyncFiles(client, info.id)
+        self.pty = AsyncPty(client, info.id)
 
     @classmethod
     async def create(
@@ -200,15 +235,18 @@ class AsyncSandbox(_SandboxBase):
         limits: Mapping[str, Any] | None = None,
         env: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
+        file_roots: Sequence[str] | None = None,
         api_key: str | None = None,
         base_url: str | None = None,
         request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
+        max_retries: int = DEFAULT_MAX_RETRIES,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> AsyncSandbox:
-        config = ConnectionConfig.resolve(api_key=api_key, base_url=base_url, request_timeout=request_timeout)
+        config = ConnectionConfig.resolve(api_key=api_key, base_url=base_url, request_timeout=request_timeout,
+                                          max_retries=max_retries)
         client = AsyncClient(config, transport)
         try:
-            body = _create_body(template, timeout, network, limits, env, metadata)
+            body = _create_body(template, timeout, network, limits, env, metadata, file_roots)
             info = SandboxInfo.from_wire(await client.request("POST", "/v1/sandboxes", json=body))
         except BaseException:
             await client.close()
@@ -223,9 +261,11 @@ class AsyncSandbox(_SandboxBase):
         api_key: str | None = None,
         base_url: str | None = None,
         request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
+        max_retries: int = DEFAULT_MAX_RETRIES,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> AsyncSandbox:
-        config = ConnectionConfig.resolve(api_key=api_key, base_url=base_url, request_timeout=request_timeout)
+        config = ConnectionConfig.resolve(api_key=api_key, base_url=base_url, request_timeout=request_timeout,
+                                          max_retries=max_retries)
         client = AsyncClient(config, transport)
         try:
             info = SandboxInfo.from_wire(await client.request("GET", sandbox_path(sandbox_id)))
@@ -242,9 +282,11 @@ class AsyncSandbox(_SandboxBase):
         api_key: str | None = None,
         base_url: str | None = None,
         request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
+        max_retries: int = DEFAULT_MAX_RETRIES,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> builtins.list[SandboxInfo]:
-        config = ConnectionConfig.resolve(api_key=api_key, base_url=base_url, request_timeout=request_timeout)
+        config = ConnectionConfig.resolve(api_key=api_key, base_url=base_url, request_timeout=request_timeout,
+                                          max_retries=max_retries)
         client = AsyncClient(config, transport)
         try:
             data = await client.request("GET", "/v1/sandboxes", params=_list_params(metadata))
@@ -259,6 +301,19 @@ class AsyncSandbox(_SandboxBase):
     async def set_timeout(self, seconds: int) -> SandboxInfo:
         data = await self._client.request("POST", sandbox_path(self.id, "/timeout"), json={"timeout": seconds})
         self._info = SandboxInfo.from_wire(data)
+        return self._info
+
+    async def set_network(self, network: str | Sequence[str]) -> SandboxInfo:
+        data = await self._client.request("PUT", sandbox_path(self.id, "/network"), json=_network_body(network))
+        self._info = SandboxInfo.from_wire(data)
+        return self._info
+
+    async def pause(self) -> SandboxInfo:
+        self._info = SandboxInfo.from_wire(await self._client.request("POST", sandbox_path(self.id, "/pause")))
+        return self._info
+
+    async def resume(self) -> SandboxInfo:
+        self._info = SandboxInfo.from_wire(await self._client.request("POST", sandbox_path(self.id, "/resume")))
         return self._info
 
     async def kill(self) -> None:

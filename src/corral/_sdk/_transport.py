@@ -11,8 +11,11 @@ No httpx exception escapes.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import itertools
 import json
+import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 from urllib.parse import quote
@@ -106,6 +109,10 @@ def json_dict(data: Any, what: str) -> dict[str, Any]:
     return data
 
 
+_RETRIED_STATUSES = frozenset({429, 503})
+_BACKOFF_BASE = 0.5
+
+
 class _BaseClient:
     """What both clients share without doing I/O: the configuration and the per-call timeouts."""
 
@@ -125,6 +132,24 @@ class _BaseClient:
         if base is None:
             return httpx.Timeout(None)
         return httpx.Timeout(base, read=None if command_timeout is None else command_timeout + base)
+
+    def retry_delay(self, response: httpx.Response, attempt: int, kwargs: dict[str, Any]) -> float | None:
+        """Seconds to wait before sending the request again, or None to give the answer to the caller.
+
+        Only 429 (quota) and 503 (capacity, runtime) are retried: the API promises they changed nothing. The wait
+        is the server's `Retry-After`, else a short exponential backoff; a `Retry-After` longer than
+        `retry_max_wait` is the caller's decision (the error carries it), and a body streamed from a file object
+        cannot be sent twice.
+        """
+        if response.status_code not in _RETRIED_STATUSES or attempt >= self.config.max_retries:
+            return None
+        if not isinstance(kwargs.get("content"), bytes | None):
+            return None
+        try:
+            wait = float(response.headers["retry-after"])
+        except (KeyError, ValueError):
+            wait = _BACKOFF_BASE * 2**attempt
+        return wait if 0 <= wait <= self.config.retry_max_wait else None
 
     @staticmethod
     def _decode(response: httpx.Response) -> Any:
@@ -146,8 +171,13 @@ class SyncClient(_BaseClient):
     def request(self, method: str, path: str, *, timeout: httpx.Timeout | None = None, **kwargs: Any) -> Any:
         if timeout is not None:
             kwargs["timeout"] = timeout
-        with _map_transport_errors(self.config.base_url):
-            response = self._http.request(method, path, **kwargs)
+        for attempt in itertools.count():
+            with _map_transport_errors(self.config.base_url):
+                response = self._http.request(method, path, **kwargs)
+            delay = self.retry_delay(response, attempt, kwargs)
+            if delay is None:
+                break
+            time.sleep(delay)
         return self._decode(response)
 
     @contextlib.contextmanager
@@ -174,8 +204,13 @@ class AsyncClient(_BaseClient):
     async def request(self, method: str, path: str, *, timeout: httpx.Timeout | None = None, **kwargs: Any) -> Any:
         if timeout is not None:
             kwargs["timeout"] = timeout
-        with _map_transport_errors(self.config.base_url):
-            response = await self._http.request(method, path, **kwargs)
+        for attempt in itertools.count():
+            with _map_transport_errors(self.config.base_url):
+                response = await self._http.request(method, path, **kwargs)
+            delay = self.retry_delay(response, attempt, kwargs)
+            if delay is None:
+                break
+            await asyncio.sleep(delay)
         return self._decode(response)
 
     @contextlib.asynccontextmanager

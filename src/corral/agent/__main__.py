@@ -8,7 +8,7 @@ import _socket
 import os
 import sys
 
-from . import server
+from . import network, server
 from .processes import set_dumpable
 
 LISTEN_FD = 0  # the host passes a listening Unix socket as our stdin
@@ -33,6 +33,7 @@ def main() -> None:
         devnull = os.open(os.devnull, os.O_RDWR)
         os.dup2(devnull, LISTEN_FD)  # and stdin becomes an ordinary /dev/null again
         os.close(devnull)
+    network.start()  # the egress bridge on 127.0.0.1:3128 and the refusing resolver on 127.0.0.1:53
     server.serve(listener, token)
 
 

@@ -138,6 +138,8 @@ class Agent:
 
     def op_stdin(self, ch: Channel, req: dict[str, Any]) -> None:
         proc = self.table.get(req.get("id"))
+        if proc.stdin_fd is None and not proc.is_pty:  # refuse before "ready", while the host still listens
+            raise ProcessError("conflict", f"process {proc.id} was started without stdin (or its stdin is closed)")
         ch.event(event="ready")
         while True:
             kind, payload = ch.recv()

@@ -7,6 +7,7 @@ agent protocol and is the same for every backend; a backend only owns the lifecy
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Protocol
 
 from ..engine._agent_client import AgentClient
@@ -25,6 +26,9 @@ class Backend(Protocol):
     async def create(self, sandbox_id: str, spec: SandboxSpec, template: Template) -> Record: ...
 
     def agent(self, record: Record) -> AgentClient: ...
+
+    def egress_socket(self, record: Record) -> Path:
+        """The host path where the egress proxy listens for this sandbox (docs/egress.md)."""
 
     async def pause(self, record: Record) -> None: ...
 

@@ -90,3 +90,16 @@ def api(
 ) -> None:
     """The HTTP API (a real `corral serve`, the SDK over loopback) against the engine in-process."""
     _run("api", out, template=template, n=n, clients=clients, steps=steps, size_mib=size_mib)
+
+
+@bench_app.command("net")
+def net(
+    n: int = typer.Option(300, help="Samples per latency measurement."),
+    size_mib: int = typer.Option(200, help="Download size in MiB for the throughput figures."),
+    rounds: int = typer.Option(5, help="Downloads per path (the best one counts)."),
+    in_sandbox: bool = typer.Option(True, "--in-sandbox/--host-only", help="Also measure from inside a runc "
+                                    "sandbox: urllib GETs, curl downloads, pip through the package mirror."),
+    out: Path = typer.Option(Path("bench-results/net.json"), help="Where to write the JSON figures."),
+) -> None:
+    """The egress proxy (absolute-form HTTP and CONNECT) against direct loopback connections."""
+    _run("net", out, n=n, size_mib=size_mib, rounds=rounds, in_sandbox_too=in_sandbox)

@@ -1,130 +1,155 @@
-"""`corral sandbox create|ls|exec|kill`: drive the local engine directly (no server needed)."""
+"""`corral sandbox create|ls|kill`: sandboxes on a Corral server, through its API (`corral exec`, `corral cp` use
+them)."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-import sys
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+import dataclasses
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from ..engine import Engine, Limits, SandboxSpec
+from .._exceptions import CorralError
+from .._sdk import Sandbox, SandboxInfo
+from .._sdk._transport import sandbox_path
+from ._common import (
+    ApiKeyOption,
+    JsonOption,
+    UrlOption,
+    admin,
+    client,
+    error_line,
+    note,
+    pairs,
+    print_json,
+    print_table,
+    short_time,
+)
 
-sandbox_app = typer.Typer(help="Create, list, use and kill sandboxes on this machine.", no_args_is_help=True)
-console = Console()
-T = TypeVar("T")
+sandbox_app = typer.Typer(help="Create, list and kill sandboxes (on the server at $CORRAL_URL).",
+                          no_args_is_help=True)
+
+def _network(value: str) -> str | list[str]:
+    """`none`, `internet`, or a comma-separated allowlist: hosts, `host:port`, `*.domain`, `@packages`."""
+    if value in ("none", "internet"):
+        return value
+    return [d.strip() for d in value.split(",") if d.strip()]
 
 
-def _run(fn: Callable[[Engine], Awaitable[T]]) -> T:
-    async def go() -> T:
-        async with Engine() as engine:
-            return await fn(engine)
-
-    return asyncio.run(go())
+def _limits(memory: str | None, cpus: float | None, pids: int | None, disk: str | None) -> dict[str, object]:
+    given = {"memory": memory, "cpus": cpus, "pids": pids, "disk": disk}
+    return {k: v for k, v in given.items() if v is not None}  # the server's defaults for the rest
 
 
 @sandbox_app.command("create")
 def create(
     template: str = typer.Option("default", help="Template name."),
-    runtime: str = typer.Option("runc", help="runc, or runsc (gVisor)."),
-    timeout: float = typer.Option(300, help="Seconds until the sandbox is destroyed."),
-    memory: str = typer.Option("512M"), cpus: float = typer.Option(1.0), pids: int = typer.Option(256),
-    disk: str = typer.Option("1G"),
-    env: list[str] = typer.Option([], "--env", "-e", help="KEY=VALUE, repeatable."),
-    as_json: bool = typer.Option(False, "--json"),
+    timeout: int = typer.Option(300, help="Seconds until the sandbox is destroyed."),
+    memory: str | None = typer.Option(None, help="Memory limit, e.g. 512M (default: the server's)."),
+    cpus: float | None = typer.Option(None, help="CPU limit (default: the server's)."),
+    pids: int | None = typer.Option(None, help="Process limit (default: the server's)."),
+    disk: str | None = typer.Option(None, help="Disk quota, e.g. 1G (default: the server's)."),
+    network: str = typer.Option("none", help="none, internet, or a comma-separated allowlist (hosts, host:port, "
+                                "*.domain, @packages for pip/npm through the package cache)."),
+    env: list[str] = typer.Option([], "--env", "-e", help="KEY=VALUE, repeatable.", show_default=False),
+    metadata: list[str] = typer.Option([], "--metadata", "-m", help="KEY=VALUE, repeatable.", show_default=False),
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+    api_key: ApiKeyOption = None,
 ) -> None:
-    """Create a sandbox and print its id."""
-    spec = SandboxSpec(template=template, runtime=runtime, timeout=timeout,  # type: ignore[arg-type]
-                       limits=Limits(memory=memory, cpus=cpus, pids=pids, disk=disk),  # type: ignore[arg-type]
-                       env=_parse_env(env))
+    """Create a sandbox and print its id (it lives until its timeout or `corral sandbox kill`)."""
+    sb = Sandbox.create(template, timeout=timeout, network=_network(network),
+                        limits=_limits(memory, cpus, pids, disk), env=pairs(env, "--env"),
+                        metadata=pairs(metadata, "--metadata"), api_key=api_key, base_url=url)
+    sb.close()  # the connection only: leaving `with` (or kill()) would destroy the sandbox
+    if as_json:
+        print_json(dataclasses.asdict(sb.info))
+    else:
+        typer.echo(sb.id)
 
-    async def go(engine: Engine) -> dict[str, Any]:
-        sb = await engine.create(spec)
-        return {"id": sb.id, "expires_at": sb.info.expires_at.isoformat()}
 
-    out = _run(go)
-    typer.echo(json.dumps(out) if as_json else out["id"])
+@sandbox_app.command("network")
+def network(
+    sandbox_id: str = typer.Argument(..., help="Sandbox id."),
+    policy: str = typer.Argument(..., help="none, internet, or a comma-separated allowlist (see create)."),
+    url: UrlOption = None,
+    api_key: ApiKeyOption = None,
+) -> None:
+    """Change a live sandbox's egress policy; new connections follow it at once."""
+    sb = Sandbox.connect(sandbox_id, api_key=api_key, base_url=url)
+    try:
+        info = sb.set_network(_network(policy))
+    finally:
+        sb.close()
+    shown = info.network if isinstance(info.network, str) else ",".join(info.network)
+    typer.echo(shown)
 
 
 @sandbox_app.command("ls")
-def ls(as_json: bool = typer.Option(False, "--json")) -> None:
-    """List sandboxes."""
-
-    async def go(engine: Engine) -> list[dict[str, Any]]:
-        return [{"id": s.id, "state": s.state.value, "template": s.template, "runtime": s.runtime,
-                 "created_at": s.created_at.isoformat(), "expires_at": s.expires_at.isoformat()}
-                for s in engine.list()]
-
-    rows = _run(go)
-    if as_json:
-        typer.echo(json.dumps(rows))
-        return
-    table = Table("id", "state", "template", "runtime", "expires")
-    for r in rows:
-        table.add_row(r["id"], r["state"], r["template"], r["runtime"], r["expires_at"])
-    console.print(table)
-
-
-@sandbox_app.command("exec", context_settings={"allow_extra_args": True})
-def exec_(
-    sandbox_id: str,
-    command: list[str] = typer.Argument(..., help="A shell command (one argument) or an argv (after --)."),
-    timeout: float = typer.Option(None, help="Seconds before the command's whole process tree is killed."),
-    cwd: str = typer.Option(None),
+def ls(
+    metadata: list[str] = typer.Option([], "--metadata", "-m", help="Only sandboxes with KEY=VALUE; repeatable.",
+                                       show_default=False),
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+    api_key: ApiKeyOption = None,
 ) -> None:
-    """Run a command, stream its output, exit with its exit code."""
-    cmd: str | list[str] = command[0] if len(command) == 1 else command
-    stdin = None if sys.stdin is None or sys.stdin.isatty() else sys.stdin.buffer.read()
+    """List the sandboxes of the key's tenant (only those whose metadata has every --metadata KEY=VALUE)."""
+    found = Sandbox.list(metadata=pairs(metadata, "--metadata"), api_key=api_key, base_url=url)
+    if as_json:
+        print_json([dataclasses.asdict(s) for s in found])
+        return
+    print_table(_table(found))
 
-    def out(data: bytes) -> None:
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
 
-    def err(data: bytes) -> None:
-        sys.stderr.buffer.write(data)
-        sys.stderr.buffer.flush()
-
-    async def go(engine: Engine) -> int:
-        r = await engine.exec(sandbox_id, cmd, timeout=timeout, cwd=cwd, stdin=stdin, on_stdout=out,
-                              on_stderr=err)
-        if r.stdout_cut is not None:
-            out(f"\n[corral: {r.stdout_size - len(r.stdout_bytes)} bytes of stdout left out]\n".encode())
-            out(r.stdout_bytes[r.stdout_cut :])
-        if r.stderr_cut is not None:
-            err(f"\n[corral: {r.stderr_size - len(r.stderr_bytes)} bytes of stderr left out]\n".encode())
-            err(r.stderr_bytes[r.stderr_cut :])
-        if r.truncated:
-            typer.echo(f"[corral] output truncated: stdout {r.stdout_size} bytes, stderr {r.stderr_size} bytes "
-                       "in total; the middle was left out", err=True)
-        if r.timed_out:
-            typer.echo(f"[corral] timed out after {timeout}s; the whole process tree was killed", err=True)
-        if r.oom_killed:
-            typer.echo("[corral] killed: the sandbox ran out of memory", err=True)
-        return r.exit_code if r.exit_code is not None else 1
-
-    raise typer.Exit(_run(go))
+def _table(sandboxes: list[SandboxInfo]) -> Table:
+    table = Table("id", "state", "template", "created", "expires", "metadata")
+    table.columns[0].no_wrap = True  # ids are copied from here: never wrap or cut them
+    for s in sandboxes:
+        meta = ", ".join(f"{k}={v}" for k, v in sorted(s.metadata.items()))
+        table.add_row(s.id, s.state, s.template, short_time(s.created_at), short_time(s.expires_at), meta)
+    return table
 
 
 @sandbox_app.command("kill")
-def kill(sandbox_ids: list[str]) -> None:
-    """Destroy sandboxes."""
+def kill(
+    sandbox_ids: list[str] = typer.Argument(None, help="Sandbox ids.", show_default=False),
+    tenant: str | None = typer.Option(None, help="Kill switch: every sandbox of this tenant (name or id)."),
+    key: str | None = typer.Option(None, help="Kill switch: every sandbox created with this API key id."),
+    revoke: bool = typer.Option(False, help="With --key: revoke the key too, so it cannot start new ones."),
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+    api_key: ApiKeyOption = None,
+) -> None:
+    """Destroy sandboxes by id, or all of a tenant's or an API key's at once (operator, admin)."""
+    modes = sum(bool(x) for x in (sandbox_ids, tenant, key))
+    if modes != 1:
+        raise typer.BadParameter("give sandbox ids, or exactly one of --tenant or --key")
+    if revoke and not key:
+        raise typer.BadParameter("--revoke applies to --key")
+    if sandbox_ids:
+        raise typer.Exit(_kill_ids(sandbox_ids, url, api_key))
+    with admin(url, api_key) as a:
+        result = a.kill_all(tenant=tenant, key=key, revoke=revoke)
+    if as_json:
+        print_json(dataclasses.asdict(result))
+    else:
+        for sandbox_id in result.killed:
+            typer.echo(sandbox_id)
+        for sandbox_id, reason in result.failed.items():
+            note(f"error: could not kill {sandbox_id}: {reason}")
+    raise typer.Exit(1 if result.failed else 0)
 
-    async def go(engine: Engine) -> None:
-        for sid in sandbox_ids:
-            await engine.destroy(sid)
 
-    _run(go)
-
-
-def _parse_env(items: list[str]) -> dict[str, str]:
-    env = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise typer.BadParameter(f"--env takes KEY=VALUE, got {item!r}")
-        env[key] = value
-    return env
+def _kill_ids(sandbox_ids: list[str], url: str | None, api_key: str | None) -> int:
+    """Kill each one even if an earlier one fails; exit 1 if any did."""
+    failed = 0
+    http = client(url, api_key)
+    try:
+        for sandbox_id in sandbox_ids:
+            try:
+                http.request("DELETE", sandbox_path(sandbox_id))
+            except CorralError as exc:
+                note(error_line(exc))
+                failed += 1
+    finally:
+        http.close()
+    return 1 if failed else 0

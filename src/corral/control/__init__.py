@@ -7,7 +7,11 @@ async with ControlStore() as store:                   # sqlite+aiosqlite:///<COR
     authorize(principal, Action.TENANT_CREATE)         # PermissionDeniedError
     record = await store.sandbox_for(principal, sandbox_id, Action.SANDBOX_EXEC)  # other tenants': NotFoundError
     await store.audit.append(AuditEvent.by(principal, Action.SANDBOX_EXEC, sandbox_id, params={"cmd": cmd}))
+    await store.auth_denials.record(Denial(client, method, path, key_prefix, reason))  # 401s, per address
 ```
+
+`ControlStore(url)` takes any SQLAlchemy async URL: SQLite by default, `postgresql+asyncpg://...` for several
+replicas on one database.
 """
 
 from ._audit import (
@@ -23,14 +27,27 @@ from ._audit import (
     verify_chain,
 )
 from ._db import default_url
+from ._denials import AUTH_DENIED, AuthDenials, Denial
 from ._keys import KEY_FORMAT, generate_key, hash_key, parse_key
-from ._models import SCHEMA_VERSION, ApiKey, NewApiKey, Quotas, SandboxRecord, SandboxStatus, Tenant
+from ._models import (
+    DEFAULT_EGRESS_CEILING,
+    SCHEMA_VERSION,
+    ApiKey,
+    NewApiKey,
+    Quotas,
+    SandboxRecord,
+    SandboxStatus,
+    Tenant,
+    TenantEgress,
+)
 from ._rbac import PERMISSIONS, Action, Principal, Role, authorize, is_allowed, require_sandbox
 from ._store import ADMIN_KEY_FILE, ADMIN_TENANT, ControlStore
 
 __all__ = [
     "ADMIN_KEY_FILE",
     "ADMIN_TENANT",
+    "AUTH_DENIED",
+    "DEFAULT_EGRESS_CEILING",
     "GENESIS_HASH",
     "KEY_FORMAT",
     "PERMISSIONS",
@@ -40,10 +57,12 @@ __all__ = [
     "AuditEntry",
     "AuditEvent",
     "AuditLog",
+    "AuthDenials",
     "ChainChecker",
     "ChainHead",
     "ChainProblem",
     "ControlStore",
+    "Denial",
     "NewApiKey",
     "Principal",
     "Quotas",
@@ -51,6 +70,7 @@ __all__ = [
     "SandboxRecord",
     "SandboxStatus",
     "Tenant",
+    "TenantEgress",
     "VerifyResult",
     "authorize",
     "canonical_json",

@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NamedTuple, Protocol
 
-from sqlalchemy import Select, select
+from sqlalchemy import Select, insert, select
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
 
-from .._exceptions import InvalidRequestError, ServerError
+from .._exceptions import ConflictError, InvalidRequestError, ServerError
 from ._db import Database
 from ._models import AuditRow
 from ._rbac import Principal
@@ -36,6 +37,8 @@ _APPEND_ATTEMPTS = 20
 _BATCH = 1000
 _ACTION_MAX = 64  # column widths of audit.action and audit.target
 _TARGET_MAX = 256
+_AUDIT_TABLE = AuditRow.metadata.tables[AuditRow.__tablename__]
+_APPEND_LOCK = 0x636F7272616C + 1  # the PostgreSQL advisory lock appenders take (any constant of our own)
 
 
 class SupportsWriteStr(Protocol):
@@ -266,14 +269,31 @@ def _entry(row: AuditRow) -> AuditEntry:
 
 
 class AuditLog:
-    """Append, verify, query, export and follow the audit chain of one database."""
+    """Append, verify, query, export and follow the audit chain of one database.
+
+    **Appending fast, and still correctly.** Each append needs the chain's head (the last seq and hash).
+
+    * On a SQLite file the head is kept in memory, under the append lock, instead of being read before every
+      insert, and the record goes in as one autocommitted INSERT (`Database.insert_now`: one hop to the
+      driver's thread instead of twelve). The in-memory head is only a guess when another process writes the
+      same file: the database checks it, because `seq` is the primary key and the appender assigns it, so a
+      stale head makes the INSERT collide with the record the other process appended at that seq. The record
+      is then appended the careful way below, which cannot collide again.
+    * The careful way, and always on PostgreSQL (where several replicas append to one chain and an in-memory
+      head would often be stale): a write transaction that excludes other appenders in every process
+      (`Database.exclusive_write`: SQLite's BEGIN IMMEDIATE, a PostgreSQL advisory lock), reads the head and
+      inserts. Optimistic retries alone starve there: the replica that just won holds the right head and wins
+      again while the others re-read.
+
+    Either way the chain never forks. After any other failure the in-memory head is forgotten and read again,
+    since whether the insert landed is unknown.
+    """
 
     def __init__(self, db: Database, clock: Callable[[], datetime]) -> None:
         self._db = db
         self._clock = clock
-        # Appends are serialised: in this process by the lock, across processes by the write transaction
-        # (SQLite: BEGIN IMMEDIATE) and, whatever else happens, by `seq` being the primary key.
-        self._lock = asyncio.Lock()
+        self._lock = asyncio.Lock()  # one append at a time in this process (see the class docstring for others)
+        self._head: ChainHead | None = None  # SQLite: the newest record this process knows of; None: read it
         self._appended = asyncio.Event()
 
     async def append(self, event: AuditEvent) -> AuditEntry:
@@ -284,30 +304,50 @@ class AuditLog:
         params = _plain_json(event.params, "params")
         outcome = _plain_json(event.outcome, "outcome")
         async with self._lock:
-            for _ in range(_APPEND_ATTEMPTS):
-                try:
-                    entry = await self._append_once(event, params, outcome)
-                except IntegrityError:
-                    # Another process or replica appended the same seq first; read the new head and retry.
-                    # (On PostgreSQL, `SELECT pg_advisory_xact_lock(<constant>)` at the start of the transaction
-                    # would serialise appenders up front instead of retrying.)
-                    continue
-                self._wake_followers()
+            try:
+                entry = await self._append_fast(event, params, outcome)
+                if entry is None:
+                    entry = await self._append_exclusive(event, params, outcome)
+            except BaseException:
+                self._head = None  # unknown whether it landed (cancelled, connection lost): read it next time
+                raise
+            if self._db.is_file_sqlite:
+                self._head = ChainHead(entry.seq, entry.hash)
+        self._wake_followers()
+        return entry
+
+    async def _append_fast(self, event: AuditEvent, params: dict[str, Any],
+                           outcome: dict[str, Any]) -> AuditEntry | None:
+        """SQLite: chain to the in-memory head in one INSERT; None if there is no head or it was stale."""
+        if self._head is None or not self._db.is_file_sqlite:
+            return None
+        entry = self._chained(event, params, outcome, self._head)
+        try:
+            await self._db.insert_now(_AUDIT_TABLE, dataclasses.asdict(entry))
+        except ConflictError:
+            return None  # another process appended this seq first
+        return entry
+
+    async def _append_exclusive(self, event: AuditEvent, params: dict[str, Any],
+                                outcome: dict[str, Any]) -> AuditEntry:
+        for _ in range(_APPEND_ATTEMPTS):
+            try:
+                async with self._db.exclusive_write(_APPEND_LOCK) as session:
+                    entry = self._chained(event, params, outcome, await _read_head(session))
+                    await session.execute(insert(AuditRow).values(**dataclasses.asdict(entry)))
                 return entry
+            except IntegrityError:
+                # Only a writer that skips the lock can get here (an older Corral on the same database).
+                continue
         raise ServerError("could not append to the audit log: other writers kept taking the next seq")
 
-    async def _append_once(self, event: AuditEvent, params: dict[str, Any], outcome: dict[str, Any]) -> AuditEntry:
-        async with self._db.write() as session:
-            last = (await session.execute(
-                select(AuditRow.seq, AuditRow.hash).order_by(AuditRow.seq.desc()).limit(1))).first()
-            seq, prev_hash = (last[0] + 1, last[1]) if last else (1, GENESIS_HASH)
-            time: datetime = self._clock().astimezone(UTC)
-            draft = AuditEntry(seq=seq, time=time, tenant_id=event.tenant_id, key_id=event.key_id, role=event.role,
-                               action=event.action, target=event.target, params=params, outcome=outcome,
-                               prev_hash=prev_hash, hash="")
-            entry = dataclasses.replace(draft, hash=draft.computed_hash())
-            session.add(AuditRow(**dataclasses.asdict(entry)))
-        return entry
+    def _chained(self, event: AuditEvent, params: dict[str, Any], outcome: dict[str, Any],
+                 head: ChainHead) -> AuditEntry:
+        time: datetime = self._clock().astimezone(UTC)
+        draft = AuditEntry(seq=head.seq + 1, time=time, tenant_id=event.tenant_id, key_id=event.key_id,
+                           role=event.role, action=event.action, target=event.target, params=params,
+                           outcome=outcome, prev_hash=head.hash, hash="")
+        return dataclasses.replace(draft, hash=draft.computed_hash())
 
     def _wake_followers(self) -> None:
         self._appended.set()
@@ -316,9 +356,7 @@ class AuditLog:
     async def head(self) -> ChainHead:
         """The newest record's (seq, hash): export it to detect later deletion of the newest records."""
         async with self._db.read() as session:
-            last = (await session.execute(
-                select(AuditRow.seq, AuditRow.hash).order_by(AuditRow.seq.desc()).limit(1))).first()
-        return ChainHead(last[0], last[1]) if last else ChainHead(0, GENESIS_HASH)
+            return await _read_head(session)
 
     async def verify(self, expected_head: ChainHead | tuple[int, str] | None = None) -> VerifyResult:
         """Walk the whole chain; the result names the first edited, inserted or deleted record."""
@@ -382,6 +420,11 @@ class AuditLog:
             if len(rows) < _BATCH:
                 return
             last = rows[-1].seq
+
+
+async def _read_head(session: AsyncSession) -> ChainHead:
+    last = (await session.execute(select(AuditRow.seq, AuditRow.hash).order_by(AuditRow.seq.desc()).limit(1))).first()
+    return ChainHead(last[0], last[1]) if last else ChainHead(0, GENESIS_HASH)
 
 
 def _filtered(*, tenant: str | None, sandbox: str | None, action: str | None, since: datetime | None,

@@ -72,6 +72,17 @@ class TenantRow(Base):
     max_sandbox_timeout: Mapped[float | None] = mapped_column(Float)
 
 
+class TenantEgressRow(Base):
+    """A tenant's egress settings (docs/egress.md); no row means the defaults. A table of its own so that
+    databases made before egress control gain it from `create_all`, with no migration."""
+
+    __tablename__ = "tenant_egress"
+
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), primary_key=True)
+    ceiling: Mapped[Any] = mapped_column(JSON)  # "none" | "internet" | [rules]: the most a sandbox may get
+    private: Mapped[Any] = mapped_column(JSON)  # ["10.0.0.5:5432", ...]: private ip:port pairs allowed
+
+
 class ApiKeyRow(Base):
     __tablename__ = "api_keys"
 
@@ -139,6 +150,18 @@ class Quotas:
     max_sandbox_cpus: float | None = None
     max_sandbox_disk_bytes: int | None = None
     max_sandbox_timeout: float | None = None
+
+
+DEFAULT_EGRESS_CEILING = "internet"  # public addresses and every preset; admins narrow it per tenant
+
+
+@dataclass(frozen=True)
+class TenantEgress:
+    """How far a tenant's sandboxes may reach: `ceiling` bounds every sandbox's `network`; `private` lists the
+    exact private `ip:port` pairs (otherwise never reachable) its sandboxes may connect to."""
+
+    ceiling: str | list[str] = DEFAULT_EGRESS_CEILING
+    private: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ class Role(StrEnum):
 class Action(StrEnum):
     TENANT_CREATE = "tenant.create"
     TENANT_READ = "tenant.read"
-    TENANT_UPDATE = "tenant.update"  # quotas, disable
+    TENANT_UPDATE = "tenant.update"  # quotas, disable, egress ceiling
+    TENANT_EGRESS = "tenant.egress"  # read the egress settings; allow private ip:port pairs
     KEY_CREATE = "key.create"
     KEY_READ = "key.read"
     KEY_REVOKE = "key.revoke"
@@ -47,6 +48,7 @@ PERMISSIONS: Mapping[Action, frozenset[Role]] = MappingProxyType({
     Action.TENANT_CREATE: frozenset({_A}),
     Action.TENANT_READ: frozenset({_A}),
     Action.TENANT_UPDATE: frozenset({_A}),
+    Action.TENANT_EGRESS: frozenset({_A, _O}),
     Action.KEY_CREATE: frozenset({_A}),
     Action.KEY_READ: frozenset({_A}),
     Action.KEY_REVOKE: frozenset({_A}),

@@ -1,4 +1,12 @@
-"""`ControlStore`: tenants, API keys, sandbox records with quotas, and the audit log, in one database."""
+"""`ControlStore`: tenants, API keys, sandbox records with quotas, and the audit log, in one database.
+
+Every API request authenticates, looks up the sandbox it names and appends an audit record. The first two are
+served from memory (`_cache.TTLCache`): principals by key hash, sandbox records by id, each for `cache_ttl`
+seconds (default 5). Changes made through this store invalidate its caches at once (revoking a key, disabling a
+tenant, every sandbox state, timeout or destroy). Changes made by another process or replica on the same
+database reach this one within `cache_ttl`: a key revoked on replica A still authenticates on replica B for up
+to 5 seconds, and a sandbox destroyed through A may still look live on B for as long.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +15,12 @@ import os
 import re
 import secrets
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -26,7 +34,9 @@ from .._exceptions import (
 from .._settings import corral_home
 from ..engine import SandboxSpec
 from ._audit import AuditLog
+from ._cache import MISSING, TTLCache
 from ._db import Database, default_url
+from ._denials import AuthDenials
 from ._keys import generate_key, hash_key, parse_key, same_hash, validate_key
 from ._models import (
     ApiKey,
@@ -37,6 +47,8 @@ from ._models import (
     SandboxRow,
     SandboxStatus,
     Tenant,
+    TenantEgress,
+    TenantEgressRow,
     TenantRow,
     key_from_row,
     sandbox_from_row,
@@ -49,6 +61,7 @@ ADMIN_KEY_FILE = "admin.key"
 # last_used_at is a hint for humans ("is this key still in use?"); writing it on every request would turn
 # every read into a write, so it is refreshed at most this often.
 LAST_USED_RESOLUTION = timedelta(minutes=1)
+CACHE_TTL = 5.0  # seconds a principal or sandbox record is served from memory (see the module docstring)
 _TENANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _NAME_MAX = 128
 _CPU_EPSILON = 1e-9  # CPU totals are float sums (0.1 + 0.2); do not refuse a request that fits exactly
@@ -64,6 +77,14 @@ def _new_id(kind: str) -> str:
     return f"{kind}_{secrets.token_hex(8)}"
 
 
+@dataclass
+class _KnownKey:
+    """A cached authentication: the principal, and when its key's last use was last written."""
+
+    principal: Principal
+    last_used: datetime | None
+
+
 class ControlStore:
     """The control plane's state. Use as `async with ControlStore(url) as store:` (or `start()`/`close()`).
 
@@ -73,15 +94,21 @@ class ControlStore:
       PostgreSQL works too (`postgresql+asyncpg://...`).
     * **home** - the state directory (default `CORRAL_HOME`); the bootstrap admin key is written there.
     * **clock** - returns the current aware UTC time; tests pass a fake one.
+    * **cache_ttl** - seconds principals and sandbox records are served from memory; 0 reads the database for
+      every request. Other replicas' changes are seen within this time (see the module docstring).
     """
 
     def __init__(self, url: str | None = None, *, home: str | os.PathLike[str] | None = None,
-                 clock: Callable[[], datetime] | None = None) -> None:
+                 clock: Callable[[], datetime] | None = None, cache_ttl: float = CACHE_TTL) -> None:
         self.home: Path = corral_home(home)
         self.url = url or default_url(self.home)
         self._clock = clock or _utcnow
         self._db = Database(self.url)
         self.audit = AuditLog(self._db, self._now)
+        self.auth_denials = AuthDenials(self.audit)
+        ttl = timedelta(seconds=cache_ttl)
+        self._principals: TTLCache[str, _KnownKey] = TTLCache(ttl, self._now)  # by key hash
+        self._sandboxes: TTLCache[str, SandboxRecord] = TTLCache(ttl, self._now)  # by sandbox id
         # Quota check and insert must not interleave between two creates of this process; other processes
         # are held off by the write transaction (and, on PostgreSQL, the tenant row lock).
         self._create_lock = asyncio.Lock()
@@ -93,7 +120,10 @@ class ControlStore:
         await self._db.start(self._now())
 
     async def close(self) -> None:
-        await self._db.close()
+        try:
+            await self.auth_denials.flush()
+        finally:
+            await self._db.close()
 
     async def __aenter__(self) -> ControlStore:
         await self.start()
@@ -148,6 +178,7 @@ class ControlStore:
         async with self._db.write() as session:
             row = await _tenant_row(session, tenant_id)
             row.disabled = disabled
+        self._principals.invalidate_where(lambda known: known.principal.tenant_id == tenant_id)
         return tenant_from_row(row)
 
     # -- keys -----------------------------------------------------------------------------------------------
@@ -188,31 +219,48 @@ class ControlStore:
             row = await _key_row(session, key_id)
             if row.revoked_at is None:
                 row.revoked_at = self._now()
+        self._principals.invalidate_where(lambda known: known.principal.key_id == key_id)
         return key_from_row(row)
 
     async def authenticate(self, raw_key: str) -> Principal:
-        """The principal a presented key stands for; `AuthenticationError` for anything else."""
+        """The principal a presented key stands for; `AuthenticationError` for anything else.
+
+        Served from memory for `cache_ttl` seconds after the database accepted the same key (looked up by its
+        SHA-256: only a caller presenting the whole key can hit the entry). Writing `last_used_at` is coalesced
+        to once per `LAST_USED_RESOLUTION` per key, so authentication costs no write per request.
+        """
         parsed = parse_key(raw_key)
+        digest = hash_key(raw_key)
+        known = self._principals.get(digest)
+        if known is MISSING:
+            token = self._principals.token()
+            known = await self._authenticate_in_db(parsed.prefix, digest)
+            self._principals.put(digest, known, token)
+        await self._touch(known)
+        return known.principal
+
+    async def _authenticate_in_db(self, prefix: str, digest: str) -> _KnownKey:
         async with self._db.read() as session:
-            row = await session.scalar(select(ApiKeyRow).where(ApiKeyRow.prefix == parsed.prefix))
+            row = await session.scalar(select(ApiKeyRow).where(ApiKeyRow.prefix == prefix))
             tenant = await session.get(TenantRow, row.tenant_id) if row is not None else None
-        matched = same_hash(hash_key(raw_key), row.hash if row is not None else _NO_SUCH_HASH)
+        matched = same_hash(digest, row.hash if row is not None else _NO_SUCH_HASH)
         if row is None or not matched:
             raise AuthenticationError("invalid API key")
         if row.revoked_at is not None:
             raise AuthenticationError("this API key was revoked")
         if tenant is None or tenant.disabled:
             raise AuthenticationError("this API key's tenant is disabled")
-        await self._touch(row)
-        return Principal(tenant_id=row.tenant_id, key_id=row.id, role=Role(row.role))
+        principal = Principal(tenant_id=row.tenant_id, key_id=row.id, role=Role(row.role))
+        return _KnownKey(principal, row.last_used_at)
 
-    async def _touch(self, row: ApiKeyRow) -> None:
+    async def _touch(self, known: _KnownKey) -> None:
         now = self._now()
-        if row.last_used_at is not None and now - row.last_used_at < LAST_USED_RESOLUTION:
+        if known.last_used is not None and now - known.last_used < LAST_USED_RESOLUTION:
             return
+        known.last_used = now  # before the write, so requests arriving meanwhile do not write it too
+        stmt = update(ApiKeyRow).where(ApiKeyRow.id == known.principal.key_id).values(last_used_at=now)
         async with self._db.write() as session:
-            fresh = await _key_row(session, row.id)
-            fresh.last_used_at = now
+            await session.execute(stmt)
 
     async def bootstrap_admin(self, explicit_key: str | None) -> str | None:
         """Give a store without keys its first admin key; return the path of a generated key file.
@@ -287,44 +335,88 @@ class ControlStore:
     async def mark_running(self, sandbox_id: str, *, engine_id: str | None = None,
                            expires_at: datetime | None = None) -> SandboxRecord:
         """The engine created it: record its state, and its engine id if that differs from the reservation's."""
-        async with self._db.write() as session:
-            row = await _live_sandbox_row(session, sandbox_id)
-            row.state = SandboxStatus.RUNNING.value
+        try:
+            async with self._db.write() as session:
+                row = await _live_sandbox_row(session, sandbox_id)
+                row.state = SandboxStatus.RUNNING.value
+                if engine_id is not None:
+                    row.id = engine_id
+                if expires_at is not None:
+                    row.expires_at = expires_at
+        finally:
+            self._sandboxes.invalidate(sandbox_id)
             if engine_id is not None:
-                row.id = engine_id
-            if expires_at is not None:
-                row.expires_at = expires_at
+                self._sandboxes.invalidate(engine_id)
         return sandbox_from_row(row)
 
     async def set_sandbox_state(self, sandbox_id: str, state: SandboxStatus) -> SandboxRecord:
         """Running or paused; use `mark_destroyed` to end a sandbox."""
         if state not in (SandboxStatus.RUNNING, SandboxStatus.PAUSED):
             raise InvalidRequestError(f"use mark_destroyed for state {state.value!r}")
-        async with self._db.write() as session:
-            row = await _live_sandbox_row(session, sandbox_id)
-            row.state = state.value
+        try:
+            async with self._db.write() as session:
+                row = await _live_sandbox_row(session, sandbox_id)
+                row.state = state.value
+        finally:
+            self._sandboxes.invalidate(sandbox_id)
         return sandbox_from_row(row)
 
     async def set_sandbox_timeout(self, sandbox_id: str, seconds: float) -> SandboxRecord:
         """Expire `seconds` from now, within the tenant's `max_sandbox_timeout`."""
         if not seconds > 0:
             raise InvalidRequestError("timeout must be a positive number of seconds")
-        async with self._db.write() as session:
-            row = await _live_sandbox_row(session, sandbox_id)
-            tenant = await _tenant_row(session, row.tenant_id)
-            _check_limit(tenant, "max_sandbox_timeout", tenant.max_sandbox_timeout, seconds, "a sandbox timeout",
-                         unit="s")
-            row.expires_at = self._now() + timedelta(seconds=seconds)
+        try:
+            async with self._db.write() as session:
+                row = await _live_sandbox_row(session, sandbox_id)
+                tenant = await _tenant_row(session, row.tenant_id)
+                _check_limit(tenant, "max_sandbox_timeout", tenant.max_sandbox_timeout, seconds,
+                             "a sandbox timeout", unit="s")
+                row.expires_at = self._now() + timedelta(seconds=seconds)
+        finally:
+            self._sandboxes.invalidate(sandbox_id)
         return sandbox_from_row(row)
 
     async def mark_destroyed(self, sandbox_id: str, *, failed: bool = False) -> SandboxRecord:
         """The sandbox is gone (or never came up, `failed=True`): it stops counting against quotas."""
-        async with self._db.write() as session:
-            row = await _sandbox_row(session, sandbox_id)
-            if row.destroyed_at is None:
-                row.destroyed_at = self._now()
-                row.state = (SandboxStatus.FAILED if failed else SandboxStatus.DESTROYED).value
+        try:
+            async with self._db.write() as session:
+                row = await _sandbox_row(session, sandbox_id)
+                if row.destroyed_at is None:
+                    row.destroyed_at = self._now()
+                    row.state = (SandboxStatus.FAILED if failed else SandboxStatus.DESTROYED).value
+        finally:
+            self._sandboxes.invalidate(sandbox_id)
         return sandbox_from_row(row)
+
+    async def set_sandbox_network(self, sandbox_id: str, network: str | list[str]) -> SandboxRecord:
+        """Record a live sandbox's new egress policy (the engine and proxy apply it; this keeps the record true)."""
+        try:
+            async with self._db.write() as session:
+                row = await _live_sandbox_row(session, sandbox_id)
+                row.spec = {**row.spec, "network": network}
+        finally:
+            self._sandboxes.invalidate(sandbox_id)
+        return sandbox_from_row(row)
+
+    # -- egress settings of tenants ------------------------------------------------------------------------
+
+    async def tenant_egress(self, tenant_id: str) -> TenantEgress:
+        async with self._db.read() as session:
+            row = await session.get(TenantEgressRow, tenant_id)
+        if row is None:
+            return TenantEgress()
+        return TenantEgress(ceiling=row.ceiling, private=list(row.private or []))
+
+    async def set_tenant_egress(self, tenant_id: str, egress: TenantEgress) -> TenantEgress:
+        """Replace the tenant's egress settings (validate them first: this stores what it is given)."""
+        async with self._db.write() as session:
+            await _tenant_row(session, tenant_id)
+            row = await session.get(TenantEgressRow, tenant_id)
+            if row is None:
+                session.add(TenantEgressRow(tenant_id=tenant_id, ceiling=egress.ceiling, private=egress.private))
+            else:
+                row.ceiling, row.private = egress.ceiling, list(egress.private)
+        return egress
 
     async def get_sandbox(self, sandbox_id: str) -> SandboxRecord:
         async with self._db.read() as session:
@@ -333,14 +425,30 @@ class ControlStore:
     async def sandbox_for(self, principal: Principal, sandbox_id: str, action: Action, *,
                           include_destroyed: bool = False) -> SandboxRecord:
         """The sandbox if `principal` may do `action` on it; another tenant's is `NotFoundError`, like a
-        missing one (checked before the role, so nothing about it leaks)."""
+        missing one (checked before the role, so nothing about it leaks).
+
+        Served from memory for `cache_ttl` seconds (see the module docstring); the record is shared between
+        callers, so treat its `spec` and `metadata` as read-only.
+        """
+        record = await self._cached_sandbox(sandbox_id)
+        if record is not None and not record.live and not include_destroyed:
+            record = None
+        require_sandbox(principal, action, sandbox_id, record.tenant_id if record is not None else None)
+        assert record is not None
+        return record
+
+    async def _cached_sandbox(self, sandbox_id: str) -> SandboxRecord | None:
+        record = self._sandboxes.get(sandbox_id)
+        if record is not MISSING:
+            return record
+        token = self._sandboxes.token()
         async with self._db.read() as session:
             row = await session.get(SandboxRow, sandbox_id)
-        if row is not None and row.destroyed_at is not None and not include_destroyed:
-            row = None
-        require_sandbox(principal, action, sandbox_id, row.tenant_id if row is not None else None)
-        assert row is not None
-        return sandbox_from_row(row)
+        if row is None:
+            return None  # not cached: it may be created by another replica any moment
+        found = sandbox_from_row(row)
+        self._sandboxes.put(sandbox_id, found, token)
+        return found
 
     async def list_sandboxes(self, tenant_id: str | None, *, key_id: str | None = None,
                              metadata: dict[str, str] | None = None,

@@ -1,8 +1,10 @@
 """The sandbox engine: an async Python API over isolated sandboxes (what the control plane serves)."""
 
 from ._agent_client import AgentClient, PtySession
+from ._capacity import Capacity, MachineUsage
 from ._engine import Engine, Files, Processes, SandboxHandle
 from ._models import (
+    DEFAULT_FILE_ROOTS,
     Entry,
     ExecResult,
     Limits,
@@ -15,12 +17,15 @@ from ._models import (
 )
 
 __all__ = [
+    "DEFAULT_FILE_ROOTS",
     "AgentClient",
+    "Capacity",
     "Engine",
     "Entry",
     "ExecResult",
     "Files",
     "Limits",
+    "MachineUsage",
     "ProcessInfo",
     "Processes",
     "PtySession",

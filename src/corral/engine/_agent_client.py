@@ -79,7 +79,7 @@ class AgentClient:
             yield conn
         except CorralError:
             raise
-        except asyncio.IncompleteReadError as exc:
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:  # EOF, or a reset: its end went away
             raise AgentError(f"the agent of {self.label} closed the connection during {op!r}; "
                              "the sandbox may have been killed or run out of memory") from exc
         except (OSError, protocol.ProtocolError) as exc:

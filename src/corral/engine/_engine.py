@@ -35,16 +35,31 @@ from .._exceptions import (
 from .._settings import corral_home
 from ..templates import Template, TemplateStore
 from ._agent_client import AgentClient, OutputCallback, PtySession, Source
+from ._capacity import Capacity, MachineUsage
 from ._models import Entry, ExecResult, ProcessInfo, SandboxInfo, SandboxSpec, SandboxState
 
 if TYPE_CHECKING:
     from ..backends import Backend
+    from ..egress import EgressProxy
 
 Record = dict[str, Any]
 logger = logging.getLogger("corral.engine")
 
 REAP_INTERVAL = 1.0
 TOMBSTONES_KEPT = 1000
+
+# Every sandbox reaches out only through the egress proxy, bridged by the agent to 127.0.0.1:3128 (docs/egress.md).
+# Lower-case twins: curl and wget read only those.
+_PROXY = "http://127.0.0.1:3128"
+_NO_PROXY = "localhost,127.0.0.1,::1"
+EGRESS_ENV = {
+    "HTTP_PROXY": _PROXY, "HTTPS_PROXY": _PROXY, "http_proxy": _PROXY, "https_proxy": _PROXY,
+    "NO_PROXY": _NO_PROXY, "no_proxy": _NO_PROXY,
+}
+# Where the policy grants the package preset, pip and npm use the proxy's caching mirror. Elsewhere they keep
+# their usual registries through the proxy, so a refusal reaches them as a refused CONNECT, whose reason pip
+# prints in its retry warnings (a refused mirror page, pip would report only as "no matching distribution").
+MIRROR_ENV = {"PIP_INDEX_URL": f"{_PROXY}/pypi/simple/", "npm_config_registry": f"{_PROXY}/npm/"}
 
 
 @dataclass
@@ -98,11 +113,16 @@ class Engine:
     * **home** - the state directory (default: `$CORRAL_HOME` or `/var/lib/corral`).
     * **backend** - where isolation comes from (default: the local OCI backend with runc).
     * **pool_size** - how many sandboxes of the default spec to keep started ahead of demand.
+    * **capacity** - how much of the machine sandboxes may take (`Capacity`); past it `create` raises
+      `CapacityError` and starts nothing.
+    * **egress** - the egress proxy (`corral.egress.EgressProxy`, started by the caller) that enforces each
+      sandbox's `network` policy. Without one, nothing leaves a sandbox at all (loopback only).
     """
 
     def __init__(self, home: str | os.PathLike[str] | None = None, *, backend: Backend | None = None,
                  templates: TemplateStore | None = None, pool_size: int = 0,
-                 pool_spec: SandboxSpec | None = None) -> None:
+                 pool_spec: SandboxSpec | None = None, capacity: Capacity | None = None,
+                 egress: EgressProxy | None = None) -> None:
         self.home = corral_home(home)
         if backend is None:
             from ..backends.local import LocalBackend
@@ -112,6 +132,9 @@ class Engine:
         self.templates = templates or TemplateStore(self.home)
         self.pool_size = pool_size
         self.pool_spec = pool_spec or SandboxSpec()
+        self.capacity = capacity or Capacity()
+        self.egress = egress
+        self._creating: dict[str, int] = {}  # sandbox id -> memory limit, while the backend creates it
         self._sandboxes: dict[str, _Sandbox] = {}
         self._tombstones: dict[str, str] = {}
         self._pool: list[_Sandbox] = []
@@ -195,12 +218,32 @@ class Engine:
     async def _create(self, spec: SandboxSpec, template: Template, *, pooled: bool = False,
                       sandbox_id: str | None = None) -> _Sandbox:
         sandbox_id = sandbox_id or f"sb-{secrets.token_hex(8)}"
-        record = await self.backend.create(sandbox_id, spec, template)
+        # Checked and counted with no await in between, so concurrent creates cannot all squeeze past the check.
+        self.capacity.check(self.usage(), spec.limits.memory, self.home, retry_after=self._retry_after())
+        self._creating[sandbox_id] = spec.limits.memory
+        try:
+            record = await self.backend.create(sandbox_id, spec, template)
+            await self._attach_egress(sandbox_id, record, spec)
+        finally:
+            self._creating.pop(sandbox_id, None)
         now = time.time()
         sb = _Sandbox(id=sandbox_id, spec=spec, record=record, created_at=now, expires_at=now + spec.timeout,
                       template_env=dict(template.env), pooled=pooled)
         self._save(sb)
         return sb
+
+    def usage(self) -> MachineUsage:
+        """Sandboxes and memory limits promised on this machine: running, pooled and being created."""
+        held = [*self._sandboxes.values(), *self._pool]
+        return MachineUsage(sandboxes=len(held) + len(self._creating),
+                            memory=sum(sb.spec.limits.memory for sb in held) + sum(self._creating.values()))
+
+    def _retry_after(self) -> int:
+        """Seconds until the first sandbox reaches its timeout: the earliest a slot frees up by itself."""
+        if not self._sandboxes:
+            return 10
+        soonest = min(sb.expires_at for sb in self._sandboxes.values()) - time.time()
+        return max(1, min(300, int(soonest) + 1))
 
     def _take_pooled(self, spec: SandboxSpec) -> _Sandbox | None:
         key = spec.pool_key()
@@ -211,6 +254,8 @@ class Engine:
                 now = time.time()
                 sb.spec = spec
                 sb.created_at, sb.expires_at = now, now + spec.timeout
+                if self.egress is not None:
+                    self.egress.set_policy(sb.id, spec.egress_policy())
                 return sb
         return None
 
@@ -260,9 +305,34 @@ class Engine:
         """Run a shell string (`bash -lc`) or an argv list. Never raises for exit codes, timeouts or OOM."""
         sb = self._running(sandbox_id)
         before = self.backend.oom_kills(sb.record)
+        started = time.time()
         result = await self._agent(sb).exec(cmd, cwd=cwd, env=self._env(sb, env), stdin=stdin, timeout=timeout,
                                             max_output=max_output, on_stdout=on_stdout, on_stderr=on_stderr)
-        return self._with_oom(sb, result, before)
+        return self._with_denials(sb, self._with_oom(sb, result, before), started)
+
+    def _with_denials(self, sb: _Sandbox, result: ExecResult, since: float) -> ExecResult:
+        if self.egress is None:
+            return result
+        denials = self.egress.denials(sb.id, since)
+        return replace(result, egress_denials=tuple(denials)) if denials else result
+
+    def set_network(self, sandbox_id: str, network: str | builtins.list[str],
+                    private: builtins.list[str] | None = None) -> SandboxSpec:
+        """Change a live sandbox's egress policy; new connections follow it (open ones keep going)."""
+        sb = self._lookup(sandbox_id)
+        update: dict[str, Any] = {"network": network if isinstance(network, str) else tuple(network)}
+        if private is not None:
+            update["network_private"] = tuple(private)
+        spec = SandboxSpec.model_validate({**sb.spec.model_dump(), **update})
+        sb.spec = spec
+        self._save(sb)
+        if self.egress is not None:
+            self.egress.set_policy(sb.id, spec.egress_policy())
+        return spec
+
+    async def _attach_egress(self, sandbox_id: str, record: Record, spec: SandboxSpec) -> None:
+        if self.egress is not None:
+            await self.egress.attach(sandbox_id, self.backend.egress_socket(record), spec.egress_policy())
 
     def _with_oom(self, sb: _Sandbox, result: ExecResult, before: int) -> ExecResult:
         # A SIGKILL we did not send, with the cgroup's OOM counter moved meanwhile, is the OOM killer.
@@ -274,13 +344,18 @@ class Engine:
     def agent(self, sandbox_id: str) -> AgentClient:
         return self._agent(self._running(sandbox_id))
 
+    def spec(self, sandbox_id: str) -> SandboxSpec:
+        """What the sandbox was created with."""
+        return self._lookup(sandbox_id).spec
+
     def sandbox_env(self, sandbox_id: str, extra: dict[str, str] | None = None) -> dict[str, str]:
         return self._env(self._lookup(sandbox_id), extra)
 
     # -- internals ---------------------------------------------------------------------------------
 
     def _env(self, sb: _Sandbox, extra: dict[str, str] | None) -> dict[str, str]:
-        env = {**sb.template_env, **sb.spec.env}
+        mirror = MIRROR_ENV if sb.spec.egress_policy().grants_preset("packages") else {}
+        env = {**EGRESS_ENV, **mirror, **sb.template_env, **sb.spec.env}
         if extra:
             env.update(extra)
         return env
@@ -310,6 +385,8 @@ class Engine:
         while len(self._tombstones) > TOMBSTONES_KEPT:
             self._tombstones.pop(next(iter(self._tombstones)))
         sb.state = SandboxState.STOPPED
+        if self.egress is not None:
+            await self.egress.detach(sb.id)
         await self.backend.destroy(sb.record)
         logger.info("sandbox.destroyed", extra={"sandbox": sb.id, "reason": reason})
 
@@ -335,6 +412,7 @@ class Engine:
                 continue
             self._sandboxes[sb.id] = sb
             self.backend.adopt(sb.record)
+            await self._attach_egress(sb.id, sb.record, sb.spec)
             known.add(sb.id)
             logger.info("sandbox.reattached", extra={"sandbox": sb.id})
         removed = await self.backend.sweep(known)
@@ -465,40 +543,44 @@ class Files:
     def _agent(self) -> AgentClient:
         return self._engine.agent(self._id)
 
+    def _roots(self) -> list[str] | None:
+        roots = self._engine.spec(self._id).file_roots
+        return None if roots is None else list(roots)
+
     async def read(self, path: str) -> bytes:
-        return await self._agent().read_file(sandbox_path(path))
+        return await self._agent().read_file(sandbox_path(path), roots=self._roots())
 
     async def iter_read(self, path: str) -> AsyncIterator[bytes]:
-        async for chunk in self._agent().iter_file(sandbox_path(path)):
+        async for chunk in self._agent().iter_file(sandbox_path(path), roots=self._roots()):
             yield chunk
 
     async def write(self, path: str, data: Source, *, mode: int = 0o644) -> int:
-        return await self._agent().write_file(sandbox_path(path), data, mode=mode)
+        return await self._agent().write_file(sandbox_path(path), data, mode=mode, roots=self._roots())
 
     async def list(self, path: str = WORKSPACE) -> list[Entry]:
-        return await self._agent().list(sandbox_path(path))
+        return await self._agent().list(sandbox_path(path), roots=self._roots())
 
     async def stat(self, path: str) -> Entry:
-        return await self._agent().stat(sandbox_path(path))
+        return await self._agent().stat(sandbox_path(path), roots=self._roots())
 
     async def exists(self, path: str) -> bool:
-        return await self._agent().exists(sandbox_path(path))
+        return await self._agent().exists(sandbox_path(path), roots=self._roots())
 
     async def make_dir(self, path: str, *, parents: bool = True) -> bool:
-        return await self._agent().make_dir(sandbox_path(path), parents=parents)
+        return await self._agent().make_dir(sandbox_path(path), parents=parents, roots=self._roots())
 
     async def remove(self, path: str, *, recursive: bool = True) -> None:
-        await self._agent().remove(sandbox_path(path), recursive=recursive)
+        await self._agent().remove(sandbox_path(path), recursive=recursive, roots=self._roots())
 
     async def rename(self, src: str, dst: str, *, overwrite: bool = False) -> None:
-        await self._agent().rename(sandbox_path(src), sandbox_path(dst), overwrite=overwrite)
+        await self._agent().rename(sandbox_path(src), sandbox_path(dst), overwrite=overwrite, roots=self._roots())
 
     async def download_tar(self, path: str) -> AsyncIterator[bytes]:
-        async for chunk in self._agent().download_tar(sandbox_path(path)):
+        async for chunk in self._agent().download_tar(sandbox_path(path), roots=self._roots()):
             yield chunk
 
     async def upload_tar(self, path: str, data: Source) -> int:
-        return await self._agent().upload_tar(sandbox_path(path), data)
+        return await self._agent().upload_tar(sandbox_path(path), data, roots=self._roots())
 
 
 class Processes:

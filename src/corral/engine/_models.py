@@ -6,16 +6,26 @@ dataclasses (they are made by us, often, and must be cheap).
 
 from __future__ import annotations
 
+import posixpath
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+if TYPE_CHECKING:
+    from ..egress import EgressEvent, EgressPolicy
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+DEFAULT_FILE_ROOTS = ("/workspace", "/home/user", "/tmp")
+# Kernel interfaces and Corral's own agent directory are never file-API roots: the sandbox's root user could
+# otherwise be driven through the API into places its own processes only reach with care.
+_FORBIDDEN_ROOTS = ("/proc", "/sys", "/dev", "/.corral")
+_MAX_FILE_ROOTS = 16
 
 
 def parse_size(value: int | str, what: str = "size") -> int:
@@ -104,6 +114,40 @@ class SandboxSpec(BaseModel):
     timeout: Annotated[float, Field(gt=0, le=7 * 24 * 3600)] = 300.0
     env: dict[str, str] = Field(default_factory=dict)
     metadata: dict[str, str] = Field(default_factory=dict)
+    # Where file operations may go: paths outside these directories, `..` escapes and symlinks leading out
+    # are refused inside the sandbox. None: anywhere (the engine's trusted callers); the API always sets them.
+    file_roots: tuple[str, ...] | None = None
+    # Egress policy (docs/egress.md): "none", "internet" or a list of rules; `network_private` are the exact
+    # private ip:port pairs the tenant's operator allowed. Enforced by the egress proxy, when the engine has one.
+    network: str | tuple[str, ...] = "none"
+    network_private: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _network(self) -> SandboxSpec:
+        from .._exceptions import CorralError
+
+        try:
+            self.egress_policy()
+        except CorralError as exc:  # a ValueError is what pydantic turns into a validation error
+            raise ValueError(exc.message) from None
+        return self
+
+    def egress_policy(self) -> EgressPolicy:
+        from ..egress import EgressPolicy  # the policy language lives with the proxy that enforces it
+
+        return EgressPolicy.parse(self.network if isinstance(self.network, str) else list(self.network),
+                                  private=list(self.network_private))
+
+    @field_validator("file_roots")
+    @classmethod
+    def _file_roots(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if value is None:
+            return None
+        if not value:
+            raise ValueError("file_roots must name at least one directory (omit it for the defaults)")
+        if len(value) > _MAX_FILE_ROOTS:
+            raise ValueError(f"file_roots takes at most {_MAX_FILE_ROOTS} directories")
+        return tuple(dict.fromkeys(_file_root(root) for root in value))
 
     @field_validator("env")
     @classmethod
@@ -118,6 +162,22 @@ class SandboxSpec(BaseModel):
     def pool_key(self) -> tuple[str, str, Limits]:
         """Sandboxes that agree on this can be served from the same warm pool."""
         return (self.template, self.runtime.value, self.limits)
+
+
+def _file_root(root: str) -> str:
+    if "\x00" in root:
+        raise ValueError("a file root contains a NUL byte")
+    if not root.startswith("/"):
+        raise ValueError(f"file root {root!r} is not an absolute path")
+    if posixpath.normpath(root) != root.rstrip("/") or "//" in root:
+        raise ValueError(f"file root {root!r} is not a normalized path (no '..', '.', or '//')")
+    root = root.rstrip("/")
+    if not root:
+        raise ValueError("'/' cannot be a file root: name the directories the file API may touch")
+    for forbidden in _FORBIDDEN_ROOTS:
+        if root == forbidden or root.startswith(forbidden + "/"):
+            raise ValueError(f"file root {root!r} is inside {forbidden}, which the file API never touches")
+    return root
 
 
 class SandboxState(StrEnum):
@@ -177,6 +237,9 @@ class ExecResult(OutputText):
     stderr_cut: int | None = None
     pid: int = 0
     id: str = ""
+    # Egress the command tried that policy refused (the proxy's records, in order): tools like pip and curl do
+    # not print a proxy's reason, so the result carries it.
+    egress_denials: tuple[EgressEvent, ...] = ()
 
     @property
     def ok(self) -> bool:

@@ -11,26 +11,34 @@ from __future__ import annotations
 import asyncio
 import os
 
-from .._settings import admin_key, corral_home
+from .._settings import admin_key, corral_home, database_url
 from ..control import ControlStore
-from ..engine import Engine
+from ..egress import EgressProxy, PackageMirror
+from ..engine import Capacity, Engine
 from ._app import create_app, reap_expired
 from ._errors import STATUS_BY_CODE, status_for
+from ._process import ServerProcess
 
-__all__ = ["STATUS_BY_CODE", "create_app", "reap_expired", "serve", "status_for"]
+__all__ = ["STATUS_BY_CODE", "ServerProcess", "create_app", "reap_expired", "serve", "status_for"]
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7770
 
 
 def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
-          home: str | os.PathLike[str] | None = None) -> None:
-    """Run the API server until interrupted, with its state in `home` (default `CORRAL_HOME`)."""
+          home: str | os.PathLike[str] | None = None, db_url: str | None = None,
+          capacity: Capacity | None = None) -> None:
+    """Run the API server until interrupted, with its state in `home` (default `CORRAL_HOME`), its control
+    database at `db_url` (default `CORRAL_DB_URL`, else SQLite in `home`; PostgreSQL for several replicas), and
+    the machine's `capacity` for sandboxes (past it, creates answer 503 with `Retry-After`)."""
     import uvicorn
 
     state = corral_home(home)
-    engine = Engine(state)
-    store = ControlStore(home=state)
+    # The egress proxy (and its package mirror) live in this process; the app wires its events to the audit
+    # trail and starts it before the engine reattaches sandboxes (docs/egress.md).
+    proxy = EgressProxy(mirror=PackageMirror(state / "cache" / "packages"))
+    engine = Engine(state, capacity=capacity, egress=proxy)
+    store = ControlStore(db_url or database_url(), home=state)
     explicit = admin_key()
 
     async def bootstrap(store: ControlStore) -> None:

@@ -16,9 +16,11 @@ from fastapi import FastAPI
 
 from .._exceptions import CorralError, NotFoundError, SandboxTimeoutError
 from ..control import AuditEvent, ControlStore
+from ..egress import PackageMirror
 from ..engine import Engine
-from . import _admin, _exec, _files, _sandboxes
+from . import _admin, _egress, _exec, _files, _killswitch, _processes, _pty, _sandboxes
 from ._context import Services
+from ._egress import wire_egress
 from ._errors import install_error_handlers
 
 logger = logging.getLogger("corral.server")
@@ -59,9 +61,13 @@ def create_app(engine: Engine, store: ControlStore, *, on_startup: StartupHook |
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await store.start()
+        proxy = engine.egress
         try:
             if on_startup is not None:
                 await on_startup(store)
+            if proxy is not None:  # before the engine: reattached sandboxes get their proxy socket back
+                wire_egress(engine, store)
+                await proxy.start()
             await engine.start()
             reaper = asyncio.create_task(_reaper(engine, store))
             try:
@@ -72,6 +78,10 @@ def create_app(engine: Engine, store: ControlStore, *, on_startup: StartupHook |
                     await reaper
                 await engine.close()
         finally:
+            if proxy is not None:
+                await proxy.close()
+                if isinstance(proxy.mirror, PackageMirror):  # its upstream connections
+                    await proxy.mirror.close()
             await store.close()
 
     app = FastAPI(title="Corral", version="1", lifespan=lifespan)
@@ -82,6 +92,6 @@ def create_app(engine: Engine, store: ControlStore, *, on_startup: StartupHook |
     async def health() -> dict[str, Any]:
         return {"ok": True}
 
-    for module in (_sandboxes, _exec, _files, _admin):
+    for module in (_sandboxes, _egress, _exec, _files, _admin, _killswitch, _processes, _pty):
         app.include_router(module.router)
     return app

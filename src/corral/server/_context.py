@@ -9,13 +9,12 @@ from typing import Any
 
 from fastapi import Request
 
-from .._exceptions import CorralError, InvalidRequestError
-from ..control import Action, AuditEvent, ControlStore, Principal
+from .._exceptions import CorralError, InvalidRequestError, NotFoundError
+from ..control import Action, AuditEvent, ControlStore, Principal, Role, Tenant, authorize
 from ..engine import Engine
 from ._errors import status_for
 
 WORKSPACE = "/workspace"
-DEFAULT_ROOTS = ["/workspace", "/home/user", "/tmp"]  # what the file API may touch in every sandbox
 
 
 @dataclass
@@ -61,6 +60,23 @@ class Audited:
             outcome = {"status": 500, "error": "server_error", **self.outcome}
         await self.store.audit.append(AuditEvent.by(self.principal, str(self.action), self.target,
                                                     params=self.params, outcome=outcome))
+
+
+async def visible_tenant(svc: Services, principal: Principal, name_or_id: str, action: Action) -> Tenant:
+    """The tenant named (by name or id) if `principal` may do `action` on it. The role is checked first; then,
+    for anyone but an admin, another tenant is as unknown as one that never existed (a 404, nothing leaks)."""
+    authorize(principal, action, None if principal.role is Role.ADMIN else principal.tenant_id)
+    tenant: Tenant | None
+    try:
+        tenant = await svc.store.tenant_by_name(name_or_id)
+    except NotFoundError:
+        try:
+            tenant = await svc.store.get_tenant(name_or_id)
+        except NotFoundError:
+            tenant = None
+    if tenant is None or (principal.role is not Role.ADMIN and tenant.id != principal.tenant_id):
+        raise NotFoundError(f"no tenant {name_or_id!r}", details={"tenant": name_or_id})
+    return tenant
 
 
 def query_param(request: Request, name: str) -> str | None:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import contextlib
-import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -16,13 +14,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .._exceptions import CorralError, InvalidRequestError, ServerError
 from ..control import Action
+from ..egress import EgressEvent
 from ..engine import ExecResult
 from ._auth import CurrentPrincipal
 from ._context import Audited, services
+from ._ndjson import OutputSink, b64, line, output_stream
 
 router = APIRouter(prefix="/v1/sandboxes")
 
-_QUEUE_DEPTH = 64  # output chunks held for a slow client before the command's output waits for it
 
 
 class ExecRequest(BaseModel):
@@ -37,10 +36,6 @@ class ExecRequest(BaseModel):
     stream: bool = False
 
 
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
 def result_json(result: ExecResult, *, streamed: bool = False) -> dict[str, Any]:
     """The result fields; once streamed, stdout_b64/stderr_b64 hold only the kept tail of truncated output."""
     out, err = result.stdout_bytes, result.stderr_bytes
@@ -50,8 +45,8 @@ def result_json(result: ExecResult, *, streamed: bool = False) -> dict[str, Any]
     return {
         "exit_code": result.exit_code,
         "signal": result.signal,
-        "stdout_b64": _b64(out),
-        "stderr_b64": _b64(err),
+        "stdout_b64": b64(out),
+        "stderr_b64": b64(err),
         "duration": result.duration,
         "timed_out": result.timed_out,
         "oom_killed": result.oom_killed,
@@ -61,7 +56,14 @@ def result_json(result: ExecResult, *, streamed: bool = False) -> dict[str, Any]
         "stderr_size": result.stderr_size,
         "stdout_cut": result.stdout_cut,
         "stderr_cut": result.stderr_cut,
+        "egress_denials": [denial_json(d) for d in result.egress_denials],
     }
+
+
+def denial_json(event: EgressEvent) -> dict[str, Any]:
+    """What a client needs to explain a refusal: where, what kind, and the reason with its fix."""
+    return {"kind": event.kind, "host": event.host, "port": event.port, "method": event.method,
+            "rule": event.rule, "reason": event.reason, "time": event.time}
 
 
 def _outcome(result: ExecResult) -> dict[str, Any]:
@@ -76,10 +78,6 @@ def _stdin(body: ExecRequest) -> bytes | None:
         return base64.b64decode(body.stdin_b64, validate=True)
     except (binascii.Error, ValueError):
         raise InvalidRequestError("stdin_b64 is not valid base64") from None
-
-
-def _line(obj: dict[str, Any]) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
 
 
 @router.post("/{sandbox_id}/exec", response_model=None)
@@ -111,37 +109,19 @@ async def exec_command(sandbox_id: str, body: ExecRequest, request: Request,
 
 async def _stream(engine: Any, sandbox_id: str, body: ExecRequest, stdin: bytes | None,
                   audit: Audited) -> AsyncIterator[bytes]:
-    queue: asyncio.Queue[bytes | None] = asyncio.Queue(_QUEUE_DEPTH)
-
-    async def on_stdout(data: bytes) -> None:
-        await queue.put(_line({"event": "stdout", "data_b64": _b64(data)}))
-
-    async def on_stderr(data: bytes) -> None:
-        await queue.put(_line({"event": "stderr", "data_b64": _b64(data)}))
-
-    async def run() -> None:
+    async def produce(on_stdout: OutputSink, on_stderr: OutputSink) -> bytes:
         try:
             result = await engine.exec(sandbox_id, body.cmd, cwd=body.cwd, env=body.env or None, stdin=stdin,
                                        timeout=body.timeout, max_output=body.max_output,
                                        on_stdout=on_stdout, on_stderr=on_stderr)
-            audit.outcome.update(_outcome(result))
-            await queue.put(_line({"event": "exit", **result_json(result, streamed=True)}))
         except CorralError as exc:
             audit.outcome["error"] = exc.code
-            await queue.put(_line({"event": "error", "error": exc.to_dict()}))
+            return line({"event": "error", "error": exc.to_dict()})
         except Exception as exc:
             audit.outcome["error"] = ServerError.code
-            await queue.put(_line({"event": "error", "error": ServerError(f"exec failed: {exc}").to_dict()}))
-        await queue.put(None)  # not on cancellation: only the reader below cancels, and it is gone then
+            return line({"event": "error", "error": ServerError(f"exec failed: {exc}").to_dict()})
+        audit.outcome.update(_outcome(result))
+        return line({"event": "exit", **result_json(result, streamed=True)})
 
-    task = asyncio.create_task(run())
-    try:
-        while (item := await queue.get()) is not None:
-            yield item
-    finally:
-        if not task.done():
-            audit.outcome["disconnected"] = True
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        await audit.record()
+    async for chunk in output_stream(produce, audit):  # a client that leaves cancels the exec: its tree is killed
+        yield chunk

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
@@ -17,7 +18,8 @@ from pydantic import BaseModel, ConfigDict
 from ..control import Action, Principal
 from ..engine import AgentClient, Entry
 from ._auth import CurrentPrincipal
-from ._context import DEFAULT_ROOTS, Audited, Services, request_path, sandbox_path, services
+from ._context import Audited, Services, request_path, sandbox_path, services
+from ._sandboxes import file_roots
 
 router = APIRouter(prefix="/v1/sandboxes")
 
@@ -44,9 +46,17 @@ def entry_json(entry: Entry) -> dict[str, Any]:
             "mtime": entry.mtime}
 
 
-async def _agent(svc: Services, principal: Principal, sandbox_id: str, action: Action) -> AgentClient:
-    await svc.store.sandbox_for(principal, sandbox_id, action)
-    return svc.engine.agent(sandbox_id)
+@dataclass(frozen=True)
+class _Target:
+    """The sandbox's agent and the directories its file API may touch."""
+
+    agent: AgentClient
+    roots: list[str]
+
+
+async def _target(svc: Services, principal: Principal, sandbox_id: str, action: Action) -> _Target:
+    record = await svc.store.sandbox_for(principal, sandbox_id, action)
+    return _Target(svc.engine.agent(sandbox_id), file_roots(record))
 
 
 class _Digest:
@@ -104,8 +114,9 @@ async def _download(request: Request, principal: Principal, sandbox_id: str, act
     try:
         path = request_path(request)
         audit.params["path"] = path
-        agent = await _agent(svc, principal, sandbox_id, Action.SANDBOX_FILES_READ)
-        chunks = agent.download_tar(path, roots=DEFAULT_ROOTS) if tar else agent.iter_file(path, roots=DEFAULT_ROOTS)
+        target = await _target(svc, principal, sandbox_id, Action.SANDBOX_FILES_READ)
+        agent, roots = target.agent, target.roots
+        chunks = agent.download_tar(path, roots=roots) if tar else agent.iter_file(path, roots=roots)
         return await _streamed(chunks, audit, "application/x-tar" if tar else _OCTETS)
     except BaseException as exc:
         await audit.record(exc)
@@ -130,9 +141,9 @@ async def write_file(sandbox_id: str, request: Request, principal: CurrentPrinci
     async with Audited(svc.store, principal, "files.write", sandbox_id, params={"mode": mode}) as audit:
         path = request_path(request)
         audit.params["path"] = path
-        agent = await _agent(svc, principal, sandbox_id, Action.SANDBOX_FILES_WRITE)
+        target = await _target(svc, principal, sandbox_id, Action.SANDBOX_FILES_WRITE)
         try:
-            size = await agent.write_file(path, digest.wrap(request.stream()), mode=mode, roots=DEFAULT_ROOTS)
+            size = await target.agent.write_file(path, digest.wrap(request.stream()), mode=mode, roots=target.roots)
         finally:
             audit.params.update(size=digest.size, sha256=digest.sha256)
     return {"path": path, "size": size}
@@ -145,9 +156,9 @@ async def upload_archive(sandbox_id: str, request: Request, principal: CurrentPr
     async with Audited(svc.store, principal, "archive.write", sandbox_id) as audit:
         path = request_path(request)
         audit.params["path"] = path
-        agent = await _agent(svc, principal, sandbox_id, Action.SANDBOX_FILES_WRITE)
+        target = await _target(svc, principal, sandbox_id, Action.SANDBOX_FILES_WRITE)
         try:
-            entries = await agent.upload_tar(path, digest.wrap(request.stream()), roots=DEFAULT_ROOTS)
+            entries = await target.agent.upload_tar(path, digest.wrap(request.stream()), roots=target.roots)
         finally:
             audit.params.update(size=digest.size, sha256=digest.sha256)
         audit.outcome["entries"] = entries
@@ -162,8 +173,8 @@ async def remove(sandbox_id: str, request: Request, principal: CurrentPrincipal,
                        status=204) as audit:
         path = request_path(request)
         audit.params["path"] = path
-        agent = await _agent(svc, principal, sandbox_id, Action.SANDBOX_FILES_WRITE)
-        await agent.remove(path, recursive=recursive, roots=DEFAULT_ROOTS)
+        target = await _target(svc, principal, sandbox_id, Action.SANDBOX_FILES_WRITE)
+        await target.agent.remove(path, recursive=recursive, roots=target.roots)
     return Response(status_code=204)
 
 
@@ -173,8 +184,8 @@ async def list_dir(sandbox_id: str, request: Request, principal: CurrentPrincipa
     async with Audited(svc.store, principal, "files.list", sandbox_id) as audit:
         path = request_path(request)
         audit.params["path"] = path
-        agent = await _agent(svc, principal, sandbox_id, Action.SANDBOX_FILES_READ)
-        entries = await agent.list(path, roots=DEFAULT_ROOTS)
+        target = await _target(svc, principal, sandbox_id, Action.SANDBOX_FILES_READ)
+        entries = await target.agent.list(path, roots=target.roots)
     return {"entries": [entry_json(e) for e in entries]}
 
 
@@ -184,8 +195,8 @@ async def stat(sandbox_id: str, request: Request, principal: CurrentPrincipal) -
     async with Audited(svc.store, principal, "files.stat", sandbox_id) as audit:
         path = request_path(request)
         audit.params["path"] = path
-        agent = await _agent(svc, principal, sandbox_id, Action.SANDBOX_FILES_READ)
-        entry = await agent.stat(path, roots=DEFAULT_ROOTS)
+        target = await _target(svc, principal, sandbox_id, Action.SANDBOX_FILES_READ)
+        entry = await target.agent.stat(path, roots=target.roots)
     return entry_json(entry)
 
 
@@ -195,8 +206,8 @@ async def exists(sandbox_id: str, request: Request, principal: CurrentPrincipal)
     async with Audited(svc.store, principal, "files.exists", sandbox_id) as audit:
         path = request_path(request)
         audit.params["path"] = path
-        agent = await _agent(svc, principal, sandbox_id, Action.SANDBOX_FILES_READ)
-        found = await agent.exists(path, roots=DEFAULT_ROOTS)
+        target = await _target(svc, principal, sandbox_id, Action.SANDBOX_FILES_READ)
+        found = await target.agent.exists(path, roots=target.roots)
     return {"exists": found}
 
 
@@ -206,8 +217,8 @@ async def make_dir(sandbox_id: str, body: MkdirRequest, request: Request,
     svc = services(request)
     async with Audited(svc.store, principal, "files.mkdir", sandbox_id, params={"path": body.path}):
         path = sandbox_path(body.path)
-        agent = await _agent(svc, principal, sandbox_id, Action.SANDBOX_FILES_WRITE)
-        created = await agent.make_dir(path, parents=body.parents, roots=DEFAULT_ROOTS)
+        target = await _target(svc, principal, sandbox_id, Action.SANDBOX_FILES_WRITE)
+        created = await target.agent.make_dir(path, parents=body.parents, roots=target.roots)
     return {"created": created}
 
 
@@ -217,6 +228,6 @@ async def rename(sandbox_id: str, body: RenameRequest, request: Request, princip
     params = {"src": body.src, "dst": body.dst, "overwrite": body.overwrite}
     async with Audited(svc.store, principal, "files.rename", sandbox_id, params=params, status=204):
         src, dst = sandbox_path(body.src, "src"), sandbox_path(body.dst, "dst")
-        agent = await _agent(svc, principal, sandbox_id, Action.SANDBOX_FILES_WRITE)
-        await agent.rename(src, dst, overwrite=body.overwrite, roots=DEFAULT_ROOTS)
+        target = await _target(svc, principal, sandbox_id, Action.SANDBOX_FILES_WRITE)
+        await target.agent.rename(src, dst, overwrite=body.overwrite, roots=target.roots)
     return Response(status_code=204)

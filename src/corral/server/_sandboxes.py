@@ -11,9 +11,10 @@ import pydantic
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from .._exceptions import InvalidRequestError, NotFoundError, QuotaExceededError, SandboxTimeoutError
-from ..control import Action, Principal, SandboxRecord, SandboxStatus, authorize
-from ..engine import Limits, SandboxSpec
+from .._exceptions import ConflictError, InvalidRequestError, NotFoundError, QuotaExceededError, SandboxTimeoutError
+from ..control import Action, Principal, SandboxRecord, SandboxStatus, TenantEgress, authorize
+from ..egress import EgressPolicy
+from ..engine import DEFAULT_FILE_ROOTS, Limits, SandboxSpec
 from ._auth import CurrentPrincipal
 from ._context import Audited, Services, services
 from ._errors import RETRY_AFTER_DETAIL
@@ -32,10 +33,17 @@ class CreateRequest(BaseModel):
     template: str = "default"
     runtime: str = "runc"
     timeout: float = 300
-    network: Any = "none"
+    network: str | list[str] = "none"  # docs/egress.md: "none", "internet" or a list of rules
     limits: dict[str, Any] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
     metadata: dict[str, str] = Field(default_factory=dict)
+    file_roots: list[str] | None = None  # None: DEFAULT_FILE_ROOTS
+
+
+class NetworkRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    network: str | list[str]
 
 
 class TimeoutRequest(BaseModel):
@@ -58,16 +66,25 @@ def sandbox_json(record: SandboxRecord) -> dict[str, Any]:
         "created_at": _iso(record.created_at),
         "expires_at": _iso(record.expires_at),
         "metadata": record.metadata,
+        "file_roots": file_roots(record),
+        "network": record.spec.get("network", "none"),
     }
 
 
-def _spec(body: CreateRequest, svc: Services) -> SandboxSpec:
-    if body.network != "none":
-        raise InvalidRequestError("network must be 'none' until egress control lands",
-                                  details={"network": body.network})
+def file_roots(record: SandboxRecord) -> list[str]:
+    """The directories the file API may touch in this sandbox (records from before roots were stored: defaults)."""
+    roots = record.spec.get("file_roots")
+    return list(roots) if isinstance(roots, list) and roots else list(DEFAULT_FILE_ROOTS)
+
+
+def _spec(body: CreateRequest, svc: Services, egress: TenantEgress) -> SandboxSpec:
+    network = check_network(body.network, egress)
     try:
         spec = SandboxSpec(template=body.template, runtime=body.runtime, timeout=body.timeout,  # type: ignore[arg-type]
-                           limits=Limits(**body.limits), env=body.env, metadata=body.metadata)
+                           limits=Limits(**body.limits), env=body.env, metadata=body.metadata,
+                           file_roots=DEFAULT_FILE_ROOTS if body.file_roots is None else tuple(body.file_roots),
+                           network=network if isinstance(network, str) else tuple(network),
+                           network_private=tuple(egress.private))
     except pydantic.ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'spec'}: {e['msg']}" for e in exc.errors())
         raise InvalidRequestError(f"invalid sandbox spec: {problems}") from None
@@ -76,6 +93,14 @@ def _spec(body: CreateRequest, svc: Services) -> SandboxSpec:
     except NotFoundError as exc:
         raise InvalidRequestError(exc.message, details={"template": spec.template}) from None
     return spec
+
+
+def check_network(network: str | list[str], egress: TenantEgress) -> str | list[str]:
+    """The policy in its normal form, if it is well-formed and within the tenant's ceiling."""
+    policy = EgressPolicy.parse(network, private=egress.private)  # InvalidRequestError says what is wrong
+    # The tenant's private pairs belong to its ceiling by definition; PermissionDeniedError names any excess.
+    policy.within(EgressPolicy.parse(egress.ceiling, private=egress.private))
+    return policy.to_wire()
 
 
 async def _retry_after(svc: Services, tenant_id: str) -> int:
@@ -95,7 +120,7 @@ async def create_sandbox(body: CreateRequest, request: Request, principal: Curre
     params["env_names"] = sorted(body.env)  # values often carry secrets
     sandbox_id = f"sb-{secrets.token_hex(8)}"
     async with Audited(svc.store, principal, "sandbox.create", sandbox_id, params=params, status=201):
-        spec = _spec(body, svc)
+        spec = _spec(body, svc, await svc.store.tenant_egress(principal.tenant_id))
         try:
             record = await svc.store.reserve_sandbox(principal, spec, sandbox_id=sandbox_id)
         except QuotaExceededError as exc:
@@ -104,11 +129,23 @@ async def create_sandbox(body: CreateRequest, request: Request, principal: Curre
             raise
         try:
             await svc.engine.create(spec, sandbox_id=record.id)
-            record = await svc.store.mark_running(record.id)
         except BaseException:
             await svc.store.mark_destroyed(record.id, failed=True)
             raise
+        record = await _mark_running(svc, record.id)
     return sandbox_json(record)
+
+
+async def _mark_running(svc: Services, sandbox_id: str) -> SandboxRecord:
+    """Record the new sandbox as running, unless the kill switch ended it while the engine was creating it."""
+    try:
+        return await svc.store.mark_running(sandbox_id)
+    except BaseException as exc:
+        await destroy(svc, sandbox_id)  # what the engine made must not outlive its record
+        if isinstance(exc, NotFoundError):
+            raise ConflictError(f"sandbox {sandbox_id} was stopped (kill switch) while it was being created",
+                                details={"sandbox_id": sandbox_id}) from None
+        raise
 
 
 def _metadata_filter(request: Request) -> dict[str, str]:
@@ -169,6 +206,20 @@ async def set_timeout(sandbox_id: str, body: TimeoutRequest, request: Request,
         await _get(svc, principal, sandbox_id, Action.SANDBOX_UPDATE)
         record = await svc.store.set_sandbox_timeout(sandbox_id, body.timeout)
         svc.engine.set_timeout(sandbox_id, body.timeout)
+    return sandbox_json(record)
+
+
+@router.put("/{sandbox_id}/network")
+async def set_network(sandbox_id: str, body: NetworkRequest, request: Request,
+                      principal: CurrentPrincipal) -> dict[str, Any]:
+    """Change a live sandbox's egress policy: new connections follow it at once; open ones keep going."""
+    svc = services(request)
+    async with Audited(svc.store, principal, "sandbox.network", sandbox_id, params={"network": body.network}):
+        record = await _get(svc, principal, sandbox_id, Action.SANDBOX_UPDATE)
+        egress = await svc.store.tenant_egress(record.tenant_id)
+        network = check_network(body.network, egress)
+        svc.engine.set_network(sandbox_id, network, private=egress.private)
+        record = await svc.store.set_sandbox_network(sandbox_id, network)
     return sandbox_json(record)
 
 

@@ -28,7 +28,8 @@ __all__ = [
 
 # Part of every digest: bump it whenever the build steps change what a spec produces, so templates built by
 # an older Corral are rebuilt instead of silently reused.
-BUILDER_VERSION = "corral-debootstrap/1"
+# 2: packages are installed by apt-get in the chroot after a bare debootstrap, not by debootstrap --include.
+BUILDER_VERSION = "corral-debootstrap/2"
 
 # Names live in one flat directory and in CLI arguments; 63 characters keeps them from ever being mistaken
 # for a 64-character digest.
@@ -64,7 +65,8 @@ class TemplateSpec(BaseModel):
     * **name** - the name the template is known by (`default`, `py-ml`...). Not part of the digest: two names
       for the same recipe share one root filesystem.
     * **suite**, **mirror**, **variant** - what `debootstrap` installs from.
-    * **apt_packages** - Debian packages to include (a set: order and duplicates do not matter).
+    * **apt_packages** - Debian packages installed with apt-get, without recommends (a set: order and
+      duplicates do not matter).
     * **pip_packages** - requirement strings installed with pip into `/usr/local`, in this order.
     * **files** - absolute path inside the template -> text content (UTF-8).
     * **env** - environment every sandbox made from the template starts with.
@@ -153,7 +155,7 @@ class TemplateSpec(BaseModel):
         return value
 
     def effective_apt_packages(self) -> list[str]:
-        """The packages handed to debootstrap: `apt_packages` plus what `pip_packages` needs."""
+        """The packages handed to apt-get: `apt_packages` plus what `pip_packages` needs."""
         extra = _PIP_NEEDS if self.pip_packages else ()
         return sorted({*self.apt_packages, *extra})
 
@@ -240,7 +242,7 @@ DEFAULT_TEMPLATE = TemplateSpec(
         "less",
         "make",
         "nodejs",
-        # npm is left out: debootstrap cannot configure node-gyp (an npm dependency) in its first pass.
+        "npm",
         "procps",
         "python-is-python3",  # agents type `python`, not `python3`
         "python3",

@@ -102,6 +102,10 @@ class LocalBackend:
             raise
         return record
 
+    def egress_socket(self, record: Record) -> Path:
+        """Where the egress proxy must listen for this sandbox (the agent bridges 127.0.0.1:3128 to it)."""
+        return Path(record["dir"]) / "egress" / "proxy.sock"
+
     def agent(self, record: Record) -> AgentClient:
         return AgentClient(_socket_path(record), record["token"], label=f"sandbox {record['id']}")
 
@@ -183,9 +187,15 @@ class LocalBackend:
         sbdir = Path(record["dir"])
         runtime = self._runtime(record)
         run_dir = None if runtime.inherits_fds else sbdir / "run"
+        user_id = int(record["uid_base"]) + SANDBOX_UID
         if run_dir is not None:
             run_dir.mkdir(mode=0o700)
-            os.chown(run_dir, int(record["uid_base"]) + SANDBOX_UID, int(record["uid_base"]) + SANDBOX_UID)
+            os.chown(run_dir, user_id, user_id)
+        # The egress socket's directory: only the sandbox user (and root) may enter it, so no other host user
+        # can borrow the sandbox's egress policy through a socket that must be connectable by the sandbox.
+        egress_dir = sbdir / "egress"
+        egress_dir.mkdir(mode=0o700, exist_ok=True)
+        os.chown(egress_dir, user_id, user_id)
         params = BundleParams(
             sandbox_id=record["id"],
             rootfs=sbdir / "rootfs",
@@ -198,6 +208,7 @@ class LocalBackend:
             hostname="sandbox",
             agent_listen=None if run_dir is None else f"{AGENT_RUN_DIR}/agent.sock",
             agent_run_dir=run_dir,
+            egress_dir=egress_dir,
         )
         _write_private(sbdir / "config.json", build_config(params))
         if run_dir is not None:
@@ -329,6 +340,13 @@ def _stale_slot(path: Path) -> bool:
     return bool(owner) and not Path(owner).exists()
 
 
+RESOLV_CONF = """\
+# Corral: names resolve through the egress proxy only (HTTP_PROXY=http://127.0.0.1:3128); direct DNS is refused.
+nameserver 127.0.0.1
+options timeout:1 attempts:1
+"""
+
+
 def _prepare_upper(upper: Path, work: Path, uid_base: int) -> None:
     """Create, from the host, what the container's root cannot: its writable dirs and mount points.
 
@@ -345,10 +363,18 @@ def _prepare_upper(upper: Path, work: Path, uid_base: int) -> None:
         (upper / "tmp", root_id, 0o1777),
         (upper / ".corral", root_id, 0o755),
         (upper / ".corral" / "agent", root_id, 0o755),
+        (upper / ".corral" / "egress", root_id, 0o755),
+        (upper / "etc", root_id, 0o755),
     ):
         path.mkdir(exist_ok=True)
         os.chown(path, uid, uid)
         os.chmod(path, mode)
+    # No resolver is reachable: the agent answers on 127.0.0.1:53 and refuses at once (docs/egress.md).
+    resolv = upper / "etc" / "resolv.conf"
+    resolv.unlink(missing_ok=True)
+    resolv.write_text(RESOLV_CONF)
+    os.chown(resolv, root_id, root_id)
+    os.chmod(resolv, 0o644)
 
 
 def _build_spawn_shim(agent_dir: Path) -> None:

@@ -14,6 +14,7 @@ SANDBOX_GID = 1000
 ID_RANGE = 65536  # container ids 0..65535 map to one host range per sandbox
 AGENT_DIR = "/.corral/agent"
 AGENT_RUN_DIR = "/.corral/run"
+EGRESS_DIR = "/.corral/egress"  # holds proxy.sock, the egress proxy's socket for this sandbox (docs/egress.md)
 CPU_PERIOD = 100_000
 
 # Paths under /proc and /sys that leak host information or offer kernel knobs.
@@ -38,6 +39,7 @@ class BundleParams:
     hostname: str = "sandbox"
     agent_listen: str | None = None  # for runtimes that cannot inherit a socket: a path to bind instead
     agent_run_dir: Path | None = None  # the host directory mounted where `agent_listen` lives
+    egress_dir: Path | None = None  # the host directory mounted at EGRESS_DIR
 
 
 def build_config(p: BundleParams) -> dict[str, Any]:
@@ -96,6 +98,9 @@ def _mounts(p: BundleParams) -> list[dict[str, Any]]:
          "options": ["rbind", "ro", "nosuid", "nodev"]},
         *([{"destination": AGENT_RUN_DIR, "type": "bind", "source": str(p.agent_run_dir),
             "options": ["rbind", "rw", "nosuid", "nodev", "noexec"]}] if p.agent_run_dir else []),
+        # Read-only is enough to connect to a socket (connect needs write permission on the socket inode only).
+        *([{"destination": EGRESS_DIR, "type": "bind", "source": str(p.egress_dir),
+            "options": ["rbind", "ro", "nosuid", "nodev", "noexec"]}] if p.egress_dir else []),
     ]
 
 
@@ -110,6 +115,9 @@ def _linux(p: BundleParams) -> dict[str, Any]:
         "seccomp": seccomp_profile(),
         "maskedPaths": MASKED_PATHS,
         "readonlyPaths": READONLY_PATHS,
+        # Per network namespace: lets the (capability-less) agent answer DNS on 127.0.0.1:53, so a lookup is
+        # refused at once with a reason instead of timing out. Only this sandbox's loopback is affected.
+        "sysctl": {"net.ipv4.ip_unprivileged_port_start": "53"},
     }
 
 

@@ -40,7 +40,7 @@ class OCIRuntime:
             # No --oci-seccomp: gVisor's own kernel is the syscall boundary, and this build ignores errnoRet
             # (clone3 gets EPERM instead of ENOSYS, so glibc cannot start threads).
             argv += ["--platform=ptrace", "--network=none", "--overlay2=none",
-                     "--host-uds=create"]
+                     "--host-uds=all"]  # create: the agent's socket; open: the egress proxy's
         return argv
 
     @property

@@ -1,0 +1,102 @@
+"""`corral tenants create|ls|update` (admin): the tenants of a Corral server and their quotas."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import typer
+from rich.table import Table
+
+from .._sdk import TenantInfo
+from ..engine import parse_size
+from ._common import ApiKeyOption, JsonOption, UrlOption, admin, print_json, print_table
+
+tenants_app = typer.Typer(help="Create, list and update tenants (admin).", no_args_is_help=True)
+
+_UNLIMITED = ("none", "unlimited")
+_LIMIT_HELP = "'none' removes the limit."
+
+
+def _tenant_out(tenant: TenantInfo, as_json: bool) -> None:
+    if as_json:
+        print_json(dataclasses.asdict(tenant))
+    else:
+        typer.echo(tenant.id)
+
+
+@tenants_app.command("create")
+def create(
+    name: str = typer.Argument(..., help="1 to 128 letters, digits, '.', '_' or '-'."),
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+    api_key: ApiKeyOption = None,
+) -> None:
+    """Create a tenant and print its id."""
+    with admin(url, api_key) as a:
+        _tenant_out(a.tenants.create(name), as_json)
+
+
+@tenants_app.command("ls")
+def ls(as_json: JsonOption = False, url: UrlOption = None, api_key: ApiKeyOption = None) -> None:
+    """List tenants with their quotas."""
+    with admin(url, api_key) as a:
+        tenants = a.tenants.list()
+    if as_json:
+        print_json([dataclasses.asdict(t) for t in tenants])
+        return
+    table = Table("name", "id", "disabled", "quotas")
+    for t in tenants:
+        quotas = ", ".join(f"{k}={v}" for k, v in sorted(t.quotas.items()) if v is not None)
+        table.add_row(t.name, t.id, "yes" if t.disabled else "", quotas or "-")
+    print_table(table)
+
+
+def _limit(parse: Callable[[str], int | float]) -> Callable[[str], int | float | None]:
+    def convert(value: str) -> int | float | None:
+        if value.lower() in _UNLIMITED:
+            return None
+        try:
+            return parse(value)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from exc
+
+    return convert
+
+
+def _size(value: str) -> int:
+    return parse_size(value)
+
+
+_PARSERS: dict[str, Callable[[str], int | float | None]] = {
+    "max_sandboxes": _limit(int), "max_memory_bytes": _limit(_size), "max_cpus": _limit(float),
+    "max_sandbox_memory_bytes": _limit(_size), "max_sandbox_cpus": _limit(float),
+    "max_sandbox_disk_bytes": _limit(_size), "max_sandbox_timeout": _limit(float),
+}
+
+
+@tenants_app.command("update")
+def update(
+    name: str = typer.Argument(..., help="Tenant name or id."),
+    max_sandboxes: str | None = typer.Option(None, help=f"Concurrent sandboxes. {_LIMIT_HELP}"),
+    max_memory: str | None = typer.Option(None, help=f"Total memory, e.g. 16G. {_LIMIT_HELP}"),
+    max_cpus: str | None = typer.Option(None, help=f"Total CPUs. {_LIMIT_HELP}"),
+    max_sandbox_memory: str | None = typer.Option(None, help=f"Memory of one sandbox. {_LIMIT_HELP}"),
+    max_sandbox_cpus: str | None = typer.Option(None, help=f"CPUs of one sandbox. {_LIMIT_HELP}"),
+    max_sandbox_disk: str | None = typer.Option(None, help=f"Disk of one sandbox, e.g. 10G. {_LIMIT_HELP}"),
+    max_sandbox_timeout: str | None = typer.Option(None, help=f"Seconds a sandbox may live. {_LIMIT_HELP}"),
+    disabled: bool | None = typer.Option(None, "--disable/--enable", help="A disabled tenant's keys stop working.",
+                                         show_default=False),
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+    api_key: ApiKeyOption = None,
+) -> None:
+    """Change a tenant's quotas (those not given keep their value) or disable/enable it."""
+    given = {"max_sandboxes": max_sandboxes, "max_memory_bytes": max_memory, "max_cpus": max_cpus,
+             "max_sandbox_memory_bytes": max_sandbox_memory, "max_sandbox_cpus": max_sandbox_cpus,
+             "max_sandbox_disk_bytes": max_sandbox_disk, "max_sandbox_timeout": max_sandbox_timeout}
+    quotas = {k: _PARSERS[k](v) for k, v in given.items() if v is not None}
+    if not quotas and disabled is None:
+        raise typer.BadParameter("nothing to change: give a quota option, --disable or --enable")
+    with admin(url, api_key) as a:
+        _tenant_out(a.tenants.update(name, quotas=quotas or None, disabled=disabled), as_json)

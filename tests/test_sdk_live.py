@@ -1,0 +1,99 @@
+"""The SDK against the real API over a loopback socket and real runc sandboxes: the file, archive and lifecycle
+calls the fake server of tests/test_sdk.py cannot prove (exact bytes through the whole stack, real refusals)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import tarfile
+from typing import Any
+
+import pytest
+
+from corral import AsyncSandbox, ConflictError, InvalidRequestError, NotFoundError, PermissionDeniedError, Sandbox
+
+from .conftest import TEMPLATE
+from .test_server_api import Api
+from .test_server_api import api as api  # the fixture: real engine, temp ControlStore, tenants a and b
+from .test_server_api import live_url as live_url  # the same app over a real loopback socket
+
+pytestmark = [pytest.mark.anyio, pytest.mark.runc]
+
+
+def _opts(api: Api, url: str) -> dict[str, Any]:
+    return {"api_key": api.keys["a_dev"], "base_url": url}
+
+
+async def test_stat_rename_and_streamed_reads(api: Api, live_url: str) -> None:
+    data = os.urandom(3 * 2**20) + b"\x00\xff"
+    async with await AsyncSandbox.create(TEMPLATE, **_opts(api, live_url)) as sb:
+        await sb.files.write("a.bin", data)
+        entry = await sb.files.stat("/workspace/a.bin")
+        assert entry.size == len(data) and not entry.is_dir and entry.path == "/workspace/a.bin"
+        await sb.files.rename("a.bin", "b.bin")
+        assert not await sb.files.exists("a.bin")
+        await sb.files.write("c.bin", b"other")
+        with pytest.raises(ConflictError):
+            await sb.files.rename("c.bin", "b.bin")
+        await sb.files.rename("c.bin", "b.bin", overwrite=True)
+        assert await sb.files.read("b.bin") == b"other"
+        await sb.files.write("big.bin", io.BytesIO(data))
+        sink = io.BytesIO()
+        assert await sb.files.read_into("big.bin", sink) == len(data)
+        assert sink.getvalue() == data
+        with pytest.raises(NotFoundError):
+            await sb.files.stat("nope")
+
+
+async def test_archives_round_trip_and_refuse_escapes(api: Api, live_url: str) -> None:
+    async with await AsyncSandbox.create(TEMPLATE, **_opts(api, live_url)) as sb:
+        await sb.commands.run("mkdir -p /workspace/src/sub && printf 'a\\0b' > /workspace/src/sub/x.bin "
+                              "&& ln -s x.bin /workspace/src/sub/link")
+        tar_bytes = io.BytesIO()
+        assert await sb.files.read_archive("src", tar_bytes) > 0
+        names = tarfile.open(fileobj=io.BytesIO(tar_bytes.getvalue())).getnames()
+        assert any(n.endswith("sub/x.bin") for n in names) and any(n.endswith("sub/link") for n in names)
+        tar_bytes.seek(0)
+        assert await sb.files.write_archive("/workspace/copy", tar_bytes) >= 3
+        out = await sb.commands.run("cat /workspace/copy/src/sub/x.bin")  # entries are named under `src/`
+        assert out.stdout_bytes == b"a\x00b", out.stdout
+        evil = io.BytesIO()
+        with tarfile.open(fileobj=evil, mode="w") as tar:
+            info = tarfile.TarInfo("../../etc/evil")
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"x"))
+        with pytest.raises((InvalidRequestError, PermissionDeniedError)):
+            await sb.files.write_archive("/workspace/e", evil.getvalue())
+        assert (await sb.commands.run("ls /etc/evil /workspace/e")).exit_code != 0
+
+
+async def test_pause_resume_and_file_roots(api: Api, live_url: str) -> None:
+    async with await AsyncSandbox.create(TEMPLATE, file_roots=["/workspace/out"], **_opts(api, live_url)) as sb:
+        assert sb.info.file_roots == ("/workspace/out",)
+        assert (await sb.pause()).state == "paused"
+        with pytest.raises(ConflictError):
+            await sb.commands.run("true")
+        assert (await sb.resume()).state == "running"
+        assert (await sb.commands.run("echo back")).stdout == "back\n"
+        await sb.files.make_dir("/workspace/out")
+        await sb.files.write("/workspace/out/ok", b"1")
+        with pytest.raises((InvalidRequestError, PermissionDeniedError)):
+            await sb.files.write("/workspace/no", b"1")
+
+
+async def test_the_sync_sdk_too(api: Api, live_url: str) -> None:
+    def flow() -> None:  # in a thread: the server runs in this test's event loop
+        with Sandbox.create(TEMPLATE, **_opts(api, live_url)) as sb:
+            sb.files.write("f", b"\x00\x01")
+            assert sb.files.stat("f").size == 2
+            sb.files.rename("f", "g")
+            sink = io.BytesIO()
+            assert sb.files.read_into("g", sink) == 2 and sink.getvalue() == b"\x00\x01"
+            archive = io.BytesIO()
+            sb.files.read_archive("/workspace", archive)
+            assert sb.files.write_archive("/tmp/restored", archive.getvalue()) >= 1
+            assert sb.files.read("/tmp/restored/workspace/g") == b"\x00\x01"
+            assert sb.pause().state == "paused" and sb.resume().state == "running"
+
+    await asyncio.to_thread(flow)

@@ -1,0 +1,118 @@
+"""Egress policy through the API: network at create and on a live sandbox, tenant ceilings and private pairs,
+denials in exec results and in the audit trail (real runc sandboxes; the proxy itself is tested elsewhere)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from corral import AsyncSandbox
+from corral.control import ControlStore, Role
+from corral.egress import EgressProxy
+from corral.server import create_app
+
+from .conftest import TEMPLATE, make_engine
+from .test_server_api import BASE, Api, create, error_code, run
+from .test_server_api import api as api  # the fixture: real engine, temp ControlStore, tenants a and b
+
+pytestmark = [pytest.mark.anyio, pytest.mark.runc]
+
+
+async def test_network_is_normalised_and_shown(api: Api) -> None:
+    async with api.client("a_dev") as dev:
+        sb = await create(dev, network=["PyPI.org.", "*.Example.com:443", "@packages"])
+        assert sb["network"] == ["*.example.com:443", "pypi.org", "@packages"]
+        assert (await create(dev))["network"] == "none"
+        assert (await create(dev, network="internet"))["network"] == "internet"
+
+
+@pytest.mark.parametrize("network", [["a*.example.com"], ["@nope"], [""], ["host:99999"], "everything", [3]])
+async def test_bad_network_is_400_and_creates_nothing(api: Api, network: object) -> None:
+    async with api.client("a_dev") as dev:
+        r = await dev.post("/v1/sandboxes", json={"template": TEMPLATE, "network": network})
+        assert r.status_code == 400 and error_code(r) == "invalid_request", r.text
+        assert (await dev.get("/v1/sandboxes")).json()["sandboxes"] == []
+
+
+async def test_the_tenant_ceiling_bounds_every_sandbox(api: Api) -> None:
+    async with api.client("admin") as admin, api.client("a_dev") as dev:
+        r = await admin.put("/v1/tenants/a/egress", json={"ceiling": ["*.pypi.org", "pypi.org", "@packages"]})
+        assert r.status_code == 200 and r.json()["ceiling"] == ["pypi.org", "*.pypi.org", "@packages"], r.text
+        for network in ("internet", ["example.org"], ["files.pythonhosted.org"]):
+            r = await dev.post("/v1/sandboxes", json={"template": TEMPLATE, "network": network})
+            assert r.status_code == 403 and error_code(r) == "permission_denied", r.text
+            assert "ceiling" in r.json()["error"]["message"]
+        ok = await create(dev, network=["pypi.org", "a.pypi.org:443", "@packages"])
+        # a live sandbox cannot be raised past it either
+        r = await dev.put(f"/v1/sandboxes/{ok['id']}/network", json={"network": "internet"})
+        assert r.status_code == 403, r.text
+        r = await dev.put(f"/v1/sandboxes/{ok['id']}/network", json={"network": ["pypi.org"]})
+        assert r.status_code == 200 and r.json()["network"] == ["pypi.org"]
+        assert api.engine.spec(ok["id"]).network == ("pypi.org",)
+        # lowering the ceiling narrows live sandboxes that now exceed it
+        r = await admin.put("/v1/tenants/a/egress", json={"ceiling": "none"})
+        assert r.status_code == 200 and r.json()["ceiling"] == "none"
+        assert (await dev.get(f"/v1/sandboxes/{ok['id']}")).json()["network"] == "none"
+        assert api.engine.spec(ok["id"]).network == "none"
+
+
+async def test_operators_allow_private_pairs_only_in_their_tenant(api: Api) -> None:
+    async with api.client("a_op") as op, api.client("a_dev") as dev, api.client("admin") as admin:
+        sb = await create(dev, network=["10.0.0.5"])
+        r = await op.put("/v1/tenants/a/egress", json={"private": ["10.0.0.5:5432"]})
+        assert r.status_code == 200 and r.json()["private"] == ["10.0.0.5:5432"], r.text
+        assert api.engine.spec(sb["id"]).network_private == ("10.0.0.5:5432",)  # live sandboxes at once
+        assert (await op.put("/v1/tenants/a/egress", json={"ceiling": "internet"})).status_code == 403
+        assert (await op.put("/v1/tenants/b/egress", json={"private": []})).status_code == 404
+        assert (await op.get("/v1/tenants/b/egress")).status_code == 404
+        assert (await dev.get("/v1/tenants/a/egress")).status_code == 403
+        r = await op.put("/v1/tenants/a/egress", json={"private": ["10.0.0.5"]})  # no port: refused
+        assert r.status_code == 400, r.text
+        assert (await admin.get("/v1/tenants/a/egress")).json()["private"] == ["10.0.0.5:5432"]
+
+
+# -- with the proxy: denials in results and in the audit trail -----------------------------------------------------
+
+
+@pytest.fixture
+async def proxied(test_home: Path, tmp_path: Path) -> AsyncIterator[Api]:
+    proxy = EgressProxy()
+    engine = make_engine(test_home, egress=proxy)
+    store = ControlStore(home=tmp_path)
+    app = create_app(engine, store)
+    async with app.router.lifespan_context(app):  # starts store, proxy and engine, and the audit wiring
+        await store.bootstrap_admin(None)
+        tenant = (await store.create_tenant("a")).id
+        new = await store.create_key(tenant, Role.DEVELOPER, "dev")
+        try:
+            yield Api(app, store, engine, {"a_dev": new.key}, {"a_dev": new.info.id}, {"a": tenant})
+        finally:
+            for sb in engine.list():
+                await engine.destroy(sb.id)
+
+
+async def test_denials_come_back_with_the_result_and_go_on_record(proxied: Api) -> None:
+    async with proxied.client("a_dev") as dev:
+        sb = await create(dev, network=["example.org"])
+        out = await run(dev, sb["id"], "curl -sS --max-time 20 https://pypi.org/simple/ ; true")
+        denials = out["egress_denials"]
+        assert [(d["host"], d["port"], d["kind"]) for d in denials] == [("pypi.org", 443, "connect")], out
+        assert "example.org" in denials[0]["reason"]  # names the policy
+        records = await proxied.store.audit.query(action="egress.connect")
+        assert records and records[-1].target == sb["id"] and records[-1].outcome["allowed"] is False
+        assert records[-1].tenant_id == proxied.tenants["a"] and records[-1].key_id == proxied.key_ids["a_dev"]
+        clean = await run(dev, sb["id"], "true")
+        assert clean["egress_denials"] == []
+
+
+async def test_the_sdk_shows_the_notice(proxied: Api) -> None:
+    transport = httpx.ASGITransport(app=proxied.app)
+    async with await AsyncSandbox.create(TEMPLATE, api_key=proxied.keys["a_dev"], base_url=BASE,
+                                         transport=transport) as sb:
+        r = await sb.commands.run("curl -sS --max-time 20 https://pypi.org/ ; true")
+        assert r.egress_denials and r.egress_denials[0].host == "pypi.org"
+        assert r.notice.startswith("corral: ") and "pypi.org" in r.notice
+        assert (await sb.set_network(["pypi.org"])).network == ("pypi.org",)
