@@ -168,6 +168,19 @@ def test_network_policy_at_create_and_live_and_the_refusal_notice(dev: Cli) -> N
     dev.ok("sandbox", "kill", sid)
 
 
+def test_run_code_prints_results_saves_images_and_exits_1_on_an_exception(dev: Cli, sandbox: str,
+                                                                         tmp_path: Path) -> None:
+    assert dev.ok("run-code", sandbox, "x = 40\nx + 2").strip().splitlines()[-1] == b"42"
+    plot = "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nprint('plotted')"
+    out = dev.ok("run-code", sandbox, plot, "--save-dir", str(tmp_path))
+    assert b"plotted" in out
+    pngs = list(tmp_path.glob("*.png"))
+    assert len(pngs) == 1 and pngs[0].read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    r = dev.run("run-code", sandbox, "1 / 0", real=True)
+    assert r.returncode == 1 and b"ZeroDivisionError" in r.stderr, r.stderr
+    assert dev.ok("run-code", sandbox, "x").strip().splitlines()[-1] == b"40"  # the session kept its state
+
+
 def test_kill_switch_by_tenant(admin: Cli) -> None:
     admin.ok("tenants", "create", "runaway")
     key = admin.ok("keys", "create", "--tenant", "runaway", "--role", "developer").decode().splitlines()[-1]

@@ -1,8 +1,8 @@
 """The Python SDK over Corral's HTTP API (`docs/api.md`); the public names are re-exported by `corral`.
 
 One module per concept: `_transport` (HTTP, errors), `_sandbox` (`Sandbox`, `AsyncSandbox`), `_commands`,
-`_processes` (background commands), `_pty` (terminals), `_files`, `_models` (what calls return), `_config` (where to
-connect), `_admin` (`Admin`, `AsyncAdmin`: tenants, keys, audit, kill switch).
+`_processes` (background commands), `_pty` (terminals), `_code` (the code interpreter), `_files`, `_models` (what
+calls return), `_config` (where to connect), `_admin` (`Admin`, `AsyncAdmin`: tenants, keys, audit, kill switch).
 """
 
 from ._admin import (
@@ -16,6 +16,7 @@ from ._admin import (
     NewKey,
     TenantInfo,
 )
+from ._code import AsyncCodeInterpreter, CodeInterpreter, CodeSessionInfo, Execution, ExecutionError, Result
 from ._commands import AsyncCommands, Commands
 from ._config import DEFAULT_REQUEST_TIMEOUT, ConnectionConfig
 from ._files import AsyncFiles, Files
@@ -28,6 +29,7 @@ __all__ = [
     "DEFAULT_REQUEST_TIMEOUT",
     "Admin",
     "AsyncAdmin",
+    "AsyncCodeInterpreter",
     "AsyncCommandHandle",
     "AsyncCommands",
     "AsyncFiles",
@@ -37,12 +39,16 @@ __all__ = [
     "AuditProblem",
     "AuditRecord",
     "AuditVerification",
+    "CodeInterpreter",
+    "CodeSessionInfo",
     "CommandHandle",
     "CommandResult",
     "Commands",
     "ConnectionConfig",
     "EgressDenial",
     "Entry",
+    "Execution",
+    "ExecutionError",
     "Files",
     "KeyInfo",
     "KillResult",
@@ -50,6 +56,7 @@ __all__ = [
     "ProcessInfo",
     "Pty",
     "PtySession",
+    "Result",
     "Sandbox",
     "SandboxInfo",
     "TenantInfo",

@@ -1,4 +1,4 @@
-"""`Sandbox` and `AsyncSandbox`: a sandbox on a Corral server, with its `commands`, `files` and `pty`.
+"""`Sandbox` and `AsyncSandbox`: a sandbox on a Corral server, with its `commands`, `files`, `pty` and `code`.
 
 The two classes are twins written side by side; what they share without I/O is `_SandboxBase` and the request
 helpers below.
@@ -15,10 +15,12 @@ from typing import Any, Self
 import httpx
 
 from .._exceptions import NotFoundError, SandboxTimeoutError
+from ._code import AsyncCodeInterpreter, CodeInterpreter, Execution, ResultCallback
 from ._commands import AsyncCommands, Commands
 from ._config import DEFAULT_MAX_RETRIES, DEFAULT_REQUEST_TIMEOUT, ConnectionConfig
 from ._files import AsyncFiles, Files
 from ._models import SandboxInfo
+from ._processes import OutputCallback
 from ._pty import AsyncPty, Pty
 from ._transport import AsyncClient, SyncClient, json_dict, sandbox_path
 
@@ -87,6 +89,7 @@ class Sandbox(_SandboxBase):
         self.commands = Commands(client, info.id)
         self.files = Files(client, info.id)
         self.pty = Pty(client, info.id)
+        self.code = CodeInterpreter(client, info.id)
 
     @classmethod
     def create(
@@ -163,6 +166,22 @@ class Sandbox(_SandboxBase):
             client.close()
         return [SandboxInfo.from_wire(s) for s in data.get("sandboxes", [])]
 
+    def run_code(
+        self,
+        code: str,
+        *,
+        language: str = "python",
+        session: str | None = None,
+        timeout: float | None = 60,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        on_result: ResultCallback | None = None,
+    ) -> Execution:
+        """Run `code` like a notebook cell in a stateful session (`sb.code.run`): `ex.text`, `ex.results[0].png`,
+        `ex.stdout`, `ex.error`. Never raises for a failing cell."""
+        return self.code.run(code, language=language, session=session, timeout=timeout, on_stdout=on_stdout,
+                             on_stderr=on_stderr, on_result=on_result)
+
     def get_info(self) -> SandboxInfo:
         self._info = SandboxInfo.from_wire(self._client.request("GET", sandbox_path(self.id)))
         return self._info
@@ -224,6 +243,7 @@ class AsyncSandbox(_SandboxBase):
         self.commands = AsyncCommands(client, info.id)
         self.files = AsyncFiles(client, info.id)
         self.pty = AsyncPty(client, info.id)
+        self.code = AsyncCodeInterpreter(client, info.id)
 
     @classmethod
     async def create(
@@ -293,6 +313,21 @@ class AsyncSandbox(_SandboxBase):
         finally:
             await client.close()
         return [SandboxInfo.from_wire(s) for s in json_dict(data, "a list").get("sandboxes", [])]
+
+    async def run_code(
+        self,
+        code: str,
+        *,
+        language: str = "python",
+        session: str | None = None,
+        timeout: float | None = 60,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        on_result: ResultCallback | None = None,
+    ) -> Execution:
+        """Run `code` like a notebook cell in a stateful session (see `Sandbox.run_code`)."""
+        return await self.code.run(code, language=language, session=session, timeout=timeout, on_stdout=on_stdout,
+                                   on_stderr=on_stderr, on_result=on_result)
 
     async def get_info(self) -> SandboxInfo:
         self._info = SandboxInfo.from_wire(await self._client.request("GET", sandbox_path(self.id)))

@@ -24,6 +24,7 @@ class Agent:
     def __init__(self, token: str) -> None:
         self.token = token.encode()
         self.table = ProcessTable()
+        self._code: Any = None  # the code sessions, made on first use: most sandboxes never run any
 
     def handle(self, sock: socket) -> None:
         ch = Channel(sock)
@@ -74,6 +75,8 @@ class Agent:
             self.op_wait(ch, req)
         elif op == "attach":
             self.op_attach(ch, req)
+        elif isinstance(op, str) and op.startswith("code_"):
+            self.op_code(ch, req, op)
         else:
             raise ProcessError("invalid_request", f"unknown operation {op!r}")
 
@@ -109,6 +112,17 @@ class Agent:
             proc.done.wait()
         _send_kept(ch, proc)
         ch.send_json(protocol.EVENT, proc.result())
+
+    def op_code(self, ch: Channel, req: dict[str, Any], op: str) -> None:
+        from . import code
+
+        with self.table.lock:
+            if self._code is None:
+                self._code = code.Sessions(self.table)
+        handler = getattr(self._code, "op_" + op[len("code_"):], None)
+        if handler is None:
+            raise ProcessError("invalid_request", f"unknown operation {op!r}")
+        handler(ch, req)
 
     def _one_input(self, ch: Channel, proc: Process) -> bool:
         try:

@@ -22,6 +22,7 @@ from .. import __version__
 from .._exceptions import CorralError
 from ._audit import audit_app
 from ._bench import bench_app
+from ._code import run_code_command
 from ._common import error_line
 from ._cp import cp
 from ._exec import exec_command
@@ -52,6 +53,7 @@ app = typer.Typer(name="corral", help="Corral: isolated sandboxes for AI agents,
                   cls=_ErrorBoundary, no_args_is_help=True, pretty_exceptions_enable=False)
 app.add_typer(sandbox_app, name="sandbox")
 app.command("exec")(exec_command)
+app.command("run-code")(run_code_command)
 app.command("cp")(cp)
 app.add_typer(tenants_app, name="tenants")
 app.add_typer(keys_app, name="keys")

@@ -103,3 +103,13 @@ def net(
 ) -> None:
     """The egress proxy (absolute-form HTTP and CONNECT) against direct loopback connections."""
     _run("net", out, n=n, size_mib=size_mib, rounds=rounds, in_sandbox_too=in_sandbox)
+
+
+@bench_app.command("code")
+def code(
+    template: str = typer.Option("default", help="Template to benchmark (needs python3 with matplotlib)."),
+    n: int = typer.Option(30, help="Samples per measurement."),
+    out: Path = typer.Option(Path("bench-results/code.json"), help="Where to write the JSON figures."),
+) -> None:
+    """Code sessions: start, 1+1, 1 MB of stdout, a matplotlib chart, against a fresh `python3 -c`."""
+    _run("code", out, template=template, n=n)

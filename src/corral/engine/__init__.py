@@ -2,6 +2,7 @@
 
 from ._agent_client import AgentClient, PtySession
 from ._capacity import Capacity, MachineUsage
+from ._code import CodeError, CodeResult, CodeSession, RichResult
 from ._engine import Engine, Files, Processes, SandboxHandle
 from ._models import (
     DEFAULT_FILE_ROOTS,
@@ -20,6 +21,9 @@ __all__ = [
     "DEFAULT_FILE_ROOTS",
     "AgentClient",
     "Capacity",
+    "CodeError",
+    "CodeResult",
+    "CodeSession",
     "Engine",
     "Entry",
     "ExecResult",
@@ -29,6 +33,7 @@ __all__ = [
     "ProcessInfo",
     "Processes",
     "PtySession",
+    "RichResult",
     "Runtime",
     "SandboxHandle",
     "SandboxInfo",

@@ -15,6 +15,7 @@ from typing import IO, Any
 
 from .._exceptions import AgentError, CorralError, error_from_code
 from ..agent import protocol
+from ._code import CodeResult, CodeSession, ResultCallback, RichResult, code_result, code_session, rich_result
 from ._models import Entry, ExecResult, OutputCollector, ProcessInfo
 
 OutputCallback = Callable[[bytes], Awaitable[None] | None]
@@ -178,6 +179,54 @@ class AgentClient:
             raise
         return PtySession(conn, cm, str(started["id"]), int(started["pid"]))
 
+    # -- code sessions ---------------------------------------------------------------------------------
+
+    async def run_code(self, code: str, *, language: str = "python", session: str = "default",
+                       timeout: float | None = None, env: dict[str, str] | None = None,
+                       on_stdout: OutputCallback | None = None, on_stderr: OutputCallback | None = None,
+                       on_result: ResultCallback | None = None) -> CodeResult:
+        """Run one cell; `env` applies only if this call starts the session."""
+        args = {"code": code, "language": language, "session": session, "timeout": timeout, "env": env}
+        async with self._op("code_run", **args) as conn:
+            started = await conn.event()
+            out, err = bytearray(), bytearray()
+            results: builtins.list[RichResult] = []
+            while True:
+                kind, payload = await conn.recv()
+                if kind == protocol.STDOUT:
+                    out += payload
+                    if on_stdout is not None:
+                        await _call(on_stdout, payload)
+                elif kind == protocol.STDERR:
+                    err += payload
+                    if on_stderr is not None:
+                        await _call(on_stderr, payload)
+                elif kind == protocol.EVENT:
+                    ev = protocol.decode_json(payload)
+                    if ev.get("event") == "result":
+                        results.append(rich_result(ev))
+                        if on_result is not None:
+                            await _call_result(on_result, results[-1])
+                    elif ev.get("event") == "done":
+                        return code_result(str(started.get("session", session)),
+                                           str(started.get("language", language)), ev, bytes(out), bytes(err),
+                                           results)
+                else:
+                    raise protocol.ProtocolError(f"unexpected frame kind {kind} in a cell's output")
+
+    async def code_sessions(self) -> builtins.list[CodeSession]:
+        ev = await self._simple("code_list")
+        return [code_session(s) for s in ev["sessions"]]
+
+    async def interrupt_code(self, session: str = "default") -> None:
+        await self._simple("code_interrupt", session=session)
+
+    async def restart_code(self, session: str = "default", *, env: dict[str, str] | None = None) -> None:
+        await self._simple("code_restart", session=session, env=env)
+
+    async def close_code(self, session: str = "default") -> None:
+        await self._simple("code_close", session=session)
+
     # -- files -----------------------------------------------------------------------------------
 
     async def read_file(self, path: str, *, roots: Roots = None) -> bytes:
@@ -320,6 +369,12 @@ async def _collect(conn: _Conn, on_stdout: OutputCallback | None, on_stderr: Out
 
 async def _call(cb: OutputCallback, data: bytes) -> None:
     res = cb(data)
+    if res is not None:
+        await res
+
+
+async def _call_result(cb: ResultCallback, result: RichResult) -> None:
+    res = cb(result)
     if res is not None:
         await res
 

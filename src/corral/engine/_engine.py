@@ -36,6 +36,7 @@ from .._settings import corral_home
 from ..templates import Template, TemplateStore
 from ._agent_client import AgentClient, OutputCallback, PtySession, Source
 from ._capacity import Capacity, MachineUsage
+from ._code import CodeError, CodeResult, CodeSession, ResultCallback
 from ._models import Entry, ExecResult, ProcessInfo, SandboxInfo, SandboxSpec, SandboxState
 
 if TYPE_CHECKING:
@@ -310,6 +311,39 @@ class Engine:
                                             max_output=max_output, on_stdout=on_stdout, on_stderr=on_stderr)
         return self._with_denials(sb, self._with_oom(sb, result, before), started)
 
+    async def run_code(self, sandbox_id: str, code: str, *, language: str = "python", session: str = "default",
+                       timeout: float | None = None, on_stdout: OutputCallback | None = None,
+                       on_stderr: OutputCallback | None = None, on_result: ResultCallback | None = None
+                       ) -> CodeResult:
+        """Run a cell in a stateful session (docs/code.md). Never raises for the cell's errors, timeouts or OOM."""
+        sb = self._running(sandbox_id)
+        before = self.backend.oom_kills(sb.record)
+        result = await self._agent(sb).run_code(code, language=language, session=session, timeout=timeout,
+                                                env=self._env(sb, None), on_stdout=on_stdout,
+                                                on_stderr=on_stderr, on_result=on_result)
+        return self._code_with_oom(sb, result, before)
+
+    def _code_with_oom(self, sb: _Sandbox, result: CodeResult, before: int) -> CodeResult:
+        # As for exec: the session's process died of a SIGKILL we did not send while the OOM counter moved.
+        if result.signal == 9 and not result.killed and self.backend.oom_kills(sb.record) > before:
+            error = CodeError("MemoryError", "the session ran out of memory and was killed (the sandbox's memory "
+                              "limit); its state is lost, and the next call starts a fresh session", "")
+            return replace(result, oom_killed=True, error=error)
+        return result
+
+    async def code_sessions(self, sandbox_id: str) -> builtins.list[CodeSession]:
+        return await self._agent(self._running(sandbox_id)).code_sessions()
+
+    async def interrupt_code(self, sandbox_id: str, session: str = "default") -> None:
+        await self._agent(self._running(sandbox_id)).interrupt_code(session)
+
+    async def restart_code(self, sandbox_id: str, session: str = "default") -> None:
+        sb = self._running(sandbox_id)
+        await self._agent(sb).restart_code(session, env=self._env(sb, None))
+
+    async def close_code(self, sandbox_id: str, session: str = "default") -> None:
+        await self._agent(self._running(sandbox_id)).close_code(session)
+
     def _with_denials(self, sb: _Sandbox, result: ExecResult, since: float) -> ExecResult:
         if self.egress is None:
             return result
@@ -479,6 +513,9 @@ class SandboxHandle:
 
     async def exec(self, cmd: str | list[str], **kwargs: Any) -> ExecResult:
         return await self._engine.exec(self.id, cmd, **kwargs)
+
+    async def run_code(self, code: str, **kwargs: Any) -> CodeResult:
+        return await self._engine.run_code(self.id, code, **kwargs)
 
     async def pty(self, cmd: str | list[str] = "bash", *, rows: int = 24, cols: int = 80,
                   cwd: str | None = None, env: dict[str, str] | None = None,

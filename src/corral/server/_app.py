@@ -18,7 +18,7 @@ from .._exceptions import CorralError, NotFoundError, SandboxTimeoutError
 from ..control import AuditEvent, ControlStore
 from ..egress import PackageMirror
 from ..engine import Engine
-from . import _admin, _egress, _exec, _files, _killswitch, _processes, _pty, _sandboxes
+from . import _admin, _code, _egress, _exec, _files, _killswitch, _processes, _pty, _sandboxes
 from ._context import Services
 from ._egress import wire_egress
 from ._errors import install_error_handlers
@@ -92,6 +92,6 @@ def create_app(engine: Engine, store: ControlStore, *, on_startup: StartupHook |
     async def health() -> dict[str, Any]:
         return {"ok": True}
 
-    for module in (_sandboxes, _egress, _exec, _files, _admin, _killswitch, _processes, _pty):
+    for module in (_sandboxes, _egress, _exec, _code, _files, _admin, _killswitch, _processes, _pty):
         app.include_router(module.router)
     return app

@@ -18,7 +18,7 @@ from ..egress import EgressEvent
 from ..engine import ExecResult
 from ._auth import CurrentPrincipal
 from ._context import Audited, services
-from ._ndjson import OutputSink, b64, line, output_stream
+from ._ndjson import Sink, b64, line, output_stream
 
 router = APIRouter(prefix="/v1/sandboxes")
 
@@ -109,11 +109,11 @@ async def exec_command(sandbox_id: str, body: ExecRequest, request: Request,
 
 async def _stream(engine: Any, sandbox_id: str, body: ExecRequest, stdin: bytes | None,
                   audit: Audited) -> AsyncIterator[bytes]:
-    async def produce(on_stdout: OutputSink, on_stderr: OutputSink) -> bytes:
+    async def produce(sink: Sink) -> bytes:
         try:
             result = await engine.exec(sandbox_id, body.cmd, cwd=body.cwd, env=body.env or None, stdin=stdin,
                                        timeout=body.timeout, max_output=body.max_output,
-                                       on_stdout=on_stdout, on_stderr=on_stderr)
+                                       on_stdout=sink.stdout, on_stderr=sink.stderr)
         except CorralError as exc:
             audit.outcome["error"] = exc.code
             return line({"event": "error", "error": exc.to_dict()})

@@ -16,12 +16,11 @@ from typing import Any
 
 from ._context import Audited
 
-__all__ = ["OutputSink", "b64", "line", "output_stream"]
+__all__ = ["OutputSink", "Sink", "b64", "line", "output_stream"]
 
-QUEUE_DEPTH = 64  # output chunks held for a slow client before the command's output waits for it
+QUEUE_DEPTH = 64  # events held for a slow client before the producer waits for it
 
 OutputSink = Callable[[bytes], Awaitable[None]]
-Producer = Callable[[OutputSink, OutputSink], Awaitable[bytes]]
 
 
 def b64(data: bytes) -> str:
@@ -32,22 +31,41 @@ def line(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
 
 
+class Sink:
+    """Where a producer puts its events: output as `stdout`/`stderr` lines, anything else with `event`. It counts
+    the output bytes it carried, so a last event can leave out what the stream already delivered."""
+
+    def __init__(self, queue: asyncio.Queue[bytes | None]) -> None:
+        self._queue = queue
+        self.stdout_sent = 0
+        self.stderr_sent = 0
+
+    async def stdout(self, data: bytes) -> None:
+        self.stdout_sent += len(data)
+        await self._queue.put(line({"event": "stdout", "data_b64": b64(data)}))
+
+    async def stderr(self, data: bytes) -> None:
+        self.stderr_sent += len(data)
+        await self._queue.put(line({"event": "stderr", "data_b64": b64(data)}))
+
+    async def event(self, obj: dict[str, Any]) -> None:
+        await self._queue.put(line(obj))
+
+
+Producer = Callable[[Sink], Awaitable[bytes]]
+
+
 async def output_stream(produce: Producer, audit: Audited) -> AsyncIterator[bytes]:
-    """Stream what `produce(on_stdout, on_stderr)` emits, then the last line it returns; audit at the end.
+    """Stream what `produce(sink)` emits, then the last line it returns; audit at the end.
 
     A client that leaves cancels `produce` (what that means is the producer's: exec kills its command, attach
     only detaches) and is recorded as `disconnected`.
     """
     queue: asyncio.Queue[bytes | None] = asyncio.Queue(QUEUE_DEPTH)
-
-    async def on_stdout(data: bytes) -> None:
-        await queue.put(line({"event": "stdout", "data_b64": b64(data)}))
-
-    async def on_stderr(data: bytes) -> None:
-        await queue.put(line({"event": "stderr", "data_b64": b64(data)}))
+    sink = Sink(queue)
 
     async def run() -> None:
-        await queue.put(await produce(on_stdout, on_stderr))
+        await queue.put(await produce(sink))
         await queue.put(None)  # not on cancellation: only the reader below cancels, and it is gone then
 
     task = asyncio.create_task(run())

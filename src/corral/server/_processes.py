@@ -25,7 +25,7 @@ from ..engine import ExecResult, Processes, ProcessInfo
 from ._auth import CurrentPrincipal
 from ._context import Audited, Services, services
 from ._exec import _outcome, result_json
-from ._ndjson import OutputSink, line, output_stream
+from ._ndjson import OutputSink, Sink, line, output_stream
 
 router = APIRouter(prefix="/v1/sandboxes")
 
@@ -210,8 +210,8 @@ async def _follow(processes: Processes, process_id: str, timeout: float | None,
                   audit: Audited) -> AsyncIterator[bytes]:
     """Exec's NDJSON: the kept output so far, then every new byte, then `exit` (or `running` at `timeout`).
     A client that leaves only detaches: the process goes on."""
-    async def produce(on_stdout: OutputSink, on_stderr: OutputSink) -> bytes:
-        return await _attach_events(processes, process_id, timeout, audit, on_stdout, on_stderr)
+    async def produce(sink: Sink) -> bytes:
+        return await _attach_events(processes, process_id, timeout, audit, sink.stdout, sink.stderr)
 
     async for chunk in output_stream(produce, audit):
         yield chunk

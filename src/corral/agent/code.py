@@ -1,0 +1,318 @@
+"""Code sessions: named, stateful interpreters, each its own process running `agent/kernel.py` (docs/code.md).
+
+A session is spawned like any command (sandbox user, subreaper root in its own process group), so an OOM or a
+crash takes only that session. Its stdin carries cells as `REQUEST` frames; its stdout carries the agent's own
+frames back, which are relayed to the host as they come. One cell runs at a time per session.
+
+Ops: `code_run`, `code_interrupt`, `code_restart`, `code_close`, `code_list`.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import threading
+import time
+
+from . import protocol
+from .channel import Channel, Closed
+from .processes import Process, ProcessError, ProcessTable, _close_quietly, _which, decode_status
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+SIGINT = 2
+INTERPRETERS = {"python": "python3", "bash": "bash", "javascript": "node"}
+KILL_GRACE = 2.0  # after an interrupt, how long a cell may take to stop before its session is killed
+START_TIMEOUT = 60.0
+POLL = 0.25  # the run loop's longest sleep: how late it may notice an interrupt's kill deadline
+AGENT_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BOOT = f"import sys; sys.path.insert(0, {AGENT_PARENT!r}); from agent.kernel import main; main()"
+
+
+class SessionDied(Exception):
+    pass
+
+
+class FrameReader:
+    """Frames from a session's stdout, with a deadline per read."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buf = bytearray()
+        self.poller = select.poll()
+        self.poller.register(fd, select.POLLIN)
+
+    def next(self, wait: float | None) -> tuple[int, bytes] | None:
+        """The next frame, or None after `wait` seconds without one. Raises SessionDied at EOF."""
+        deadline = None if wait is None else time.monotonic() + wait
+        while True:
+            frame = self._parse()
+            if frame is not None:
+                return frame
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not self.poller.poll(None if left is None else int(left * 1000)):
+                return None
+            data = os.read(self.fd, protocol.CHUNK + 64)
+            if not data:
+                raise SessionDied
+            self.buf += data
+
+    def _parse(self) -> tuple[int, bytes] | None:
+        if len(self.buf) < protocol.HEADER.size:
+            return None
+        kind, length = protocol.parse_header(bytes(self.buf[: protocol.HEADER.size]))
+        end = protocol.HEADER.size + length
+        if len(self.buf) < end:
+            return None
+        payload = bytes(self.buf[protocol.HEADER.size : end])
+        del self.buf[:end]
+        return kind, payload
+
+
+class Session:
+    def __init__(self, name: str, language: str, proc: Process) -> None:
+        self.name = name
+        self.language = language
+        self.proc = proc
+        self.started_at = time.time()
+        self.busy = threading.Lock()  # one cell at a time
+        self.kill_at: float | None = None  # set by an interrupt: kill if the cell still runs by then
+        self.killed = False
+        self.dead = False
+        assert proc.stdin_fd is not None
+        self.out_fd, self.err_fd = list(proc.fds)
+        self.reader = FrameReader(self.out_fd)
+        self.stderr_tail = b""  # what the kernel wrote before it took over its fd 2: start-up failures
+        threading.Thread(target=self._read_stderr, daemon=True).start()
+
+    def _read_stderr(self) -> None:
+        try:
+            while data := os.read(self.err_fd, 65536):
+                self.stderr_tail = (self.stderr_tail + data)[-4096:]
+        finally:
+            _close_quietly(self.err_fd)
+
+    def info(self) -> dict[str, Any]:
+        return {"name": self.name, "language": self.language, "pid": self.proc.pid, "started_at": self.started_at,
+                "busy": self.busy.locked()}
+
+    def send_cell(self, code: str) -> None:
+        frame = protocol.encode_json(protocol.REQUEST, {"code": code})
+        assert self.proc.stdin_fd is not None
+        try:
+            os.write(self.proc.stdin_fd, frame) if len(frame) < 65536 else _write_all(self.proc.stdin_fd, frame)
+        except OSError as exc:  # it died between cells
+            raise SessionDied from exc
+
+    def interrupt(self) -> None:
+        if self.busy.locked() and not self.dead:
+            self.kill_at = time.monotonic() + KILL_GRACE
+            try:
+                os.killpg(self.proc.pid, SIGINT)
+            except OSError:
+                pass
+
+    def kill(self) -> None:
+        if not self.dead:
+            self.killed = True
+            self.proc.kill_tree()
+
+    def reap(self) -> tuple[int | None, int | None]:
+        """After EOF: wait (briefly) for the reaper's exit status, and release the pipes."""
+        self.dead = True
+        end = time.monotonic() + 2.0
+        while self.proc.status is None and time.monotonic() < end:
+            time.sleep(0.005)
+        for fd in (self.out_fd, self.proc.stdin_fd, self.proc._wake_r, self.proc._wake_w):
+            if fd is not None:
+                _close_quietly(fd)
+        return decode_status(self.proc.status)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+class Sessions:
+    def __init__(self, table: ProcessTable) -> None:
+        self.table = table
+        self.sessions: dict[str, Session] = {}
+        self.lock = threading.Lock()
+
+    # -- ops ---------------------------------------------------------------------------------------------
+
+    def op_run(self, ch: Channel, req: dict[str, Any]) -> None:
+        code = req.get("code")
+        if not isinstance(code, str):
+            raise ProcessError("invalid_request", "code must be a string")
+        timeout = req.get("timeout")
+        if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):
+            raise ProcessError("invalid_request", "timeout must be a positive number of seconds")
+        session = self._get_or_start(req)
+        with session.busy:
+            ch.event(event="started", session=session.name, language=session.language, pid=session.proc.pid)
+            started = time.monotonic()
+            done = self._run_cell(ch, session, code, None if timeout is None else float(timeout))
+        done["duration"] = round(time.monotonic() - started, 6)
+        ch.send_json(protocol.EVENT, done)
+
+    def op_interrupt(self, ch: Channel, req: dict[str, Any]) -> None:
+        self._named(req).interrupt()
+        ch.event(event="done")
+
+    def op_restart(self, ch: Channel, req: dict[str, Any]) -> None:
+        old = self._named(req)
+        self._end(old)
+        self._get_or_start({**req, "language": old.language, "env": req.get("env")})
+        ch.event(event="done")
+
+    def op_close(self, ch: Channel, req: dict[str, Any]) -> None:
+        self._end(self._named(req))
+        ch.event(event="done")
+
+    def op_list(self, ch: Channel, req: dict[str, Any]) -> None:
+        with self.lock:
+            sessions = list(self.sessions.values())
+        ch.event(event="done", sessions=[s.info() for s in sessions])
+
+    # -- sessions ------------------------------------------------------------------------------------------
+
+    def _named(self, req: dict[str, Any]) -> Session:
+        name = str(req.get("session") or "default")
+        with self.lock:
+            session = self.sessions.get(name)
+        if session is None:
+            raise ProcessError("not_found", f"no code session {name!r} in this sandbox")
+        return session
+
+    def _end(self, session: Session) -> None:
+        with self.lock:
+            if self.sessions.get(session.name) is session:
+                del self.sessions[session.name]
+        session.kill()
+        if not session.busy.locked():  # a running cell's loop sees the EOF and cleans up itself
+            with session.busy:
+                if not session.dead:
+                    _drain_to_eof(session)
+                    session.reap()
+
+    def _get_or_start(self, req: dict[str, Any]) -> Session:
+        name = req.get("session") or "default"
+        language = req.get("language") or "python"
+        if not isinstance(name, str) or not name or len(name) > 128:
+            raise ProcessError("invalid_request", "session must be a name of 1 to 128 characters")
+        if language not in INTERPRETERS:
+            raise ProcessError("invalid_request", f"unknown language {language!r}; available: "
+                                                  + ", ".join(INTERPRETERS))
+        with self.lock:
+            session = self.sessions.get(name)
+            if session is not None and session.dead:
+                del self.sessions[name]
+                session = None
+            if session is None:
+                session = self._start(name, language, req.get("env"))
+                self.sessions[name] = session
+        if session.language != language:
+            raise ProcessError("conflict", f"code session {name!r} runs {session.language}, not {language}; "
+                                           "use another session name")
+        return session
+
+    def _start(self, name: str, language: str, env: Any) -> Session:
+        interpreter = INTERPRETERS[language]
+        path = str((env or {}).get("PATH") or "") or "/usr/local/bin:/usr/bin:/bin"
+        if _which(interpreter, path) is None or (language != "python" and _which("python3", path) is None):
+            raise ProcessError("invalid_request", f"{language} is not available in this sandbox: its template "
+                                                  f"has no {interpreter}")
+        proc = self.table.spawn({"cmd": ["python3", "-B", "-c", BOOT, language], "cwd": "/workspace",
+                                 "env": env, "stdin": True})
+        with self.table.lock:  # not a command: the processes API must neither list nor reap it
+            self.table.processes.pop(proc.id, None)
+        session = Session(name, language, proc)
+        try:
+            _await_ready(session)
+        except BaseException:
+            session.kill()
+            session.reap()
+            raise
+        return session
+
+    def _run_cell(self, ch: Channel, session: Session, code: str, timeout: float | None) -> dict[str, Any]:
+        session.kill_at = None
+        timed_out = False
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            session.send_cell(code)
+            while True:
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    deadline, timed_out = None, True
+                    session.interrupt()
+                if session.kill_at is not None and now >= session.kill_at:
+                    session.kill()
+                frame = session.reader.next(POLL)
+                if frame is None:
+                    continue
+                kind, payload = frame
+                if kind == protocol.EVENT:
+                    ev = protocol.decode_json(payload)
+                    if ev.get("event") == "done":
+                        return {"event": "done", "error": ev.get("error"), "timed_out": timed_out,
+                                "session_restarted": False}
+                _relay(ch, kind, payload)
+        except SessionDied:
+            return self._died(session, timed_out)
+
+    def _died(self, session: Session, timed_out: bool) -> dict[str, Any]:
+        with self.lock:
+            if self.sessions.get(session.name) is session:
+                del self.sessions[session.name]
+        code, sig = session.reap()
+        how = f"signal {sig}" if sig is not None else f"exit status {code}"
+        if session.killed:
+            error = {"name": "SessionKilled", "value": "the cell did not stop within 2 s of the interrupt, so the "
+                     "session was killed; its state is lost", "traceback": ""}
+        else:
+            error = {"name": "SessionDied", "value": f"the session's process ended ({how}); its state is lost",
+                     "traceback": session.stderr_tail.decode(errors="replace")}
+        return {"event": "done", "error": error, "timed_out": timed_out, "session_restarted": True,
+                "killed": session.killed, "signal": sig, "exit_code": code}
+
+
+def _relay(ch: Channel, kind: int, payload: bytes) -> None:
+    try:
+        ch.send(kind, payload)
+    except Closed:
+        pass  # the host left; the cell still runs to its end, as a notebook's would
+
+
+def _await_ready(session: Session) -> None:
+    deadline = time.monotonic() + START_TIMEOUT
+    early = b""
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            frame = session.reader.next(left)
+            if frame is None:
+                break
+            kind, payload = frame
+            if kind == protocol.EVENT and protocol.decode_json(payload).get("event") == "ready":
+                return
+            early += payload
+    except SessionDied:
+        time.sleep(0.05)  # let the stderr reader catch up with the last words
+    detail = (early + session.stderr_tail).decode(errors="replace").strip()[-2000:]
+    raise ProcessError("server_error", f"the {session.language} session failed to start: {detail or 'timed out'}")
+
+
+def _drain_to_eof(session: Session) -> None:
+    try:
+        while session.reader.next(5.0) is not None:
+            pass
+    except SessionDied:
+        pass
+
+
+__all__ = ["Sessions"]

@@ -1,0 +1,95 @@
+"""Code sessions' results, as the engine returns them (docs/code.md, "Engine")."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._models import OutputText
+
+LANGUAGES = ("python", "bash", "javascript")
+
+
+@dataclass(frozen=True)
+class RichResult:
+    """One displayed object: mime type -> content (base64 for image/png and image/jpeg, text otherwise)."""
+
+    is_main_result: bool
+    data: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CodeError:
+    """What the cell raised; the session survives it (unless `CodeResult.session_restarted`)."""
+
+    name: str
+    value: str
+    traceback: str
+
+
+@dataclass(frozen=True)
+class CodeResult(OutputText):
+    """The outcome of one cell: never raised for an exception in the cell, a timeout or an OOM kill."""
+
+    session: str
+    language: str
+    stdout_bytes: bytes
+    stderr_bytes: bytes
+    results: tuple[RichResult, ...] = ()
+    error: CodeError | None = None
+    timed_out: bool = False
+    oom_killed: bool = False
+    session_restarted: bool = False  # the session's process ended during the cell: its state is gone
+    duration: float = 0.0
+    signal: int | None = None  # what ended the session's process, when it ended
+    killed: bool = False  # ended by us (an interrupt that did not stop it in time), not by itself or the kernel
+
+
+@dataclass(frozen=True)
+class CodeSession:
+    name: str
+    language: str
+    pid: int
+    started_at: float
+
+
+ResultCallback = Callable[[RichResult], Awaitable[None] | None]
+
+
+def rich_result(ev: dict[str, Any]) -> RichResult:
+    data = ev.get("data") or {}
+    return RichResult(is_main_result=bool(ev.get("is_main_result")),
+                      data={str(k): str(v) for k, v in data.items()})
+
+
+def code_error(raw: Any) -> CodeError | None:
+    if not isinstance(raw, dict):
+        return None
+    return CodeError(name=str(raw.get("name") or "Error"), value=str(raw.get("value") or ""),
+                     traceback=str(raw.get("traceback") or ""))
+
+
+def code_result(session: str, language: str, ev: dict[str, Any], out: bytes, err: bytes,
+                results: list[RichResult]) -> CodeResult:
+    return CodeResult(
+        session=session,
+        language=language,
+        stdout_bytes=out,
+        stderr_bytes=err,
+        results=tuple(results),
+        error=code_error(ev.get("error")),
+        timed_out=bool(ev.get("timed_out")),
+        session_restarted=bool(ev.get("session_restarted")),
+        duration=float(ev.get("duration") or 0.0),
+        signal=ev.get("signal"),
+        killed=bool(ev.get("killed")),
+    )
+
+
+def code_session(raw: dict[str, Any]) -> CodeSession:
+    return CodeSession(name=str(raw["name"]), language=str(raw["language"]), pid=int(raw["pid"]),
+                       started_at=float(raw.get("started_at") or 0.0))
+
+
+__all__ = ["LANGUAGES", "CodeError", "CodeResult", "CodeSession", "ResultCallback", "RichResult"]
