@@ -67,6 +67,8 @@ def _probe(method: str, path: str) -> dict[str, Any]:
     """A plausible request for a route, so a 404 comes from the tenant check, not from a malformed body."""
     if path.endswith(("/exec", "/processes")):
         return {"json": {"cmd": "touch /workspace/pwned"}}
+    if path.endswith("/code"):
+        return {"json": {"code": "open('/workspace/pwned', 'w')"}}
     if path.endswith("/timeout"):
         return {"json": {"timeout": 60}}
     if path.endswith("/network"):
@@ -91,7 +93,7 @@ async def test_32_other_tenants_sandbox_is_404_on_every_published_route(api: Api
                 continue
             for method in methods:
                 url = template.replace("{sandbox_id}", sid)
-                url = url.replace("{process_id}", "p-1").replace("{pid}", "1")
+                url = url.replace("{process_id}", "p-1").replace("{pid}", "1").replace("{name}", "default")
                 r = await a.request(method.upper(), url, **_probe(method.upper(), template))
                 assert r.status_code == 404 and error_code(r) == "not_found", (method, template, r.text)
                 probed += 1

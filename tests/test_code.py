@@ -1,15 +1,20 @@
-"""Code sessions in real sandboxes: state, rich results, errors, interrupts, OOM, bash and javascript."""
+"""Code sessions in real sandboxes: state, rich results, errors, interrupts, OOM, bash and javascript; compiled
+c and cpp programs; machine learning with scikit-learn, in a session and as a background training process."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import inspect
 import struct
 import time
 
 import pytest
 
 from corral import InvalidRequestError
+from corral.agent import protocol
+from corral.engine import CodeResult
+from corral.engine._code import code_result
 from tests.conftest import spec
 
 pytestmark = [pytest.mark.anyio, pytest.mark.runc]
@@ -134,8 +139,9 @@ async def test_javascript_session(sandbox):
 
 
 async def test_unknown_language_and_mismatch(sandbox):
-    with pytest.raises(InvalidRequestError, match="python, bash, javascript"):
+    with pytest.raises(InvalidRequestError, match="python, bash, javascript, c, cpp") as info:
         await sandbox.run_code("1", language="cobol")
+    assert "Java, Go, Rust and TypeScript need the polyglot template" in str(info.value)
 
 
 async def test_csv_with_pandas_and_sklearn(sandbox):
@@ -148,3 +154,172 @@ async def test_csv_with_pandas_and_sklearn(sandbox):
         "print(f'accuracy {m.score(X, y):.2f}')", timeout=120)
     assert r.error is None, r.error
     assert float(r.stdout.split()[-1]) > 0.9
+
+
+# -- compiled languages ----------------------------------------------------------------------------------
+
+PROGRAMS = {
+    "c": {
+        "hello": '#include <stdio.h>\nint main(void) { printf("hello, world\\n"); return 0; }\n',
+        "stdin": '#include <stdio.h>\nint main(void) { int a, b; if (scanf("%d %d", &a, &b) != 2) return 9;\n'
+                 '  printf("%d\\n", a + b); fprintf(stderr, "summed\\n"); return 0; }\n',
+        "broken": "int main(void) { return undefined_name; }\n",
+        "abort": "#include <stdlib.h>\nint main(void) { abort(); }\n",
+        "segv": "int main(void) { volatile int *p = 0; return *p; }\n",
+        "exit3": '#include <stdio.h>\nint main(void) { puts("bye"); return 3; }\n',
+        "bytes": '#include <stdio.h>\nint main(void) { fwrite("a\\xff\\xfe\\0b", 1, 5, stdout); return 0; }\n',
+        "loop": "int main(void) { for (;;) {} }\n",
+        "math": '#include <math.h>\n#include <stdio.h>\nint main(void) { volatile double x = 2.0;\n'
+                '  printf("%.3f\\n", sqrt(x)); return 0; }\n',
+    },
+    "cpp": {
+        "hello": '#include <iostream>\nint main() { std::cout << "hello, world" << std::endl; }\n',
+        "stdin": '#include <iostream>\nint main() { int a, b; if (!(std::cin >> a >> b)) return 9;\n'
+                 '  std::cout << a + b << "\\n"; std::cerr << "summed\\n"; }\n',
+        "broken": "int main() { return undefined_name; }\n",
+        "abort": "#include <cstdlib>\nint main() { std::abort(); }\n",
+        "segv": "int main() { volatile int *p = nullptr; return *p; }\n",
+        "exit3": '#include <cstdio>\nint main() { std::puts("bye"); return 3; }\n',
+        "bytes": '#include <cstdio>\nint main() { std::fwrite("a\\xff\\xfe\\0b", 1, 5, stdout); }\n',
+        "loop": "int main() { for (;;) {} }\n",
+        "math": '#include <cmath>\n#include <iostream>\n#include <vector>\n'
+                'int main() { std::vector<double> v{2.0}; std::cout << std::sqrt(v[0]) << "\\n"; }\n',
+    },
+}
+
+
+async def run_program(sandbox, code: str, language: str, stdin: bytes | None = None,
+                      timeout: float | None = None) -> CodeResult:
+    """run_code, with stdin; where the engine does not pass stdin through yet, the agent's op directly."""
+    engine = sandbox._engine
+    if stdin is None:
+        return await sandbox.run_code(code, language=language, timeout=timeout)
+    if "stdin" in inspect.signature(engine.run_code).parameters:
+        return await engine.run_code(sandbox.id, code, language=language, timeout=timeout, stdin=stdin)
+    agent = engine.agent(sandbox.id)
+    async with agent._op("code_run", code=code, language=language, session="default", timeout=timeout,
+                         env=engine.sandbox_env(sandbox.id, None),
+                         stdin_b64=base64.b64encode(stdin).decode()) as conn:
+        await conn.event()
+        out, err = bytearray(), bytearray()
+        while True:
+            kind, payload = await conn.recv()
+            if kind == protocol.STDOUT:
+                out += payload
+            elif kind == protocol.STDERR:
+                err += payload
+            else:
+                ev = protocol.decode_json(payload)
+                if ev.get("event") == "done":
+                    return code_result("default", language, ev, bytes(out), bytes(err), [])
+
+
+LIST_PROCESSES = """
+import os
+for p in os.listdir('/proc'):
+    if p.isdigit():
+        try:
+            print(open(f'/proc/{p}/cmdline').read().replace('\\0', ' '))
+        except OSError:
+            pass
+"""
+
+
+async def commands(sandbox) -> list[str]:
+    """The command lines of the sandbox's processes."""
+    r = await sandbox.exec(["python3", "-c", LIST_PROCESSES])
+    assert r.exit_code == 0 and "python3" in r.stdout, r
+    return r.stdout.splitlines()
+
+
+@pytest.mark.parametrize("language", ["c", "cpp"])
+async def test_compiled_programs(sandbox, language):
+    src = PROGRAMS[language]
+    r = await sandbox.run_code(src["hello"], language=language)
+    assert (r.error, r.stdout, r.stderr, r.language) == (None, "hello, world\n", "", language)
+    assert r.results == () and not r.timed_out and not r.session_restarted
+    r = await sandbox.run_code(src["math"], language=language)  # -lm for c; the standard library for cpp
+    assert r.error is None and r.stdout.startswith("1.414"), (r.error, r.stdout)
+    r = await run_program(sandbox, src["stdin"], language, stdin=b"40 2\n")
+    assert (r.error, r.stdout, r.stderr) == (None, "42\n", "summed\n")
+    r = await sandbox.run_code(src["stdin"], language=language)  # no stdin: EOF at once
+    assert r.error is not None and (r.error.name, r.error.value) == ("ExitStatus", "9")
+    r = await sandbox.run_code(src["bytes"], language=language)
+    assert r.error is None and r.stdout_bytes == b"a\xff\xfe\x00b"
+    r = await sandbox.run_code(src["exit3"], language=language)
+    assert r.stdout == "bye\n" and r.error is not None and (r.error.name, r.error.value) == ("ExitStatus", "3")
+    r = await sandbox.run_code(src["abort"], language=language)
+    assert r.error is not None and (r.error.name, r.error.value) == ("Signal", "SIGABRT")
+    assert not r.oom_killed and not r.timed_out
+    r = await sandbox.run_code(src["segv"], language=language)
+    assert r.error is not None and (r.error.name, r.error.value) == ("Signal", "SIGSEGV")
+    r = await sandbox.run_code("printf('x')", language="bash")  # a session beside: both kinds coexist
+    assert (await sandbox.exec("ls /tmp | grep -c corral-code- || true")).stdout.strip() == "0"  # cleaned up
+
+
+@pytest.mark.parametrize("language", ["c", "cpp"])
+async def test_compile_errors_and_timeout(sandbox, language):
+    src = PROGRAMS[language]
+    r = await sandbox.run_code(src["broken"], language=language)
+    assert r.error is not None and r.error.name == "CompileError"
+    assert "undefined_name" in r.error.value and "error" in r.error.value
+    assert f"main.{language}:1:" in r.error.traceback and "undefined_name" in r.error.traceback
+    assert r.stdout_bytes == b"" and r.stderr_bytes == b""  # nothing ran
+    start = time.monotonic()
+    r = await sandbox.run_code(src["loop"], language=language, timeout=3)
+    assert r.timed_out and r.error is not None and r.error.name == "TimeoutError" and not r.oom_killed
+    assert time.monotonic() - start < 8
+    assert not any("/prog" in c for c in await commands(sandbox))  # the program was killed
+    with pytest.raises(InvalidRequestError, match="stdin is not supported for python"):
+        await run_program(sandbox, "1", "python", stdin=b"x")
+
+
+# -- machine learning --------------------------------------------------------------------------------------
+
+
+async def test_sklearn_model_in_a_session(sandbox):
+    r = await sandbox.run_code(
+        "from sklearn.datasets import load_digits\nfrom sklearn.model_selection import train_test_split\n"
+        "from sklearn.ensemble import RandomForestClassifier\n"
+        "X, y = load_digits(return_X_y=True)\n"
+        "X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=0.25, random_state=0)\n"
+        "model = RandomForestClassifier(n_estimators=50, random_state=0).fit(X_train, y_train)\n"
+        "accuracy = model.score(X_test, y_test)\nprint(f'accuracy {accuracy:.3f}')\naccuracy", timeout=180)
+    assert r.error is None, r.error
+    assert r.stdout.startswith("accuracy ") and float(r.stdout.split()[1]) > 0.9
+    assert float(r.results[0].data["text/plain"]) > 0.9  # the value is the cell's main result
+    r = await sandbox.run_code("model.predict(X_test[:3]).tolist() == y_test[:3].tolist()")  # state kept
+    assert r.results[0].data["text/plain"] == "True"
+
+
+TRAIN = """
+import sys, time
+from sklearn.datasets import load_digits
+from sklearn.linear_model import SGDClassifier
+
+X, y = load_digits(return_X_y=True)
+model = SGDClassifier(random_state=0)
+for epoch in range(1, 100000):
+    model.partial_fit(X, y, classes=list(range(10)))
+    print(f"epoch {epoch} accuracy {model.score(X, y):.3f}", flush=True)
+    time.sleep(0.2)
+"""
+
+
+async def test_background_training_logs_and_kill(sandbox):
+    await sandbox.files.write("/workspace/train.py", TRAIN)
+    proc = await sandbox.processes.start("exec python3 -u train.py > train.log 2>&1", cwd="/workspace")
+    assert proc.running
+    lines: list[str] = []
+    deadline = time.monotonic() + 60
+    while len(lines) < 3 and time.monotonic() < deadline:  # the log, read while the training runs
+        await asyncio.sleep(0.5)
+        assert await sandbox.processes.wait(proc.id, timeout=0) is None  # still running
+        lines = (await sandbox.files.read("/workspace/train.log")).decode().splitlines()
+    assert len(lines) >= 3, lines
+    assert lines[0].startswith("epoch 1 accuracy ") and 0.0 < float(lines[-1].split()[-1]) <= 1.0
+    assert any(p.id == proc.id and p.running for p in await sandbox.processes.list())
+    await sandbox.processes.kill(proc.id)
+    result = await sandbox.processes.wait(proc.id, timeout=10)
+    assert result is not None and result.signal == 9
+    assert not any("train.py" in c for c in await commands(sandbox))  # the whole tree is gone

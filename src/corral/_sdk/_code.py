@@ -10,6 +10,7 @@ The request body, the wire models and the NDJSON decoder do no I/O; `CodeInterpr
 
 from __future__ import annotations
 
+import base64
 import builtins
 import inspect
 import json as _json
@@ -271,10 +272,14 @@ def _stream_error(raw: Any) -> CorralError:
 
 
 def _code_body(code: str, *, language: str, session: str | None, timeout: float | None,
-               stream: bool) -> dict[str, Any]:
+               stream: bool, stdin: bytes | str | None = None) -> dict[str, Any]:
     if not isinstance(code, str):
         raise TypeError(f"code must be a str, not {type(code).__name__}")
-    return {"code": code, "language": language, "session": session, "timeout": timeout, "stream": stream}
+    body = {"code": code, "language": language, "session": session, "timeout": timeout, "stream": stream}
+    if stdin is not None:
+        data = stdin.encode() if isinstance(stdin, str) else bytes(stdin)
+        body["stdin_b64"] = base64.b64encode(data).decode()
+    return body
 
 
 def _session_path(sandbox_id: str, name: str = "", action: str = "") -> str:
@@ -325,6 +330,7 @@ class CodeInterpreter:
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,
         on_result: ResultCallback | None = None,
+        stdin: bytes | str | None = None,
     ) -> Execution:
         """Run `code` in `session` ("default" when None) and wait for it; the session keeps its state for the
         next call. Never raises for a failing cell: see `Execution.error`, `.timed_out`, `.oom_killed`.
@@ -333,7 +339,8 @@ class CodeInterpreter:
         `on_result` each `Result` as it is produced. `timeout` (seconds, None: none) interrupts the cell.
         """
         callbacks = _Callbacks(on_stdout, on_stderr, on_result)
-        body = _code_body(code, language=language, session=session, timeout=timeout, stream=callbacks.any)
+        body = _code_body(code, language=language, session=session, timeout=timeout, stream=callbacks.any,
+                          stdin=stdin)
         path = sandbox_path(self._sandbox_id, "/code")
         http_timeout = self._client.exec_timeout(timeout)
         if not callbacks.any:
@@ -382,10 +389,12 @@ class AsyncCodeInterpreter:
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,
         on_result: ResultCallback | None = None,
+        stdin: bytes | str | None = None,
     ) -> Execution:
         """Run `code` in `session` and wait for it (see `CodeInterpreter.run`)."""
         callbacks = _Callbacks(on_stdout, on_stderr, on_result)
-        body = _code_body(code, language=language, session=session, timeout=timeout, stream=callbacks.any)
+        body = _code_body(code, language=language, session=session, timeout=timeout, stream=callbacks.any,
+                          stdin=stdin)
         path = sandbox_path(self._sandbox_id, "/code")
         http_timeout = self._client.exec_timeout(timeout)
         if not callbacks.any:

@@ -4,6 +4,9 @@ A session is spawned like any command (sandbox user, subreaper root in its own p
 crash takes only that session. Its stdin carries cells as `REQUEST` frames; its stdout carries the agent's own
 frames back, which are relayed to the host as they come. One cell runs at a time per session.
 
+Compiled languages (`c`, `cpp`) have no session: each call writes the code to a fresh temporary directory,
+compiles it there and runs the program (as a command, like exec), with the call's `stdin_b64` as its stdin.
+
 Ops: `code_run`, `code_interrupt`, `code_restart`, `code_close`, `code_list`.
 """
 
@@ -24,6 +27,14 @@ if TYPE_CHECKING:
 
 SIGINT = 2
 INTERPRETERS = {"python": "python3", "bash": "bash", "javascript": "node"}
+# language -> (compiler, source file name, arguments); run in the call's temporary directory.
+COMPILERS = {
+    "c": ("gcc", "main.c", ["-O2", "-std=c17", "-o", "prog", "main.c", "-lm"]),
+    "cpp": ("g++", "main.cpp", ["-O2", "-std=c++17", "-o", "prog", "main.cpp"]),
+}
+LANGUAGES = (*INTERPRETERS, *COMPILERS)
+UNKNOWN_HINT = "(Java, Go, Rust and TypeScript need the polyglot template, which is not built yet)"
+PROGRAM_KEPT = 64 * 1024  # what a program's Process keeps of its output: every byte is relayed as it comes
 KILL_GRACE = 2.0  # after an interrupt, how long a cell may take to stop before its session is killed
 START_TIMEOUT = 60.0
 POLL = 0.25  # the run loop's longest sleep: how late it may notice an interrupt's kill deadline
@@ -152,6 +163,13 @@ class Sessions:
         timeout = req.get("timeout")
         if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):
             raise ProcessError("invalid_request", "timeout must be a positive number of seconds")
+        language = req.get("language") or "python"
+        if language in COMPILERS:
+            self._run_program(ch, req, code, None if timeout is None else float(timeout))
+            return
+        if req.get("stdin_b64") is not None:
+            raise ProcessError("invalid_request", f"stdin is not supported for {language} sessions; only for "
+                                                  + " and ".join(COMPILERS))
         session = self._get_or_start(req)
         with session.busy:
             ch.event(event="started", session=session.name, language=session.language, pid=session.proc.pid)
@@ -207,7 +225,7 @@ class Sessions:
             raise ProcessError("invalid_request", "session must be a name of 1 to 128 characters")
         if language not in INTERPRETERS:
             raise ProcessError("invalid_request", f"unknown language {language!r}; available: "
-                                                  + ", ".join(INTERPRETERS))
+                                                  f"{', '.join(LANGUAGES)} {UNKNOWN_HINT}")
         with self.lock:
             session = self.sessions.get(name)
             if session is not None and session.dead:
@@ -280,6 +298,142 @@ class Sessions:
                      "traceback": session.stderr_tail.decode(errors="replace")}
         return {"event": "done", "error": error, "timed_out": timed_out, "session_restarted": True,
                 "killed": session.killed, "signal": sig, "exit_code": code}
+
+
+    # -- compiled languages --------------------------------------------------------------------------------
+
+    def _run_program(self, ch: Channel, req: dict[str, Any], code: str, timeout: float | None) -> None:
+        """Compile `code` in a fresh directory and run the program: compile errors apart from runtime ones."""
+        import base64
+        import binascii
+        import shutil
+        import tempfile
+
+        language = str(req.get("language"))
+        name = req.get("session") or "default"
+        stdin = req.get("stdin_b64")
+        try:
+            data = None if stdin is None else base64.b64decode(str(stdin), validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise ProcessError("invalid_request", "stdin_b64 is not valid base64") from exc
+        compiler, source, args = COMPILERS[language]
+        env = req.get("env")
+        path = str((env or {}).get("PATH") or "") or "/usr/local/bin:/usr/bin:/bin"
+        if _which(compiler, path) is None:
+            raise ProcessError("invalid_request", f"{language} is not available in this sandbox: its template has "
+                                                  f"no {compiler}")
+        workdir = tempfile.mkdtemp(prefix="corral-code-", dir="/tmp")  # we run as the sandbox user
+        try:
+            with open(os.path.join(workdir, source), "w", encoding="utf-8", errors="surrogateescape") as f:
+                f.write(code)
+            ch.event(event="started", session=name, language=language, pid=0)
+            started = time.monotonic()
+            deadline = None if timeout is None else started + timeout
+            compiled = self._command(ch, {"cmd": [compiler, *args], "cwd": workdir, "env": env}, deadline,
+                                     None, relay=False)
+            done = _compile_outcome(compiled, compiler)
+            if done is None:
+                cwd = "/workspace" if os.path.isdir("/workspace") else workdir
+                ran = self._command(ch, {"cmd": [os.path.join(workdir, "prog")], "cwd": cwd, "env": env},
+                                    deadline, data, relay=True)
+                done = _run_outcome(ran)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        done["duration"] = round(time.monotonic() - started, 6)
+        ch.send_json(protocol.EVENT, done)
+
+    def _command(self, ch: Channel, spec: dict[str, Any], deadline: float | None, stdin: bytes | None, *,
+                 relay: bool) -> Ran:
+        """Run one command to its end (or the deadline), relaying its output or keeping it (merged)."""
+        if deadline is not None and deadline - time.monotonic() <= 0:
+            return Ran(None, True, False, b"")
+        left = None if deadline is None else max(0.001, deadline - time.monotonic())
+        proc = self.table.spawn({**spec, "timeout": left, "stdin": stdin is not None,
+                                 "max_output": PROGRAM_KEPT})
+        with self.table.lock:  # not a command of the processes API
+            self.table.processes.pop(proc.id, None)
+        kept = bytearray()
+
+        def sink(stream: str, chunk: bytes) -> None:
+            if relay:
+                _relay(ch, protocol.STDOUT if stream == "stdout" else protocol.STDERR, chunk)
+            else:
+                kept.extend(chunk)
+
+        proc.follow.append(sink)
+        if stdin is not None:
+            threading.Thread(target=_feed, args=(proc, stdin), daemon=True).start()
+
+        def host_input() -> bool:  # the host sends nothing more; EOF means it left: end the program
+            try:
+                ch.recv()
+                return True
+            except (Closed, protocol.ProtocolError, OSError):
+                proc.kill_tree()
+                return False
+
+        self.table.pump_here(proc, ch.sock.fileno(), host_input)
+        return Ran(proc.status, proc.timed_out, proc.killed, bytes(kept))
+
+
+class Ran:
+    def __init__(self, status: int | None, timed_out: bool, killed: bool, output: bytes) -> None:
+        self.status, self.timed_out, self.killed, self.output = status, timed_out, killed, output
+
+
+def _feed(proc: Process, data: bytes) -> None:
+    try:
+        proc.write_stdin(data)
+    except (ProcessError, OSError):
+        pass
+    proc.close_stdin()
+
+
+def _timeout_error(what: str) -> dict[str, Any]:
+    return {"name": "TimeoutError", "value": f"the {what} ran past the call's timeout and was killed",
+            "traceback": ""}
+
+
+def _compile_outcome(ran: Ran, compiler: str) -> dict[str, Any] | None:
+    """None when the program was built; else the call's `done` event (nothing runs)."""
+    if ran.timed_out:
+        return {"event": "done", "error": _timeout_error("compiler"), "timed_out": True, "session_restarted": False,
+                "killed": True}
+    code, sig = decode_status(ran.status)
+    if code == 0:
+        return None
+    text = ran.output.decode(errors="replace")
+    first = next((line for line in text.splitlines() if " error: " in line or line.startswith("error")), None)
+    first = first or next((line for line in text.splitlines() if line.strip()), "")
+    how = f"signal {sig}" if sig is not None else f"exit status {code}"
+    return {"event": "done", "error": {"name": "CompileError", "value": first or f"{compiler} failed ({how})",
+                                       "traceback": text},
+            "timed_out": False, "session_restarted": False}
+
+
+def _run_outcome(ran: Ran) -> dict[str, Any]:
+    code, sig = decode_status(ran.status)
+    done: dict[str, Any] = {"event": "done", "error": None, "timed_out": ran.timed_out, "session_restarted": False,
+                            "signal": sig, "exit_code": code, "killed": ran.killed or ran.timed_out}
+    if ran.timed_out:
+        done["error"] = _timeout_error("program")
+    elif sig is not None:
+        name = _signal_name(sig)
+        done["error"] = {"name": "Signal", "value": name,
+                         "traceback": f"the program was killed by signal {sig} ({name})"}
+    elif code:
+        done["error"] = {"name": "ExitStatus", "value": str(code),
+                         "traceback": f"the program exited with status {code}"}
+    return done
+
+
+def _signal_name(sig: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
 
 
 def _relay(ch: Channel, kind: int, payload: bytes) -> None:

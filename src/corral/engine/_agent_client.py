@@ -7,6 +7,7 @@ the boundary; errors the agent reports come back through `error_from_code`.
 from __future__ import annotations
 
 import asyncio
+import base64
 import builtins
 import contextlib
 import os
@@ -182,11 +183,15 @@ class AgentClient:
     # -- code sessions ---------------------------------------------------------------------------------
 
     async def run_code(self, code: str, *, language: str = "python", session: str = "default",
-                       timeout: float | None = None, env: dict[str, str] | None = None,
+                       timeout: float | None = None, stdin: bytes | None = None,
+                       env: dict[str, str] | None = None,
                        on_stdout: OutputCallback | None = None, on_stderr: OutputCallback | None = None,
                        on_result: ResultCallback | None = None) -> CodeResult:
-        """Run one cell; `env` applies only if this call starts the session."""
-        args = {"code": code, "language": language, "session": session, "timeout": timeout, "env": env}
+        """Run one cell; `env` applies only if this call starts the session; `stdin` only for c and cpp."""
+        args: dict[str, Any] = {"code": code, "language": language, "session": session, "timeout": timeout,
+                                "env": env}
+        if stdin is not None:
+            args["stdin_b64"] = base64.b64encode(stdin).decode()
         async with self._op("code_run", **args) as conn:
             started = await conn.event()
             out, err = bytearray(), bytearray()

@@ -8,7 +8,7 @@ from typing import Any
 
 from ._models import OutputText
 
-LANGUAGES = ("python", "bash", "javascript")
+LANGUAGES = ("python", "bash", "javascript", "c", "cpp")
 
 
 @dataclass(frozen=True)

@@ -312,14 +312,15 @@ class Engine:
         return self._with_denials(sb, self._with_oom(sb, result, before), started)
 
     async def run_code(self, sandbox_id: str, code: str, *, language: str = "python", session: str = "default",
-                       timeout: float | None = None, on_stdout: OutputCallback | None = None,
+                       timeout: float | None = None, stdin: bytes | None = None,
+                       on_stdout: OutputCallback | None = None,
                        on_stderr: OutputCallback | None = None, on_result: ResultCallback | None = None
                        ) -> CodeResult:
         """Run a cell in a stateful session (docs/code.md). Never raises for the cell's errors, timeouts or OOM."""
         sb = self._running(sandbox_id)
         before = self.backend.oom_kills(sb.record)
         result = await self._agent(sb).run_code(code, language=language, session=session, timeout=timeout,
-                                                env=self._env(sb, None), on_stdout=on_stdout,
+                                                stdin=stdin, env=self._env(sb, None), on_stdout=on_stdout,
                                                 on_stderr=on_stderr, on_result=on_result)
         return self._code_with_oom(sb, result, before)
 

@@ -8,6 +8,8 @@ and a last `end` (or `error`) event.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -17,7 +19,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
-from .._exceptions import CorralError, ServerError
+from .._exceptions import CorralError, InvalidRequestError, ServerError
 from ..control import Action, Principal
 from ..engine import CodeResult, CodeSession, RichResult
 from ._auth import CurrentPrincipal
@@ -37,7 +39,17 @@ class CodeRequest(BaseModel):
     language: StrictStr = "python"
     session: SessionName | None = None  # None: "default"
     timeout: Annotated[float, Field(gt=0)] | None = None
+    stdin_b64: StrictStr | None = None  # the program's stdin, for c and cpp only
     stream: StrictBool = False
+
+    def stdin(self) -> dict[str, Any]:
+        """`run_code`'s stdin argument, only when one was given."""
+        if self.stdin_b64 is None:
+            return {}
+        try:
+            return {"stdin": base64.b64decode(self.stdin_b64, validate=True)}
+        except (binascii.Error, ValueError) as exc:
+            raise InvalidRequestError("stdin_b64 is not valid base64") from exc
 
 
 def rich_json(result: RichResult) -> dict[str, Any]:
@@ -87,7 +99,8 @@ def _outcome(result: CodeResult) -> dict[str, Any]:
 
 def _params(body: CodeRequest) -> dict[str, Any]:
     return {"code": body.code, "language": body.language, "session": body.session or "default",
-            "timeout": body.timeout, "stream": body.stream}
+            "timeout": body.timeout, "stream": body.stream,
+            **({} if body.stdin_b64 is None else {"stdin": True})}
 
 
 @router.post("/{sandbox_id}/code", response_model=None)
@@ -103,7 +116,8 @@ async def run_code(sandbox_id: str, body: CodeRequest, request: Request,
                 return StreamingResponse(_stream(svc, sandbox_id, body, audit), media_type="application/x-ndjson")
             stack.push_async_callback(audit.record)
             result = await svc.engine.run_code(sandbox_id, body.code, language=body.language,
-                                               session=body.session or "default", timeout=body.timeout)
+                                               session=body.session or "default", timeout=body.timeout,
+                                               **body.stdin())
         except BaseException as exc:
             stack.pop_all()
             await audit.record(exc)
@@ -125,7 +139,8 @@ async def _stream(svc: Services, sandbox_id: str, body: CodeRequest, audit: Audi
         try:
             result = await svc.engine.run_code(sandbox_id, body.code, language=body.language,
                                                session=body.session or "default", timeout=body.timeout,
-                                               on_stdout=sink.stdout, on_stderr=sink.stderr, on_result=on_result)
+                                               on_stdout=sink.stdout, on_stderr=sink.stderr, on_result=on_result,
+                                               **body.stdin())
         except CorralError as exc:
             audit.outcome["error"] = exc.code
             return line({"event": "error", "error": exc.to_dict()})
