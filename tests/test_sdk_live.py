@@ -97,3 +97,17 @@ async def test_the_sync_sdk_too(api: Api, live_url: str) -> None:
             assert sb.pause().state == "paused" and sb.resume().state == "running"
 
     await asyncio.to_thread(flow)
+
+
+async def test_run_code_sessions_and_a_cpp_program(api: Api, live_url: str) -> None:
+    async with await AsyncSandbox.create(TEMPLATE, **_opts(api, live_url)) as sb:
+        assert (await sb.run_code("n = 20")).error is None
+        ex = await sb.run_code("import matplotlib.pyplot as plt\nplt.plot(range(n))\nn * 2", timeout=120)
+        assert ex.text == "40" and ex.error is None
+        [png] = [r.png for r in ex.results if r.png is not None]
+        assert png.startswith(b"\x89PNG\r\n\x1a\n")
+        cpp = "#include <iostream>\nint main(){std::string s; std::cin >> s; std::cout << s.size() << '\\n';}"
+        out = await sb.run_code(cpp, language="cpp", stdin="hello")
+        assert out.stdout == "5\n" and out.error is None
+        failed = await sb.run_code("raise ValueError('no')")
+        assert failed.error is not None and failed.error.name == "ValueError" and failed.error.value == "no"

@@ -431,3 +431,18 @@ async def test_real_dataframe_is_html_and_streams(real: tuple[httpx.AsyncClient,
     assert b"".join(base64.b64decode(e["data_b64"]) for e in events if e["event"] == "stdout") == b"made\n"
     sessions = (await client.get(f"/v1/sandboxes/{sandbox}/code/sessions")).json()["sessions"]
     assert [s["name"] for s in sessions] == ["default"]
+
+
+@pytest.mark.runc
+async def test_real_c_program_reads_stdin_and_reports_compile_errors_apart(real: tuple[httpx.AsyncClient, str]) -> None:
+    client, sandbox = real
+    echo = '#include <stdio.h>\nint main(void){int c; while((c=getchar())!=EOF) putchar(c); return 3;}\n'
+    stdin = b"in\x00\xff\n"
+    result = await run_cell(client, sandbox, echo, language="c", stdin_b64=base64.b64encode(stdin).decode())
+    assert base64.b64decode(result["stdout_b64"]) == stdin  # exact bytes through stdin and stdout
+    assert result["error"]["name"] == "ExitStatus" and result["error"]["value"] == "3"
+    broken = await run_cell(client, sandbox, "int main(void){ return undefined_name; }", language="c")
+    assert broken["error"]["name"] == "CompileError" and "undefined_name" in broken["error"]["traceback"]
+    assert broken["stdout_b64"] == ""
+    r = await client.post(f"/v1/sandboxes/{sandbox}/code", json={"code": "1", "language": "cobol"})
+    assert r.status_code == 400 and "python, bash, javascript, c, cpp" in r.json()["error"]["message"]
