@@ -4,8 +4,9 @@ A session is spawned like any command (sandbox user, subreaper root in its own p
 crash takes only that session. Its stdin carries cells as `REQUEST` frames; its stdout carries the agent's own
 frames back, which are relayed to the host as they come. One cell runs at a time per session.
 
-Compiled languages (`c`, `cpp`) have no session: each call writes the code to a fresh temporary directory,
-compiles it there and runs the program (as a command, like exec), with the call's `stdin_b64` as its stdin.
+Compiled languages (`c`, `cpp`; `java`, `go`, `rust`, `typescript` with the polyglot template) have no session:
+each call writes the code to a fresh temporary directory, compiles it there and runs the program (as a command,
+like exec), with the call's `stdin_b64` as its stdin.
 
 Ops: `code_run`, `code_interrupt`, `code_restart`, `code_close`, `code_list`.
 """
@@ -27,13 +28,44 @@ if TYPE_CHECKING:
 
 SIGINT = 2
 INTERPRETERS = {"python": "python3", "bash": "bash", "javascript": "node"}
-# language -> (compiler, source file name, arguments); run in the call's temporary directory.
-COMPILERS = {
-    "c": ("gcc", "main.c", ["-O2", "-std=c17", "-o", "prog", "main.c", "-lm"]),
-    "cpp": ("g++", "main.cpp", ["-O2", "-std=c++17", "-o", "prog", "main.cpp"]),
+# TypeScript without @types/node (bookworm has no package of it) and without the DOM's lib (`--lib es2020`: tsc
+# takes ~2 s instead of ~7): just enough for Node's globals and built-in modules to type-check (as `any`), so that
+# `console.log(...)`, `process.stdout.write(...)` or `import * as fs from "fs"` compile.
+NODE_DTS = "".join(
+    [*(f"declare var {name}: any;\n" for name in (
+        "process", "Buffer", "require", "module", "exports", "console", "setTimeout", "setInterval", "setImmediate",
+        "clearTimeout", "clearInterval", "clearImmediate", "queueMicrotask", "structuredClone", "fetch", "URL",
+        "URLSearchParams", "TextEncoder", "TextDecoder", "AbortController", "performance", "global")),
+     "declare var __dirname: string;\ndeclare var __filename: string;\n",
+     *(f'declare module "{m}";\ndeclare module "node:{m}";\n' for m in (
+         "assert", "buffer", "child_process", "crypto", "events", "fs", "fs/promises", "http", "https", "net", "os",
+         "path", "process", "readline", "stream", "string_decoder", "timers", "url", "util", "worker_threads",
+         "zlib"))])
+# language -> source file, compile command (run in the call's temporary directory, "{dir}"), run command (run in
+# /workspace), and optionally: what the compiler must have built ("built"), environment added where the call's
+# env does not set it ("env"), and further files written next to the source ("files").
+COMPILERS: dict[str, dict[str, Any]] = {
+    "c": {"source": "main.c", "compile": ["gcc", "-O2", "-std=c17", "-o", "prog", "main.c", "-lm"],
+          "run": ["{dir}/prog"]},
+    "cpp": {"source": "main.cpp", "compile": ["g++", "-O2", "-std=c++17", "-o", "prog", "main.cpp"],
+            "run": ["{dir}/prog"]},
+    # javac is a JVM itself: the C1 compiler only starts it faster.
+    "java": {"source": "Main.java", "compile": ["javac", "-J-XX:TieredStopAtLevel=1", "Main.java"],
+             "run": ["java", "-cp", "{dir}", "Main"], "built": "Main.class"},
+    # The build cache outlives the call (under /tmp, per sandbox), so only a sandbox's first build is cold.
+    "go": {"source": "main.go", "compile": ["go", "build", "-o", "prog", "main.go"], "run": ["{dir}/prog"],
+           "env": {"GOCACHE": "/tmp/corral-go/cache", "GOPATH": "/tmp/corral-go/path"}},
+    "rust": {"source": "main.rs", "compile": ["rustc", "-O", "-o", "prog", "main.rs"], "run": ["{dir}/prog"]},
+    "typescript": {"source": "main.ts", "compile": ["tsc", "--outDir", "{dir}/out", "--target", "es2020", "--module",
+                                                    "commonjs", "--lib", "es2020", "--skipLibCheck", "main.ts",
+                                                    "node.d.ts"],
+                   "run": ["node", "{dir}/out/main.js"], "files": {"node.d.ts": NODE_DTS}},
 }
+POLYGLOT = ("java", "go", "rust", "typescript")  # what only the polyglot template has the toolchains of
 LANGUAGES = (*INTERPRETERS, *COMPILERS)
-UNKNOWN_HINT = "(Java, Go, Rust and TypeScript need the polyglot template, which is not built yet)"
+UNKNOWN_HINT = "(Java, Go, Rust and TypeScript need the polyglot template)"
+POLYGLOT_HINT = ("Java, Go, Rust and TypeScript need the `polyglot` template: build it with `corral templates build "
+                 "polyglot` and create the sandbox with template 'polyglot'")
 PROGRAM_KEPT = 64 * 1024  # what a program's Process keeps of its output: every byte is relayed as it comes
 KILL_GRACE = 2.0  # after an interrupt, how long a cell may take to stop before its session is killed
 START_TIMEOUT = 60.0
@@ -169,7 +201,7 @@ class Sessions:
             return
         if req.get("stdin_b64") is not None:
             raise ProcessError("invalid_request", f"stdin is not supported for {language} sessions; only for "
-                                                  + " and ".join(COMPILERS))
+                                                  + ", ".join(COMPILERS))
         session = self._get_or_start(req)
         with session.busy:
             ch.event(event="started", session=session.name, language=session.language, pid=session.proc.pid)
@@ -316,26 +348,35 @@ class Sessions:
             data = None if stdin is None else base64.b64decode(str(stdin), validate=True)
         except (binascii.Error, ValueError) as exc:
             raise ProcessError("invalid_request", "stdin_b64 is not valid base64") from exc
-        compiler, source, args = COMPILERS[language]
+        chain = COMPILERS[language]
         env = req.get("env")
         path = str((env or {}).get("PATH") or "") or "/usr/local/bin:/usr/bin:/bin"
-        if _which(compiler, path) is None:
+        compiler = chain["compile"][0]
+        tools = [compiler, *([] if chain["run"][0].startswith("{dir}") else [chain["run"][0]])]
+        missing = next((tool for tool in tools if _which(tool, path) is None), None)
+        if missing is not None:
+            hint = f"; {POLYGLOT_HINT}" if language in POLYGLOT else ""
             raise ProcessError("invalid_request", f"{language} is not available in this sandbox: its template has "
-                                                  f"no {compiler}")
+                                                  f"no {missing}{hint}")
+        if chain.get("env"):
+            env = {**chain["env"], **(env or {})}
         workdir = tempfile.mkdtemp(prefix="corral-code-", dir="/tmp")  # we run as the sandbox user
         try:
-            with open(os.path.join(workdir, source), "w", encoding="utf-8", errors="surrogateescape") as f:
-                f.write(code)
+            for file, text in {chain["source"]: code, **chain.get("files", {})}.items():
+                with open(os.path.join(workdir, file), "w", encoding="utf-8", errors="surrogateescape") as f:
+                    f.write(text)
             ch.event(event="started", session=name, language=language, pid=0)
             started = time.monotonic()
             deadline = None if timeout is None else started + timeout
-            compiled = self._command(ch, {"cmd": [compiler, *args], "cwd": workdir, "env": env}, deadline,
-                                     None, relay=False)
-            done = _compile_outcome(compiled, compiler)
+            compiled = self._command(ch, {"cmd": [a.replace("{dir}", workdir) for a in chain["compile"]],
+                                          "cwd": workdir, "env": env}, deadline, None, relay=False)
+            done = _compile_outcome(compiled, compiler, language)
+            if done is None and chain.get("built") and not os.path.exists(os.path.join(workdir, chain["built"])):
+                done = _not_built(compiled.output)
             if done is None:
                 cwd = "/workspace" if os.path.isdir("/workspace") else workdir
-                ran = self._command(ch, {"cmd": [os.path.join(workdir, "prog")], "cwd": cwd, "env": env},
-                                    deadline, data, relay=True)
+                ran = self._command(ch, {"cmd": [a.replace("{dir}", workdir) for a in chain["run"]], "cwd": cwd,
+                                         "env": env}, deadline, data, relay=True)
                 done = _run_outcome(ran)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -394,7 +435,7 @@ def _timeout_error(what: str) -> dict[str, Any]:
             "traceback": ""}
 
 
-def _compile_outcome(ran: Ran, compiler: str) -> dict[str, Any] | None:
+def _compile_outcome(ran: Ran, compiler: str, language: str) -> dict[str, Any] | None:
     """None when the program was built; else the call's `done` event (nothing runs)."""
     if ran.timed_out:
         return {"event": "done", "error": _timeout_error("compiler"), "timed_out": True, "session_restarted": False,
@@ -403,11 +444,25 @@ def _compile_outcome(ran: Ran, compiler: str) -> dict[str, Any] | None:
     if code == 0:
         return None
     text = ran.output.decode(errors="replace")
-    first = next((line for line in text.splitlines() if " error: " in line or line.startswith("error")), None)
-    first = first or next((line for line in text.splitlines() if line.strip()), "")
+    lines = [line for line in text.splitlines() if line.strip()]
+    # gcc, javac: "file:line: error: ..."; rustc: "error[E0425]: ..."; tsc: "main.ts(1,7): error TS2322: ...";
+    # go prints "# command-line-arguments" and then "./main.go:3:2: undefined: x".
+    first = next((line for line in lines if " error: " in line or " error TS" in line or line.startswith("error")),
+                 None)
+    first = first or next((line for line in lines if not line.startswith("#")), "")
+    if language == "java" and "is public, should be declared in a file named" in first:
+        first += " (the program's public class must be named Main)"
     how = f"signal {sig}" if sig is not None else f"exit status {code}"
     return {"event": "done", "error": {"name": "CompileError", "value": first or f"{compiler} failed ({how})",
                                        "traceback": text},
+            "timed_out": False, "session_restarted": False}
+
+
+def _not_built(output: bytes) -> dict[str, Any]:
+    """The compiler succeeded without building what runs: for Java, a program without a class Main."""
+    value = "no class Main: the program's public class (the one with main) must be named Main"
+    return {"event": "done", "error": {"name": "CompileError", "value": value,
+                                       "traceback": (output.decode(errors="replace") + "\n" + value).lstrip()},
             "timed_out": False, "session_restarted": False}
 
 

@@ -8,7 +8,8 @@ from typing import Any
 
 from ._models import OutputText
 
-LANGUAGES = ("python", "bash", "javascript", "c", "cpp")
+# java, go, rust and typescript need the polyglot template (its toolchains); the others work in the default one.
+LANGUAGES = ("python", "bash", "javascript", "c", "cpp", "java", "go", "rust", "typescript")
 
 
 @dataclass(frozen=True)

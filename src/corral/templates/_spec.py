@@ -1,4 +1,4 @@
-"""What a template is made of: `TemplateSpec`, its digest, and the built-in `default` spec."""
+"""What a template is made of: `TemplateSpec`, its digest, and the built-in `default` and `polyglot` specs."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ __all__ = [
     "BUILDER_VERSION",
     "BUILTIN_SPECS",
     "DEFAULT_TEMPLATE",
+    "POLYGLOT_TEMPLATE",
     "TemplateSpec",
     "builtin_spec",
     "load_spec",
@@ -265,7 +266,15 @@ DEFAULT_TEMPLATE = TemplateSpec(
     env={"PATH": _PATH, "LANG": "C.UTF-8", "MPLBACKEND": "Agg"},
 )
 
-BUILTIN_SPECS: Mapping[str, TemplateSpec] = {DEFAULT_TEMPLATE.name: DEFAULT_TEMPLATE}
+# `default` plus the toolchains of the compiled `java`, `go`, `rust` and `typescript` code languages
+# (docs/code.md): OpenJDK 17, Go 1.19, rustc 1.63 and tsc 4.8 (which runs on the default's nodejs).
+POLYGLOT_TEMPLATE = TemplateSpec.model_validate({
+    **DEFAULT_TEMPLATE.model_dump(),
+    "name": "polyglot",
+    "apt_packages": [*DEFAULT_TEMPLATE.apt_packages, "default-jdk-headless", "golang-go", "node-typescript", "rustc"],
+})
+
+BUILTIN_SPECS: Mapping[str, TemplateSpec] = {spec.name: spec for spec in (DEFAULT_TEMPLATE, POLYGLOT_TEMPLATE)}
 
 
 def builtin_spec(name: str) -> TemplateSpec:
