@@ -13,6 +13,7 @@ import asyncio
 import builtins
 import contextlib
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -61,6 +62,13 @@ EGRESS_ENV = {
 # their usual registries through the proxy, so a refusal reaches them as a refused CONNECT, whose reason pip
 # prints in its retry warnings (a refused mirror page, pip would report only as "no matching distribution").
 MIRROR_ENV = {"PIP_INDEX_URL": f"{_PROXY}/pypi/simple/", "npm_config_registry": f"{_PROXY}/npm/"}
+
+
+@functools.lru_cache(maxsize=1024)
+def _grants_packages(network: str | tuple[str, ...], private: tuple[str, ...]) -> bool:
+    """Memoised: every exec builds an environment, and parsing the policy each time would tax that hot path."""
+    spec_policy = SandboxSpec.model_construct(network=network, network_private=private).egress_policy()
+    return spec_policy.grants_preset("packages")
 
 
 @dataclass
@@ -389,7 +397,7 @@ class Engine:
     # -- internals ---------------------------------------------------------------------------------
 
     def _env(self, sb: _Sandbox, extra: dict[str, str] | None) -> dict[str, str]:
-        mirror = MIRROR_ENV if sb.spec.egress_policy().grants_preset("packages") else {}
+        mirror = MIRROR_ENV if _grants_packages(sb.spec.network, sb.spec.network_private) else {}
         env = {**EGRESS_ENV, **mirror, **sb.template_env, **sb.spec.env}
         if extra:
             env.update(extra)
