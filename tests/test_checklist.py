@@ -36,6 +36,7 @@ from corral import (
     ServerError,
 )
 from corral.backends.local import _cgroups
+from corral.check import _limits as check_limits
 from corral.engine import AgentClient, SandboxSpec
 
 from .conftest import CGROUP_PARENT, TEMPLATE, make_engine, spec
@@ -349,28 +350,8 @@ async def test_08_disk_quota_file_api_write_fails_cleanly(engine):
 # -- 9, 10, 11: pids, memory, CPU ----------------------------------------------------------------------
 
 
-FORK_PROBE = r"""
-import os, sys, time
-hold = float(sys.argv[1])
-kids, err = [], None
-for i in range(500):
-    try:
-        pid = os.fork()
-    except OSError as e:
-        err = e.errno
-        break
-    if pid == 0:
-        time.sleep(30)
-        os._exit(0)
-    kids.append(pid)
-print("FULL", len(kids), err, flush=True)
-time.sleep(hold)
-for k in kids:
-    os.kill(k, 9)
-for k in kids:
-    os.waitpid(k, 0)
-print("DONE", flush=True)
-"""
+# The probe `corral check` runs for item 9 (it holds its children until killed).
+FORK_PROBE = check_limits.FORK_PROBE
 
 
 async def _start_bomb(sb: Any, hold: float) -> tuple[asyncio.Task[Any], asyncio.Event]:

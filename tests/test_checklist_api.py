@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
+
+from corral.check._tenancy import plausible_request
 
 from .conftest import TEMPLATE
 from .test_server_api import Api, create, error_code, run, unb64
@@ -63,23 +64,7 @@ async def test_16_traversal_rejected_by_every_file_route(api: Api, path: str) ->
 # -- 32: tenants are isolated, on every endpoint the API publishes -------------------------------------------------
 
 
-def _probe(method: str, path: str) -> dict[str, Any]:
-    """A plausible request for a route, so a 404 comes from the tenant check, not from a malformed body."""
-    if path.endswith(("/exec", "/processes")):
-        return {"json": {"cmd": "touch /workspace/pwned"}}
-    if path.endswith("/code"):
-        return {"json": {"code": "open('/workspace/pwned', 'w')"}}
-    if path.endswith("/timeout"):
-        return {"json": {"timeout": 60}}
-    if path.endswith("/network"):
-        return {"json": {"network": "internet"}}
-    if path.endswith("/mkdir"):
-        return {"json": {"path": "/workspace/pwned"}}
-    if path.endswith("/rename"):
-        return {"json": {"src": "/workspace/secret", "dst": "/workspace/pwned"}}
-    if "/files" in path or "/archive" in path:
-        return {"params": {"path": "/workspace/secret"}, **({"content": b"x"} if method == "PUT" else {})}
-    return {}
+_probe = plausible_request  # the same requests `corral check` sends (corral/check/_tenancy.py)
 
 
 async def test_32_other_tenants_sandbox_is_404_on_every_published_route(api: Api) -> None:

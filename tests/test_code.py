@@ -81,6 +81,17 @@ async def test_shell_and_pip_magics(sandbox):
     assert r.error is None and r.stdout.startswith("hi\npip ")
 
 
+async def test_what_a_shell_line_installs_in_the_user_site_is_importable_next(sandbox):
+    # Found by the eval corpus: after `%pip install` the next cell's import failed, because ~/.local's
+    # site-packages did not exist when the session started and so was not on sys.path.
+    r = await sandbox.run_code("!python3 -c 'import site,os; d=site.getusersitepackages(); os.makedirs(d); "
+                               "open(os.path.join(d, \"corral_probe.py\"), \"w\").write(\"X = 5\\n\")'",
+                               session="usersite")
+    assert r.error is None, r
+    r = await sandbox.run_code("import corral_probe; corral_probe.X", session="usersite")
+    assert r.error is None and r.results[0].data["text/plain"] == "5", r
+
+
 async def test_named_sessions_are_isolated(sandbox):
     await sandbox.run_code("z = 1", session="one")
     r = await sandbox.run_code("z", session="two")
@@ -136,6 +147,18 @@ async def test_javascript_session(sandbox):
     r = await sandbox.run_code("throw new TypeError('nope')", language="javascript", session="js")
     assert r.error is not None and (r.error.name, r.error.value) == ("TypeError", "nope")
     assert "kernel.js" not in r.error.traceback
+
+
+@pytest.mark.parametrize(("language", "code"), [("bash", "exit 3"), ("javascript", "process.exit(3)"),
+                                              ("python", "import os; os._exit(3)")])
+async def test_a_session_that_exits_reports_its_status(sandbox, language, code):
+    # Found by the eval corpus: bash and node sessions used to report "exit status 0" whatever they exited with.
+    r = await sandbox.run_code(code, language=language, session=f"exit-{language}")
+    assert r.error is not None and r.error.name == "SessionDied", r
+    assert "exit status 3" in r.error.value, r.error.value
+    r = await sandbox.run_code("echo again" if language == "bash" else "1", language=language,
+                               session=f"exit-{language}")
+    assert r.error is None  # the next cell starts a fresh session
 
 
 async def test_unknown_language_and_mismatch(sandbox):

@@ -158,3 +158,12 @@ async def test_file_roots_in_the_spec_confine_the_engines_file_api(engine):
         assert [e.name for e in await sb.files.list("/workspace/out")] == ["ok"]
     finally:
         await sb.destroy()
+
+
+async def test_a_path_1500_directories_deep_is_written_and_read(sandbox):
+    # Found by the eval corpus: creating the parents recursed past Python's limit (a RecursionError, a 500).
+    deep = "/workspace/" + "d/" * 1500 + "x"
+    await sandbox.files.write(deep, b"deep")
+    assert await sandbox.files.read(deep) == b"deep"
+    await sandbox.files.make_dir("/workspace/" + "e/" * 1500)
+    assert await sandbox.files.exists("/workspace/" + "e/" * 1500)

@@ -44,6 +44,25 @@ async def test_pause_freezes_and_resume_continues(engine):
             await sb.resume()
 
 
+async def test_pause_while_forking_pauses_or_says_why(engine):
+    # Found by the eval corpus: runc's cgroup v1 freezer gives up on a tree that keeps forking ("unable to
+    # freeze") and pausing answered a bare runtime failure (a 500 through the API).
+    async with await engine.create(spec()) as sb:
+        await sb.processes.start("while true; do /bin/true & /bin/true & wait; done")
+        await anyio.sleep(0.3)
+        paused = 0
+        for _ in range(8):
+            try:
+                await sb.pause()
+            except ConflictError as exc:  # the only acceptable failure: retryable, and it says what happened
+                assert "could not be paused" in exc.message and exc.details["retryable"] is True
+                continue
+            paused += 1
+            await sb.resume()
+        assert paused >= 1
+        assert (await sb.exec("echo alive")).stdout == "alive\n"
+
+
 async def test_timeout_destroys_and_says_so(engine, test_home):
     sb = await engine.create(SandboxSpec(template=TEMPLATE, timeout=1))
     await anyio.sleep(2.6)

@@ -768,3 +768,17 @@ async def test_async_retries_too(fake):
     sb = await AsyncSandbox.create(api_key=KEY, base_url=URL, transport=flaky)
     assert flaky.seen == 2 and sb.id in fake.sandboxes
     await sb.close()
+
+
+def test_a_path_with_a_lone_surrogate_is_refused_before_any_request(fake, opts):
+    # Found by the eval corpus: such a path (undecodable bytes via os.fsdecode) escaped as a UnicodeEncodeError.
+    from corral import InvalidRequestError
+
+    with Sandbox.create(**opts) as sb:
+        sent = len(fake.requests)
+        bad = "/workspace/\udcff.txt"
+        for call in (lambda: sb.files.write(bad, b"x"), lambda: sb.files.read(bad), lambda: sb.files.stat(bad),
+                     lambda: sb.files.rename("/workspace/a", bad)):
+            with pytest.raises(InvalidRequestError, match="lone surrogate"):
+                call()
+        assert len(fake.requests) == sent

@@ -139,6 +139,21 @@ def test_sizes_and_limits():
         Limits(unknown=1)  # type: ignore[call-arg]
 
 
+def test_tmpfs_sizes_fit_in_memory():
+    # tmpfs pages count against memory and cannot be reclaimed: /tmp and /dev/shm must leave room for processes.
+    assert (Limits().tmp, Limits().shm) == (256 << 20, 64 << 20)  # the defaults fit 512M as they are
+    small = Limits(memory="128M")
+    assert small.tmp + small.shm <= 96 << 20 and small.tmp >= 64 << 20  # defaults shrink to fit
+    assert Limits(memory="128M", shm="64M").tmp == 32 << 20
+    assert Limits(memory="512M", tmp="470M").shm == 10 << 20
+    with pytest.raises(ValueError, match=r"together must be at most 96M: tmpfs pages count against memory"):
+        Limits(memory="128M", tmp="200M", shm="8M")
+    with pytest.raises(ValueError, match="leaves no room"):
+        Limits(memory="128M", tmp="100M")
+    again = Limits.model_validate(small.model_dump())  # a stored spec reloads unchanged
+    assert again == small
+
+
 def test_every_error_code_round_trips():
     classes = _all_subclasses(CorralError)
     codes = [c.code for c in classes]
@@ -180,7 +195,8 @@ def test_bundle_has_every_hardening_item(tmp_path):
     assert {"type": "RLIMIT_NOFILE", "hard": 1000, "soft": 1000} in proc["rlimits"]
     assert "/proc/kcore" in MASKED_PATHS and linux["seccomp"]["defaultAction"].startswith("SCMP_ACT_ERRNO")
     mounts = {m["destination"]: m for m in cfg["mounts"]}
-    assert "ro" in mounts["/.corral/agent"]["options"] and "size=268435456" in mounts["/tmp"]["options"]
+    # /tmp and /dev/shm shrink to fit memory (256M) less 32M: shm 56M, tmp 168M.
+    assert "ro" in mounts["/.corral/agent"]["options"] and "size=176160768" in mounts["/tmp"]["options"]
     assert sorted(e.split("=")[0] for e in proc["env"]) == ["CORRAL_AGENT_TOKEN", "LANG", "PATH"]
 
 

@@ -9,6 +9,7 @@ import os
 from collections.abc import AsyncIterator, Iterator
 from typing import IO, Any
 
+from .._exceptions import InvalidRequestError
 from ._models import Entry
 from ._transport import AsyncClient, SyncClient, json_dict, sandbox_path
 
@@ -23,12 +24,26 @@ WriteData = bytes | bytearray | memoryview | str | IO[bytes]
 _OCTET_HEADERS = {"Content-Type": "application/octet-stream"}
 
 
+def _fspath(path: PathLike) -> str:
+    """The path as the API takes it; a lone surrogate (undecodable bytes from `os.fsdecode`) is refused here,
+    clearly, since no UTF-8 request can carry it (found by the eval corpus: it used to escape as a
+    UnicodeEncodeError)."""
+    text = os.fspath(path)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequestError(
+            f"path {text!r} is not valid Unicode: position {exc.start} holds a lone surrogate (undecodable bytes); "
+            "sandbox paths travel as UTF-8") from exc
+    return text
+
+
 def _at(path: PathLike) -> dict[str, str]:
-    return {"path": os.fspath(path)}
+    return {"path": _fspath(path)}
 
 
 def _rename_body(src: PathLike, dst: PathLike, overwrite: bool) -> dict[str, Any]:
-    return {"src": os.fspath(src), "dst": os.fspath(dst), "overwrite": overwrite}
+    return {"src": _fspath(src), "dst": _fspath(dst), "overwrite": overwrite}
 
 
 def _upload_kind(data: WriteData) -> bytes | IO[bytes]:
@@ -80,7 +95,7 @@ class Files:
         """Write `data` (bytes, str as UTF-8, or a binary file object, streamed in chunks) to `path`."""
         payload = _upload_kind(data)
         content = payload if isinstance(payload, bytes) else _iter_file(payload)
-        params = {"path": os.fspath(path)} | ({} if mode is None else {"mode": str(mode)})
+        params = {"path": _fspath(path)} | ({} if mode is None else {"mode": str(mode)})
         headers = {"Content-Type": "application/octet-stream"}
         reply = json_dict(
             self._client.request("PUT", self._path(), params=params, content=content, headers=headers), "a write"
@@ -90,7 +105,7 @@ class Files:
     def read(self, path: PathLike) -> bytes:
         """The file's exact bytes."""
         out = bytearray()
-        with self._client.stream("GET", self._path(), params={"path": os.fspath(path)}) as response:
+        with self._client.stream("GET", self._path(), params={"path": _fspath(path)}) as response:
             for chunk in response.iter_bytes():
                 out += chunk
         return bytes(out)
@@ -100,20 +115,20 @@ class Files:
         return self.read(path).decode(encoding, errors=errors)
 
     def list(self, path: PathLike) -> builtins.list[Entry]:
-        data = json_dict(self._client.request("GET", self._path("/list"), params={"path": os.fspath(path)}), "a list")
+        data = json_dict(self._client.request("GET", self._path("/list"), params={"path": _fspath(path)}), "a list")
         return [Entry.from_wire(e) for e in data.get("entries", [])]
 
     def exists(self, path: PathLike) -> bool:
-        data = self._client.request("GET", self._path("/exists"), params={"path": os.fspath(path)})
+        data = self._client.request("GET", self._path("/exists"), params={"path": _fspath(path)})
         return bool(json_dict(data, "exists").get("exists"))
 
     def make_dir(self, path: PathLike) -> bool:
         """Create the directory (and its parents); `False` if it already existed."""
-        data = self._client.request("POST", self._path("/mkdir"), json={"path": os.fspath(path)})
+        data = self._client.request("POST", self._path("/mkdir"), json={"path": _fspath(path)})
         return bool(json_dict(data, "mkdir").get("created"))
 
     def remove(self, path: PathLike, *, recursive: bool = False) -> None:
-        params = {"path": os.fspath(path)} | ({"recursive": "true"} if recursive else {})
+        params = {"path": _fspath(path)} | ({"recursive": "true"} if recursive else {})
         self._client.request("DELETE", self._path(), params=params)
 
     def stat(self, path: PathLike) -> Entry:
@@ -167,14 +182,14 @@ class AsyncFiles:
         """Write `data` (bytes, str as UTF-8, or a binary file object, sync or async, streamed) to `path`."""
         payload = _upload_kind(data)
         content = payload if isinstance(payload, bytes) else _aiter_file(payload)
-        params = {"path": os.fspath(path)} | ({} if mode is None else {"mode": str(mode)})
+        params = {"path": _fspath(path)} | ({} if mode is None else {"mode": str(mode)})
         headers = {"Content-Type": "application/octet-stream"}
         reply = await self._client.request("PUT", self._path(), params=params, content=content, headers=headers)
         return Entry.from_wire({"type": "file", **json_dict(reply, "a write")})
 
     async def read(self, path: PathLike) -> bytes:
         out = bytearray()
-        async with self._client.stream("GET", self._path(), params={"path": os.fspath(path)}) as response:
+        async with self._client.stream("GET", self._path(), params={"path": _fspath(path)}) as response:
             async for chunk in response.aiter_bytes():
                 out += chunk
         return bytes(out)
@@ -183,19 +198,19 @@ class AsyncFiles:
         return (await self.read(path)).decode(encoding, errors=errors)
 
     async def list(self, path: PathLike) -> builtins.list[Entry]:
-        data = await self._client.request("GET", self._path("/list"), params={"path": os.fspath(path)})
+        data = await self._client.request("GET", self._path("/list"), params={"path": _fspath(path)})
         return [Entry.from_wire(e) for e in json_dict(data, "a list").get("entries", [])]
 
     async def exists(self, path: PathLike) -> bool:
-        data = await self._client.request("GET", self._path("/exists"), params={"path": os.fspath(path)})
+        data = await self._client.request("GET", self._path("/exists"), params={"path": _fspath(path)})
         return bool(json_dict(data, "exists").get("exists"))
 
     async def make_dir(self, path: PathLike) -> bool:
-        data = await self._client.request("POST", self._path("/mkdir"), json={"path": os.fspath(path)})
+        data = await self._client.request("POST", self._path("/mkdir"), json={"path": _fspath(path)})
         return bool(json_dict(data, "mkdir").get("created"))
 
     async def remove(self, path: PathLike, *, recursive: bool = False) -> None:
-        params = {"path": os.fspath(path)} | ({"recursive": "true"} if recursive else {})
+        params = {"path": _fspath(path)} | ({"recursive": "true"} if recursive else {})
         await self._client.request("DELETE", self._path(), params=params)
 
     async def stat(self, path: PathLike) -> Entry:

@@ -12,7 +12,7 @@ import tarfile
 
 from . import protocol
 from .channel import Channel
-from .files import FileError, check_path, receive_into, temp_in, unlink_quietly
+from .files import FileError, check_path, make_dirs, receive_into, temp_in, unlink_quietly
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -119,10 +119,10 @@ def _extract_member(tar: tarfile.TarFile, m: tarfile.TarInfo, target: str) -> No
     dest = posixpath.join(target, name) if name != "." else target
     mode = (m.mode & 0o777) or (0o755 if m.isdir() else 0o644)
     if m.isdir():
-        os.makedirs(dest, exist_ok=True)
+        make_dirs(dest)
         os.chmod(dest, mode | 0o700)
         return
-    os.makedirs(posixpath.dirname(dest), exist_ok=True)
+    make_dirs(posixpath.dirname(dest))
     if os.path.lexists(dest) and not os.path.isdir(dest):
         os.unlink(dest)
     if m.issym():

@@ -282,6 +282,23 @@ def _shell(cmd: str) -> None:
 
     _flush()
     subprocess.run(cmd, shell=True)  # noqa: S602  # `!cmd` is the user asking for a shell
+    _add_user_site()
+
+
+def _add_user_site() -> None:
+    """Make what `%pip install` (or `!pip install --user`) just put in ~/.local importable in this session.
+
+    Python adds the user site-packages to sys.path at start only if the directory exists then; in a fresh
+    sandbox it does not, so a package installed by one cell was not importable by the next (found by the eval
+    corpus). IPython has the same gap; we close it.
+    """
+    import importlib
+    import site
+
+    user_site = site.getusersitepackages()
+    if site.ENABLE_USER_SITE and os.path.isdir(user_site) and user_site not in sys.path:
+        site.addsitedir(user_site)
+    importlib.invalidate_caches()
 
 
 def format_object(obj: object) -> dict[str, str]:
@@ -432,8 +449,10 @@ class ChildRunner:
             pass
         line = self.status.readline()
         if not line:
-            self.child.wait()
-            raise SystemExit(0)  # the shell exited (`exit` in a cell): so does the session
+            # The shell exited (`exit 3` in a cell, `process.exit(3)`): so does the session, with its status,
+            # which the agent reports ("the session's process ended (exit status 3)").
+            status = self.child.wait()
+            raise SystemExit(status if status >= 0 else 128 - status)
         if self.language == "bash":
             code_ = int(line or b"0")
             return None if code_ == 0 else {"name": "ExitStatus", "value": str(code_),

@@ -41,6 +41,9 @@ class Agent:
             _send_error(ch, "invalid_request", f"protocol error: {exc}")
         except Closed:
             pass
+        except OSError as exc:  # a file operation raced with the sandbox (a swapped symlink, a vanished dir)
+            err = files.FileError.from_os(exc, str(exc.filename or ""))
+            _send_error(ch, err.code, err.message)
         except Exception as exc:  # the agent must outlive any one request
             _send_error(ch, "server_error", f"agent failure: {type(exc).__name__}: {exc}")
         finally:

@@ -22,9 +22,11 @@ from .. import __version__
 from .._exceptions import CorralError
 from ._audit import audit_app
 from ._bench import bench_app
+from ._check import check_command
 from ._code import run_code_command
 from ._common import error_line
 from ._cp import cp
+from ._eval import eval_app
 from ._exec import exec_command
 from ._keys import keys_app
 from ._sandbox import sandbox_app
@@ -60,6 +62,8 @@ app.add_typer(keys_app, name="keys")
 app.add_typer(audit_app, name="audit")
 app.add_typer(templates_app, name="templates")
 app.add_typer(bench_app, name="bench")
+app.add_typer(eval_app, name="eval")
+app.command("check")(check_command)
 
 
 @app.callback()

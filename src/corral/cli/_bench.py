@@ -113,3 +113,14 @@ def code(
 ) -> None:
     """Code sessions: start, 1+1, 1 MB of stdout, a matplotlib chart, against a fresh `python3 -c`."""
     _run("code", out, template=template, n=n)
+
+
+@bench_app.command("eval")
+def eval_(
+    concurrency: int = typer.Option(50, help="Concurrent agents (tasks at once)."),
+    sample: int | None = typer.Option(None, help="A seeded sample instead of the whole corpus."),
+    seed: int = typer.Option(0, help="Seed of the sample."),
+    out: Path = typer.Option(Path("bench-results/eval.json"), help="Where to write the JSON figures."),
+) -> None:
+    """The whole eval corpus against a real server: wall time, per-category latency, against empty tasks."""
+    _run("eval", out, concurrency=concurrency, sample=sample, seed=seed)

@@ -49,6 +49,9 @@ class Runtime(StrEnum):
     RUNSC = "runsc"
 
 
+_TMPFS_RESERVE = 32 * 1024**2  # memory kept for processes when /tmp and /dev/shm are full
+
+
 class Limits(BaseModel):
     """Resource limits of one sandbox. Sizes take bytes or strings like `512M`."""
 
@@ -101,6 +104,34 @@ class Limits(BaseModel):
         if not 64 <= value <= 1_048_576:
             raise ValueError("open_files must be between 64 and 1048576")
         return value
+
+    @model_validator(mode="after")
+    def _tmpfs_fit_in_memory(self) -> Limits:
+        # /tmp and /dev/shm are tmpfs, whose pages are charged to the sandbox's memory and which the OOM killer
+        # cannot free: a /tmp as big as the memory limit, once full, leaves nothing for the agent, which is
+        # killed (found by the eval corpus: 200 MiB into /tmp under memory=128M). So both must fit in memory
+        # less a reserve; sizes left at their defaults shrink to fit, sizes given that do not fit are refused.
+        budget = self.memory - min(_TMPFS_RESERVE, self.memory // 2)
+        if self.tmp + self.shm <= budget:
+            return self
+        given = self.model_fields_set
+        if {"tmp", "shm"} <= given:
+            raise ValueError(f"tmp ({self.tmp >> 20}M) and shm ({self.shm >> 20}M) together must be at most "
+                             f"{budget >> 20}M: tmpfs pages count against memory ({self.memory >> 20}M), which "
+                             f"keeps {min(_TMPFS_RESERVE, self.memory // 2) >> 20}M for processes")
+        if "tmp" in given:
+            tmp, shm = self.tmp, min(self.shm, budget // 4, budget - self.tmp)
+        else:
+            shm = self.shm if "shm" in given else min(self.shm, budget // 4)
+            tmp = min(self.tmp, budget - shm)
+        if tmp < 1 << 20 or shm < 1 << 20 or tmp + shm > budget:
+            what = "tmp" if "tmp" in given else "shm"
+            raise ValueError(f"{what} ({getattr(self, what) >> 20}M) leaves no room in memory "
+                             f"({self.memory >> 20}M) for the other tmpfs and for processes: lower it or raise "
+                             f"memory")
+        object.__setattr__(self, "tmp", tmp)  # frozen model: fixing up its own defaults while validating
+        object.__setattr__(self, "shm", shm)
+        return self
 
 
 class SandboxSpec(BaseModel):

@@ -9,13 +9,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..._exceptions import RuntimeUnavailableError, ServerError
+from ..._exceptions import ConflictError, RuntimeUnavailableError, ServerError
 from ._system import run
 
 INSTALL_HINT = {
     "runc": "apt-get install runc",
     "runsc": "apt-get install runsc (gVisor)",
 }
+
+
+_PAUSE_ATTEMPTS = 6
 
 
 @dataclass(frozen=True)
@@ -102,7 +105,21 @@ class OCIRuntime:
                   timeout=30)
 
     async def pause(self, container_id: str) -> None:
-        await run([*self._base(), "pause", container_id], what="pausing a sandbox")
+        # The cgroup v1 freezer cannot freeze a process tree that keeps forking: runc gives up ("unable to
+        # freeze") and thaws it again. Found by the eval corpus (pause while forking); usually the next try
+        # lands between forks, so retry briefly, then say what happened instead of a bare runtime failure.
+        text = ""
+        for attempt in range(_PAUSE_ATTEMPTS):
+            code, text = await run([*self._base(), "pause", container_id], what="pausing a sandbox", check=False)
+            if code == 0:
+                return
+            if "unable to freeze" not in text:
+                raise ServerError(f"pausing a sandbox failed: {self.name} pause exited {code}: {text[-2000:]}")
+            await asyncio.sleep(0.05 * (attempt + 1))
+        raise ConflictError(
+            f"sandbox {container_id} could not be paused: its processes kept changing while the cgroup freezer "
+            f"tried to stop them ({_PAUSE_ATTEMPTS} attempts: {text[-300:]}); it is still running, try again",
+            details={"retryable": True})
 
     async def resume(self, container_id: str) -> None:
         await run([*self._base(), "resume", container_id], what="resuming a sandbox")

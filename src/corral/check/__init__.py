@@ -1,0 +1,44 @@
+"""`corral check`: the sandbox checklist (36 items) proved against a running deployment.
+
+```python
+from corral.check import Target, run_check
+report = asyncio.run(run_check(Target(url="http://127.0.0.1:7770", admin_key=ADMIN_KEY, home=Path("/var/lib/corral"))))
+report.exit_code  # 1 if any item failed
+```
+
+The in-sandbox items are eval tasks of the corpus (tagged with their item numbers) run by the eval runner; the
+rest are item functions run through the SDK and the API (`_probes.py`). Everything runs in throwaway tenants that
+are disabled, emptied and stripped of their keys at the end.
+"""
+
+from ._catalog import ITEMS, Item
+from ._context import CheckContext, Target
+from ._model import CheckReport, ItemFailed, ItemResult, NotApplicable, Verdict, combine
+from ._probes import PROBES, Probe
+from ._report import print_report, report_json, report_table
+from ._run import CheckOptions, Progress, provision, run_check
+from ._tasks import checklist_tasks, task_verdicts
+
+__all__ = [
+    "ITEMS",
+    "PROBES",
+    "CheckContext",
+    "CheckOptions",
+    "CheckReport",
+    "Item",
+    "ItemFailed",
+    "ItemResult",
+    "NotApplicable",
+    "Probe",
+    "Progress",
+    "Target",
+    "Verdict",
+    "checklist_tasks",
+    "combine",
+    "print_report",
+    "provision",
+    "report_json",
+    "report_table",
+    "run_check",
+    "task_verdicts",
+]

@@ -1,0 +1,282 @@
+"""Items 2, 19 and 36: the agent channel, the symlink-swap race and failing closed.
+
+Parts of them need the host: the agent's socket and token live in the server's state directory, a canary file
+on the host is what an escaping transfer would return, and failing closed is observed by starting an engine
+without a runtime. Those parts run when the server is on this machine (`Target.home`, or a loopback URL for the
+canary), and say so when they cannot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+from .._exceptions import AgentError, CorralError
+from ._context import CheckContext, clip, readable_dir, run_json
+from ._model import ItemFailed, NotApplicable
+
+__all__ = ["item_02_agent_channel", "item_19_symlink_swap_race", "item_36_fail_closed"]
+
+LISTEN_PROBE = r"""
+import json, socket
+own = socket.socket()
+own.bind(("127.0.0.1", 0))
+own.listen(1)  # a listener the probe must see, or it sees nothing at all
+listening = []
+for name in ("/proc/net/tcp", "/proc/net/tcp6", "/proc/net/udp", "/proc/net/udp6"):
+    try:
+        with open(name) as f:
+            lines = f.read().splitlines()[1:]
+    except OSError:
+        continue
+    for line in lines:
+        fields = line.split()
+        if "tcp" in name and fields[3] != "0A":  # LISTEN
+            continue
+        listening.append([name.rsplit("/", 1)[1], fields[1]])
+print(json.dumps({"own": "%04X" % own.getsockname()[1], "listening": listening}))
+"""
+
+
+def _loopback(address: str) -> bool:
+    """A /proc/net address (`0100007F:1F90`): IPv4 127/8 (little-endian, so the first octet is last), ::1, or an
+    IPv4-mapped 127/8."""
+    host = address.split(":")[0]
+    if len(host) == 8:
+        return host.endswith("7F")
+    return host == "00000000000000000000000001000000" or (host.startswith("0000000000000000FFFF0000")
+                                                          and host.endswith("7F"))
+
+
+async def item_02_agent_channel(ctx: CheckContext) -> str:
+    """Nothing listens inside a sandbox on a non-loopback address; with the state directory at hand, the agent's
+    socket is its owner's only and refuses requests without the sandbox's own token."""
+    async with ctx.sandbox() as sb, ctx.sandbox() as other:
+        out = await run_json(sb, LISTEN_PROBE, what="listening sockets")
+        token = await _agent_refuses_bad_tokens(ctx, sb.id, other.id)
+    if not any(addr.endswith(":" + out["own"]) for _, addr in out["listening"]):
+        raise ItemFailed(f"the probe did not see its own listener in /proc/net: {out['listening']}")
+    exposed = [f"{kind} {addr}" for kind, addr in out["listening"] if not _loopback(addr)]
+    if exposed:
+        raise ItemFailed(f"listening on non-loopback addresses inside a sandbox: {', '.join(exposed)}")
+    return f"only loopback listeners inside ({len(out['listening'])} seen); {token}"
+
+
+async def _agent_refuses_bad_tokens(ctx: CheckContext, sid: str, other_sid: str) -> str:
+    from ..engine import AgentClient
+
+    home = ctx.home
+    if home is None or not readable_dir(home / "sandboxes"):
+        return ("the agent's token was not probed: that needs the server's state directory on this machine "
+                "(`--home`)")
+    sock, token = _agent_socket(home, sid)
+    _, other_token = _agent_socket(home, other_sid)
+    await AgentClient(sock, token).ping()  # the control: the right token works, so refusals below mean something
+    for label, bad in (("no token", ""), ("a guessed token", "x" * 43), ("another sandbox's token", other_token)):
+        try:
+            await AgentClient(sock, bad).ping()
+        except AgentError as exc:
+            raise ItemFailed(f"the agent broke on a request with {label}: {exc.message}") from exc
+        except CorralError as exc:
+            if "token" not in exc.message:
+                raise ItemFailed(f"a request with {label} was refused, but not for its token: {exc.message}") from exc
+            continue
+        raise ItemFailed(f"the agent answered a request with {label}",
+                         fix="upgrade Corral: the agent must check its per-sandbox token on every request")
+    mode = sock.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise ItemFailed(f"the agent's socket {sock} is mode {mode:o}: other users of the host can connect",
+                         fix="upgrade Corral; do not change permissions under the state directory")
+    return f"the agent's socket (mode {mode:o}) refused no token, a guessed one and another sandbox's"
+
+
+def _agent_socket(home: Path, sid: str) -> tuple[Path, str]:
+    sbdir = home / "sandboxes" / sid
+    try:
+        record = json.loads((sbdir / "backend.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ItemFailed(f"sandbox {sid} has no readable backend.json under {home}/sandboxes: is `--home` the "
+                         f"server's state directory? ({exc})", fix="pass the server's CORRAL_HOME as --home") from exc
+    sock = sbdir / "run" / "agent.sock" if record.get("runtime") == "runsc" else sbdir / "agent.sock"
+    return sock, str(record.get("token") or "")
+
+
+SWAPPER = r"""
+import ctypes, os, sys, time
+canary, seconds = sys.argv[1], float(sys.argv[2])
+libc = ctypes.CDLL(None, use_errno=True)
+os.chdir("/workspace")
+os.makedirs("d" + canary, exist_ok=True)
+with open("d" + canary + "/f", "w") as f:
+    f.write("SANDBOX-DIR")
+os.makedirs(canary, exist_ok=True)
+with open(canary + "/f", "w") as f:
+    f.write("SANDBOX-ROOT")
+os.symlink("/", "d.alt")
+n = 0
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    if libc.renameat2(-100, b"d", -100, b"d.alt", 2) != 0:  # RENAME_EXCHANGE: an atomic swap
+        os.rename("d", "d.tmp"); os.rename("d.alt", "d"); os.rename("d.tmp", "d.alt")
+    n += 1
+    if n % 500 == 0:
+        with open("/tmp/swaps", "w") as f:
+            f.write(str(n))
+"""
+RACE_OPS = 150
+MIN_SWAPS = 1000
+OWN_CONTENT = (b"SANDBOX-DIR", b"SANDBOX-ROOT")
+
+
+async def item_19_symlink_swap_race(ctx: CheckContext) -> str:
+    """While a sandbox swaps a directory with a symlink to `/` as fast as it can, downloads and uploads through
+    the swapping path only ever see the sandbox's own files (a host canary stays untouched)."""
+    canary = Path(f"/tmp/corral-check-canary-{secrets.token_hex(6)}")
+    secret = f"HOST-CANARY-{secrets.token_hex(16)}".encode()
+    local = ctx.target.on_this_machine
+    if local:
+        canary.mkdir(mode=0o755)
+        (canary / "f").write_bytes(secret)
+    try:
+        outcomes, swaps = await _race(ctx, canary, secret)
+        if local and ((canary / "f").read_bytes() != secret or sorted(p.name for p in canary.iterdir()) != ["f"]):
+            raise ItemFailed(f"a write through the swapping path changed the host canary {canary}")
+    finally:
+        if local:
+            shutil.rmtree(canary, ignore_errors=True)
+    if swaps < MIN_SWAPS:
+        raise ItemFailed(f"only {swaps} swaps happened during {RACE_OPS} transfers: the race was not exercised")
+    where = "with a host canary" if local else "without a host canary (the server is not on this machine)"
+    seen = ", ".join(f"{k} x{v}" for k, v in sorted(outcomes.items()))
+    return f"{RACE_OPS} transfers during {swaps} swaps, {where}, never escaped ({seen})"
+
+
+def _host_shadow() -> bytes | None:
+    try:
+        return Path("/etc/shadow").read_bytes()
+    except OSError:
+        return None
+
+
+async def _race(ctx: CheckContext, canary: Path, secret: bytes) -> tuple[Counter[str], int]:
+    host_shadow = _host_shadow() if ctx.target.on_this_machine else None
+    outcomes: Counter[str] = Counter()
+    async with ctx.sandbox() as sb:
+        swapper = await sb.commands.run(["python3", "-c", SWAPPER, str(canary), "90"], background=True, timeout=120)
+        for _ in range(150):
+            if await sb.files.exists("/tmp/swaps"):
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise ItemFailed("the swapper never started swapping")
+        target = f"/workspace/d{canary}/f"
+        written: set[bytes] = set()
+        for i in range(RACE_OPS):
+            try:
+                if i % 2:
+                    data = f"W{i}".encode()
+                    await asyncio.wait_for(sb.files.write(target, data), 30)
+                    written.add(data)
+                    outcomes["write ok"] += 1
+                    continue
+                path = "/workspace/d/etc/shadow" if i % 10 == 0 else target
+                data = await asyncio.wait_for(sb.files.read(path), 30)
+            except AgentError as exc:
+                raise ItemFailed(f"the agent failed during the race (transfer {i}): {exc.message}") from exc
+            except CorralError as exc:
+                outcomes[exc.code] += 1
+                continue
+            if secret in data or (host_shadow is not None and data == host_shadow):
+                raise ItemFailed(f"download {i} of {path} returned the host's file", fix=ITEM_19_FIX)
+            if path == target and data not in OWN_CONTENT and data not in written:
+                raise ItemFailed(f"download {i} of {path} returned bytes the sandbox never wrote there: "
+                                 f"{clip(data, 80)!r}", fix=ITEM_19_FIX)
+            outcomes["read " + ("own file" if path == target else "sandbox's /etc/shadow")] += 1
+        swaps = int((await sb.files.read("/tmp/swaps")).decode() or 0)
+        await sb.commands.kill(swapper.id)
+    return outcomes, swaps
+
+
+ITEM_19_FIX = "upgrade Corral: transfers must resolve paths inside the sandbox, never follow links on the host"
+
+FAIL_CLOSED_PROBE = r"""
+import asyncio, json, sys
+from pathlib import Path
+from corral import CorralError
+from corral.engine import Engine, SandboxSpec
+from corral.templates import TemplateStore
+home, templates, template = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+async def main():
+    engine = Engine(home, templates=TemplateStore(templates))
+    await engine.start()
+    try:
+        try:
+            sb = await engine.create(SandboxSpec(template=template))
+        except CorralError as exc:
+            return {"error": type(exc).__name__, "code": exc.code, "message": exc.message,
+                    "listed": [s.id for s in engine.list()]}
+        await sb.destroy()
+        return {"created": sb.id}
+    finally:
+        await engine.close(destroy_all=True)
+print(json.dumps(asyncio.run(main())))
+"""
+
+
+async def item_36_fail_closed(ctx: CheckContext) -> str:
+    """An engine on this machine whose runtime cannot be found refuses to create a sandbox, with a clear error,
+    and leaves nothing behind."""
+    if ctx.home is None:
+        raise NotApplicable("failing closed is observed on the server's machine: run `corral check --home "
+                            "<the server's state directory>` there")
+    if not readable_dir(ctx.home / "templates"):
+        raise NotApplicable(f"{ctx.home}/templates is not readable here: the probe needs the server's templates")
+    with tempfile.TemporaryDirectory(prefix="corral-check-") as tmp:
+        home, empty = Path(tmp) / "home", Path(tmp) / "bin"
+        empty.mkdir()
+        result = await asyncio.to_thread(_fail_closed_probe, home, ctx.home, ctx.target.template, empty)
+        left = _left_behind(home)
+    if "created" in result:
+        raise ItemFailed("with no OCI runtime on PATH an engine still created a sandbox: it runs bare")
+    if result.get("code") != "runtime_unavailable" or "runc" not in result.get("message", ""):
+        raise ItemFailed(f"without a runtime, creating a sandbox failed with {result.get('error')} "
+                         f"({result.get('code')}): {result.get('message')} (expected runtime_unavailable naming "
+                         "the missing runtime)")
+    if result.get("listed") or left:
+        raise ItemFailed(f"the refused create left things behind: {result.get('listed') or ''} {left}")
+    return f"with no runtime on PATH: runtime_unavailable ({clip(result['message'], 120)}); nothing left behind"
+
+
+def _fail_closed_probe(home: Path, templates: Path, template: str, path: Path) -> dict[str, str]:
+    """Run the probe in a child process: its own PATH (without the runtime) and its own engine lock."""
+    env = {**os.environ, "PATH": str(path), "CORRAL_HOME": str(home)}
+    proc = subprocess.run([sys.executable, "-c", FAIL_CLOSED_PROBE, str(home), str(templates), template],
+                          env=env, capture_output=True, text=True, timeout=120)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise ItemFailed(f"the fail-closed probe crashed (exit {proc.returncode}): {clip(proc.stderr, 500)}")
+    result: dict[str, str] = json.loads(lines[-1])
+    return result
+
+
+def _left_behind(home: Path) -> list[str]:
+    found: list[str] = []
+    sandboxes = home / "sandboxes"
+    if sandboxes.is_dir():
+        found += [f"sandbox directory {p.name}" for p in sandboxes.iterdir()]
+    prefix = str(home).rstrip("/") + "/"
+    with open("/proc/self/mountinfo") as f:
+        found += [f"mount {line.split()[4]}" for line in f if line.split()[4].startswith(prefix)]
+    for runtime in ("runc", "runsc"):
+        root = home / "runtime" / runtime
+        if root.is_dir() and any(root.iterdir()):
+            found.append(f"{runtime} state {sorted(p.name for p in root.iterdir())}")
+    return found

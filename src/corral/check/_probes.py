@@ -1,0 +1,67 @@
+"""The items proved by functions run through the SDK and the API (the rest are in-sandbox eval tasks), and how a
+function's outcome becomes a `Verdict`: its return value is what it observed, `ItemFailed` and `NotApplicable`
+say why not, and anything else it raises fails the item with the error (a probe that could not run proves
+nothing).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import httpx
+
+from .._exceptions import CorralError
+from ._audit import item_34_audit_tamper_evident, item_35_audit_complete
+from ._context import CheckContext
+from ._host import item_02_agent_channel, item_19_symlink_swap_race, item_36_fail_closed
+from ._limits import item_09_process_limit, item_13_output_cap
+from ._model import ItemFailed, NotApplicable, Status, Verdict
+from ._tenancy import item_32_tenants_isolated, item_33_roles_hold
+
+__all__ = ["PROBES", "Probe", "run_probe"]
+
+ItemFunction = Callable[[CheckContext], Awaitable[str]]
+
+
+@dataclass(frozen=True)
+class Probe:
+    number: int
+    function: ItemFunction
+    heavy: bool = False  # pushes the machine (CPU, processes, output): runs alone, after everything else
+
+    @property
+    def name(self) -> str:
+        return self.function.__name__
+
+
+PROBES: tuple[Probe, ...] = (
+    Probe(2, item_02_agent_channel),
+    Probe(9, item_09_process_limit, heavy=True),
+    Probe(13, item_13_output_cap, heavy=True),
+    Probe(19, item_19_symlink_swap_race, heavy=True),
+    Probe(32, item_32_tenants_isolated),
+    Probe(33, item_33_roles_hold),
+    Probe(34, item_34_audit_tamper_evident),
+    Probe(35, item_35_audit_complete),
+    Probe(36, item_36_fail_closed),
+)
+
+
+async def run_probe(probe: Probe, ctx: CheckContext) -> Verdict:
+    started = time.monotonic()
+
+    def verdict(status: Status, detail: str, fix: str = "") -> Verdict:
+        return Verdict(status, detail, fix, seconds=time.monotonic() - started)
+
+    try:
+        return verdict("PASS", await probe.function(ctx))
+    except ItemFailed as exc:
+        return verdict("FAIL", exc.detail, exc.fix)
+    except NotApplicable as exc:
+        return verdict("N/A", exc.reason)
+    except CorralError as exc:
+        return verdict("FAIL", f"the probe could not run: {exc.code}: {' '.join(exc.message.split())}")
+    except (httpx.HTTPError, OSError, TimeoutError, ValueError, KeyError, TypeError) as exc:
+        return verdict("FAIL", f"the probe could not run: {type(exc).__name__}: {exc}")

@@ -1,0 +1,126 @@
+"""Where an eval runs: a tenant of its own on a Corral server, reachable loopback server included.
+
+`corral eval run` needs a developer key of a tenant that may reach the runner's loopback server (an exact
+private `ip:port` allowance, docs/egress.md). With an admin key, `eval_tenant` makes that tenant (a fresh
+`corral-eval-<hex>` one), its key and its allowance, and afterwards kills the tenant's sandboxes, revokes the key
+and disables the tenant. With `local_server` the runner also starts a private `corral serve` on this machine
+(state in a temporary directory, templates from `$CORRAL_HOME`) and stops it afterwards.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from .._exceptions import CorralError
+from .._sdk import AsyncAdmin
+from .._settings import corral_home
+from ._corral import CorralAdapter
+from ._loopback import LoopbackServer
+from ._result import RunResults, TaskResult
+from ._runner import run_tasks
+from ._task import CAPABILITIES, Task
+
+__all__ = ["EvalTenant", "eval_tenant", "local_capabilities", "local_server", "run_on_corral"]
+
+
+@dataclass(frozen=True)
+class EvalTenant:
+    base_url: str
+    api_key: str
+    tenant: str
+
+
+@asynccontextmanager
+async def eval_tenant(*, base_url: str | None, admin_key: str | None, loopback: str | None,
+                      max_sandboxes: int | None = None) -> AsyncIterator[EvalTenant]:
+    """A throwaway tenant with a developer key (and the loopback server allowed), cleaned up afterwards."""
+    async with AsyncAdmin(api_key=admin_key, base_url=base_url) as admin:
+        name = f"corral-eval-{secrets.token_hex(4)}"
+        await admin.tenants.create(name)
+        key = None
+        try:
+            if max_sandboxes is not None:
+                await admin.tenants.update(name, quotas={"max_sandboxes": max_sandboxes})
+            key = await admin.keys.create(name, "developer", name="corral eval")
+            if loopback is not None:
+                await admin._client.request("PUT", f"/v1/tenants/{name}/egress", json={"private": [loopback]})
+            yield EvalTenant(admin._client.config.base_url, key.key, name)
+        finally:
+            # Whatever happened, leave nothing running and nothing usable behind.
+            with suppress(CorralError):
+                await admin.kill_all(tenant=name)
+            if key is not None:
+                with suppress(CorralError):
+                    await admin.keys.revoke(key.id)
+            with suppress(CorralError):
+                await admin.tenants.update(name, disabled=True)
+
+
+@contextmanager
+def local_server(*, args: list[str] | None = None) -> Iterator[tuple[str, str]]:
+    """A private `corral serve` on this machine: yields (base_url, admin_key); stopped and cleaned up after."""
+    from ..server import ServerProcess
+
+    home = Path(tempfile.mkdtemp(prefix="corral-eval-", dir="/var/tmp"))
+    home.chmod(0o755)  # sandboxes' users must traverse it
+    # Share this machine's package mirror cache (verified by digest, written atomically): without it every
+    # run downloads every wheel again and the package tasks take minutes instead of seconds.
+    shared_cache = corral_home() / "cache"
+    shared_cache.mkdir(parents=True, exist_ok=True)
+    (home / "cache").symlink_to(shared_cache)
+    try:
+        with ServerProcess(home, template_home=corral_home(), args=args or []) as server:
+            yield server.url, server.admin_key
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def local_capabilities() -> frozenset[str]:
+    """What a Corral on this machine can do: everything, less the `polyglot` template when it is not built."""
+    from ..templates import TemplateStore
+
+    caps = set(CAPABILITIES)
+    if not TemplateStore(corral_home()).exists("polyglot"):
+        caps.discard("polyglot")
+    return frozenset(caps)
+
+
+async def run_on_corral(
+    tasks: Sequence[Task],
+    *,
+    base_url: str | None,
+    admin_key: str | None = None,
+    api_key: str | None = None,
+    concurrency: int = 50,
+    retries: int = 0,
+    capabilities: frozenset[str] = CAPABILITIES,
+    out: TextIO | None = None,
+    progress: Callable[[TaskResult], None] | None = None,
+    header: dict[str, Any] | None = None,
+    adapter_type: type[CorralAdapter] = CorralAdapter,
+    heavy_concurrency: int | None = None,
+) -> RunResults:
+    """Run `tasks` on the Corral at `base_url`: in a throwaway tenant when given an admin key (the loopback
+    server allowed), else as `api_key`'s tenant (tasks that need the loopback server are then skipped).
+    `adapter_type` may be a subclass (the tests inject faults with one)."""
+    head = {"base_url": base_url, **(header or {})}
+    with LoopbackServer() as loopback:
+        if admin_key is not None:
+            async with eval_tenant(base_url=base_url, admin_key=admin_key, loopback=loopback.address) as t:
+                adapter = adapter_type(base_url=t.base_url, api_key=t.api_key, capabilities=capabilities)
+                return await run_tasks(tasks, adapter, concurrency=concurrency, retries=retries,
+                                       server=loopback.address, out=out, progress=progress,
+                                       header=head | {"tenant": t.tenant}, heavy_concurrency=heavy_concurrency)
+        if api_key is None:
+            raise ValueError("give an admin key (a throwaway tenant is made) or a developer key")
+        adapter = adapter_type(base_url=base_url or "", api_key=api_key,
+                                capabilities=capabilities - {"loopback_server"})
+        return await run_tasks(tasks, adapter, concurrency=concurrency, retries=retries, server=None, out=out,
+                               progress=progress, header=head, heavy_concurrency=heavy_concurrency)

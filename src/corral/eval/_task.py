@@ -1,0 +1,324 @@
+"""Tasks: what an agent does in a sandbox, and how we know it worked.
+
+A task is data, not code: a `Setup` (template, network policy, limits, files uploaded first), `steps` (commands,
+code cells, file transfers, a policy change, a pause) and, on each step, `checks` of its `Outcome`. Every check
+names the failure mode (`_taxonomy.py`) its failure reveals, so a failed run explains itself. Adapters
+(`_adapter.py`) turn steps into calls on one sandbox service; nothing here does I/O.
+
+`{server}` in a command, code cell or network rule is the runner's loopback file server (`host:port`), which
+serves deterministic blobs at `/blob/<kind>/<size>/<seed>` (see `Blob.url_path`).
+"""
+
+from __future__ import annotations
+
+import builtins
+import functools
+import hashlib
+import random
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from ._checks import Check
+
+__all__ = [
+    "CATEGORIES",
+    "SEVERITIES",
+    "Blob",
+    "Code",
+    "Exec",
+    "Pause",
+    "Read",
+    "SetNetwork",
+    "Setup",
+    "Step",
+    "Task",
+    "Write",
+    "WriteArchive",
+]
+
+Severity = Literal["critical", "high", "medium", "low"]
+SEVERITIES: tuple[Severity, ...] = ("critical", "high", "medium", "low")
+
+# The categories the field report grouped its 1,000 tasks into, plus the two that probe the sandbox itself.
+CATEGORIES = (
+    "file_io",
+    "packages",
+    "data_analysis",
+    "ml_training",
+    "downloads",
+    "multi_language",
+    "long_running",
+    "security",
+    "resource_abuse",
+)
+
+# Capabilities a task may require of an adapter; a task an adapter cannot run is skipped, never passed.
+CAPABILITIES = frozenset({
+    "archive",          # upload a tar archive that the sandbox extracts (Corral's write_archive)
+    "code",             # stateful code cells (run_code)
+    "limits",           # memory / cpus / pids / disk limits at create
+    "loopback_server",  # reach the runner's loopback server through an explicit allowance
+    "network_policy",   # per-sandbox egress policies (allowlists, none) and live changes
+    "egress_denials",   # the command's result lists the refusals that happened while it ran
+    "pause",            # pause and resume keeping state
+    "polyglot",         # the `polyglot` template (Java, Go, Rust, TypeScript)
+    "packages",         # pip/npm reach their registries (through the policy's @packages)
+})
+
+
+@dataclass(frozen=True)
+class Blob:
+    """Bytes described, not stored, so a 1,000-task corpus costs nothing until a task runs.
+
+    * `Blob.literal(b"...")` - these bytes (a `str` is UTF-8).
+    * `Blob.random(size, seed)` - `size` pseudo-random bytes, the same for the same seed.
+    * `Blob.repeat(pattern, size)` - `pattern` repeated and cut to `size`.
+    * `Blob.all_bytes(times)` - 0x00..0xff, `times` times.
+    """
+
+    kind: Literal["literal", "random", "repeat", "all_bytes"]
+    size: int = 0
+    seed: int = 0
+    data: bytes = b""
+
+    @classmethod
+    def literal(cls, data: bytes | str) -> Blob:
+        raw = data.encode() if isinstance(data, str) else data
+        return cls("literal", len(raw), 0, raw)
+
+    @classmethod
+    def random(cls, size: int, seed: int = 0) -> Blob:
+        return cls("random", size, seed)
+
+    @classmethod
+    def repeat(cls, pattern: bytes, size: int) -> Blob:
+        return cls("repeat", size, 0, pattern)
+
+    @classmethod
+    def all_bytes(cls, times: int = 1) -> Blob:
+        return cls("all_bytes", 256 * times)
+
+    def bytes(self) -> bytes:
+        return _materialize(self.kind, self.size, self.seed, self.data)
+
+    def chunks(self) -> Iterator[builtins.bytes]:
+        """The same bytes in pieces of at most 1 MiB, without holding them all (the loopback server streams)."""
+        if self.kind != "random":
+            data = self.bytes()
+            for i in range(0, len(data), _CHUNK):
+                yield data[i:i + _CHUNK]
+            return
+        yield from _random_chunks(self.size, self.seed)
+
+    @property
+    def sha256(self) -> str:
+        return _sha256(self.kind, self.size, self.seed, self.data)
+
+    @property
+    def url_path(self) -> str:
+        """Where the runner's loopback server serves these bytes (random and all_bytes blobs only)."""
+        if self.kind not in ("random", "all_bytes"):
+            raise ValueError("only random and all_bytes blobs are served by the loopback server")
+        return f"/blob/{self.kind}/{self.size}/{self.seed}"
+
+    def describe(self) -> str:
+        if self.kind == "literal":
+            return f"{self.size} literal bytes"
+        return f"{self.kind} {self.size} bytes" + (f" (seed {self.seed})" if self.kind == "random" else "")
+
+
+_CHUNK = 1 << 20
+
+
+def _random_chunks(size: int, seed: int) -> Iterator[bytes]:
+    # Generated in 1 MiB blocks so that a stream and a whole copy agree byte for byte.
+    rng = random.Random(seed)  # noqa: S311 - reproducible test data, not secrets
+    left = size
+    while left > 0:
+        block = rng.randbytes(min(_CHUNK, left))
+        yield block
+        left -= len(block)
+
+
+@functools.lru_cache(maxsize=32)
+def _materialize(kind: str, size: int, seed: int, data: bytes) -> bytes:
+    if kind == "literal":
+        return data
+    if kind == "random":
+        return b"".join(_random_chunks(size, seed))
+    if kind == "repeat":
+        if not data:
+            raise ValueError("a repeat blob needs a non-empty pattern")
+        return (data * (size // len(data) + 1))[:size]
+    if kind == "all_bytes":
+        return bytes(range(256)) * (size // 256)
+    raise ValueError(f"unknown blob kind {kind!r}")
+
+
+@functools.lru_cache(maxsize=4096)
+def _sha256(kind: str, size: int, seed: int, data: bytes) -> str:
+    return hashlib.sha256(_materialize(kind, size, seed, data)).hexdigest()
+
+
+def blob_from_path(path: str) -> Blob | None:
+    """The blob a loopback-server path names (`Blob.url_path`), or None."""
+    parts = path.strip("/").split("/")
+    if len(parts) != 4 or parts[0] != "blob" or parts[1] not in ("random", "all_bytes"):
+        return None
+    try:
+        size, seed = int(parts[2]), int(parts[3])
+    except ValueError:
+        return None
+    if not 0 <= size <= 1 << 30:
+        return None
+    return Blob(parts[1], size, seed)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Setup:
+    """The sandbox a task starts from. `files` are uploaded (and must arrive) before the first step."""
+
+    template: str = "default"
+    network: str | tuple[str, ...] = "none"
+    limits: Mapping[str, Any] = field(default_factory=dict)
+    files: tuple[tuple[str, Blob], ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    timeout: int = 300
+
+
+@dataclass(frozen=True)
+class Exec:
+    """Run a command (`bash -lc` for a string, argv for a tuple) and wait for it."""
+
+    cmd: str | tuple[str, ...]
+    checks: tuple[Check, ...] = ()
+    stdin: Blob | None = None
+    timeout: float = 30
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    kind: Literal["exec"] = "exec"
+
+
+@dataclass(frozen=True)
+class Code:
+    """Run a code cell in a stateful session (`language` python, bash, javascript, c, cpp, java, go, ...)."""
+
+    code: str
+    checks: tuple[Check, ...] = ()
+    language: str = "python"
+    session: str | None = None
+    timeout: float = 60
+    kind: Literal["code"] = "code"
+
+
+@dataclass(frozen=True)
+class Write:
+    """Upload `data` to `path` through the file API."""
+
+    path: str
+    data: Blob
+    checks: tuple[Check, ...] = ()
+    kind: Literal["write"] = "write"
+
+
+@dataclass(frozen=True)
+class Read:
+    """Download `path` through the file API; checks see the bytes in `Outcome.data`."""
+
+    path: str
+    checks: tuple[Check, ...] = ()
+    kind: Literal["read"] = "read"
+
+
+@dataclass(frozen=True)
+class WriteArchive:
+    """Upload a tar archive (`data`) to be extracted under the directory `path`."""
+
+    path: str
+    data: Blob
+    checks: tuple[Check, ...] = ()
+    kind: Literal["write_archive"] = "write_archive"
+
+
+@dataclass(frozen=True)
+class SetNetwork:
+    """Change the sandbox's egress policy while it runs."""
+
+    network: str | tuple[str, ...]
+    checks: tuple[Check, ...] = ()
+    kind: Literal["set_network"] = "set_network"
+
+
+@dataclass(frozen=True)
+class Pause:
+    """Pause the sandbox, then resume it; later steps see whether state survived."""
+
+    checks: tuple[Check, ...] = ()
+    kind: Literal["pause"] = "pause"
+
+
+Step = Exec | Code | Write | Read | WriteArchive | SetNetwork | Pause
+
+# What each step kind needs beyond plain commands and files.
+STEP_REQUIRES: dict[str, frozenset[str]] = {
+    "code": frozenset({"code"}),
+    "write_archive": frozenset({"archive"}),
+    "set_network": frozenset({"network_policy"}),
+    "pause": frozenset({"pause"}),
+}
+
+
+@dataclass(frozen=True)
+class Task:
+    """One agent task.
+
+    **Fields:**
+
+    * `id` - unique and stable, `<family>/<variant>` (e.g. `file_io.binary_roundtrip/random-10MiB`).
+    * `family` - the parametrised family it belongs to; `category` - one of `CATEGORIES`.
+    * `title` - what the agent is trying to do, in a line. `severity` - how bad a failure is for the user.
+    * `requires` - adapter capabilities (`CAPABILITIES`); step kinds add their own (`STEP_REQUIRES`).
+    * `budget` - seconds the whole task may take (sandbox create to destroy) before it counts as a hang.
+    * `checklist` - the CHECKLIST.md items this task proves (used by `corral check`).
+    """
+
+    id: str
+    family: str
+    category: str
+    title: str
+    steps: tuple[Step, ...]
+    setup: Setup = field(default_factory=Setup)
+    severity: Severity = "high"
+    tags: tuple[str, ...] = ()
+    requires: frozenset[str] = frozenset()
+    budget: float = 120.0
+    checklist: tuple[int, ...] = ()
+
+    def needs(self) -> frozenset[str]:
+        """Every capability this task needs, its own and its steps'."""
+        needed = set(self.requires)
+        for step in self.steps:
+            needed |= STEP_REQUIRES.get(step.kind, frozenset())
+        if self.setup.template == "polyglot":
+            needed.add("polyglot")
+        if self.setup.limits:
+            needed.add("limits")
+        if self.setup.network not in ("none", "internet"):
+            needed.add("network_policy")
+        if _mentions_server(self):
+            needed.add("loopback_server")
+        return frozenset(needed)
+
+
+def _mentions_server(task: Task) -> bool:
+    texts: list[str] = [str(task.setup.network)]
+    for step in task.steps:
+        if isinstance(step, Exec):
+            texts.append(step.cmd if isinstance(step.cmd, str) else " ".join(step.cmd))
+        elif isinstance(step, Code):
+            texts.append(step.code)
+        elif isinstance(step, SetNetwork):
+            texts.append(str(step.network))
+    return any("{server}" in t for t in texts)
