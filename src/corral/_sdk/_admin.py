@@ -19,7 +19,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
@@ -234,6 +234,15 @@ def _tenant_patch(quotas: Mapping[str, Quota] | None, disabled: bool | None) -> 
     return body
 
 
+def _egress_body(ceiling: str | Sequence[str] | None, private: Sequence[str] | None) -> dict[str, Any]:
+    body: dict[str, Any] = {}
+    if ceiling is not None:
+        body["ceiling"] = ceiling if isinstance(ceiling, str) else list(ceiling)
+    if private is not None:
+        body["private"] = list(private)
+    return body
+
+
 def _filters(tenant: str | None, sandbox: str | None, action: str | None, since: datetime | str | None,
              until: datetime | str | None) -> dict[str, str]:
     """Query parameters of the audit calls; only the filters given (a datetime should be aware)."""
@@ -297,6 +306,12 @@ class Tenants:
         """Change some quotas (a limit left out keeps its value, None removes it) and/or disable the tenant."""
         body = _tenant_patch(quotas, disabled)
         return TenantInfo.from_wire(self._client.request("PATCH", _tenant_path(name_or_id), json=body))
+
+    def set_egress(self, name_or_id: str, *, ceiling: str | Sequence[str] | None = None,
+                   private: Sequence[str] | None = None) -> dict[str, Any]:
+        """The tenant's egress ceiling (admin) and/or exact private `ip:port` pairs (docs/egress.md)."""
+        body = _egress_body(ceiling, private)
+        return json_dict(self._client.request("PUT", _tenant_path(name_or_id) + "/egress", json=body), "egress")
 
 
 class Keys:
@@ -416,6 +431,12 @@ class AsyncTenants:
                      disabled: bool | None = None) -> TenantInfo:
         body = _tenant_patch(quotas, disabled)
         return TenantInfo.from_wire(await self._client.request("PATCH", _tenant_path(name_or_id), json=body))
+
+    async def set_egress(self, name_or_id: str, *, ceiling: str | Sequence[str] | None = None,
+                         private: Sequence[str] | None = None) -> dict[str, Any]:
+        body = _egress_body(ceiling, private)
+        data = await self._client.request("PUT", _tenant_path(name_or_id) + "/egress", json=body)
+        return json_dict(data, "egress")
 
 
 class AsyncKeys:

@@ -23,7 +23,7 @@ from typing import Protocol
 
 import httpx
 
-from .._exceptions import CorralError, error_from_code
+from .._exceptions import CorralError
 from .._sdk import AsyncAdmin
 from ..eval._loopback import LoopbackServer
 from ..eval._result import TaskResult
@@ -135,27 +135,12 @@ async def provision(target: Target, *, loopback: str | None = None,
                 new = await admin.keys.create(name, role, name=f"corral check ({who})")
                 keys[who], key_ids[who] = new.key, new.id
             if loopback is not None:
-                await _allow_private(target, tenant, loopback)
+                # The runner's loopback server: an exact private ip:port for this tenant (docs/egress.md).
+                await admin.tenants.set_egress(tenant, private=[loopback])
             yield CheckContext(target, tenant, other, keys, key_ids, loopback=loopback)
         finally:
             for name in created:
                 await _teardown(admin, name, problems)
-
-
-async def _allow_private(target: Target, tenant: str, address: str) -> None:
-    """Let the tenant's sandboxes reach the runner's loopback server (an exact private ip:port, docs/egress.md)."""
-    async with httpx.AsyncClient(base_url=target.url.rstrip("/"), transport=target.transport,
-                                 timeout=REQUEST_TIMEOUT,
-                                 headers={"Authorization": f"Bearer {target.admin_key}"}) as client:
-        r = await client.put(f"/v1/tenants/{tenant}/egress", json={"private": [address]})
-    if r.status_code == 200:
-        return
-    try:
-        error = r.json()["error"]
-        code, message = str(error["code"]), str(error["message"])
-    except (ValueError, KeyError, TypeError):
-        code, message = "server_error", f"{r.status_code} {r.text[:200]}"
-    raise error_from_code(code, f"allowing the tenant to reach the runner's loopback server: {message}")
 
 
 async def _teardown(admin: AsyncAdmin, tenant: str, problems: list[str]) -> None:

@@ -8,7 +8,6 @@ are named as not applicable.
 
 from __future__ import annotations
 
-import importlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -16,7 +15,10 @@ from pathlib import Path
 from ..eval._corral import CorralAdapter
 from ..eval._result import RunResults, TaskResult
 from ..eval._runner import run_tasks
+from ..eval._select import select
 from ..eval._task import CAPABILITIES, Task
+from ..eval.corpus import load_corpus
+from ..eval.corpus.security import CHECKLIST_FIXES
 from ._context import CheckContext
 from ._model import Verdict
 
@@ -26,25 +28,13 @@ _SHOWN_FAILURES = 3  # per item; the JSON report and `corral eval` have every on
 
 
 def checklist_tasks() -> tuple[Task, ...]:
-    """Every corpus task that proves a checklist item (the security family alone while the corpus is partial)."""
-    try:
-        from ..eval.corpus import load_corpus
-
-        tasks = tuple(load_corpus())
-    except ModuleNotFoundError:
-        from ..eval.corpus import security
-
-        tasks = tuple(security.tasks())
-    return tuple(t for t in tasks if t.checklist)
+    """Every corpus task that proves a checklist item."""
+    return tuple(select(load_corpus(), checklist=True))
 
 
 def task_fixes() -> dict[int, str]:
     """The fix hint of each item the tasks probe (`CHECKLIST_FIXES` of the security corpus)."""
-    try:
-        module = importlib.import_module("corral.eval.corpus.security")
-    except ImportError:
-        return {}
-    return {int(n): str(fix) for n, fix in getattr(module, "CHECKLIST_FIXES", {}).items()}
+    return dict(CHECKLIST_FIXES)
 
 
 def capabilities(ctx: CheckContext) -> frozenset[str]:

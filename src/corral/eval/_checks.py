@@ -100,7 +100,7 @@ class Ok(Check):
     def verify(self, o: Outcome) -> Failure | None:
         if o.error is None:
             return None
-        if o.error.status is not None and o.error.status >= 500 and o.error.code in ("server_error", "http_500"):
+        if (o.error.status or 0) >= 500 and o.error.code == "server_error":
             return self.fail(f"{o.error.code} ({o.error.status}): {_clip(o.error.message)}", "unstructured_error")
         return self.fail(f"{o.error.code}: {_clip(o.error.message)}")
 

@@ -50,7 +50,7 @@ async def eval_tenant(*, base_url: str | None, admin_key: str | None, loopback: 
                 await admin.tenants.update(name, quotas={"max_sandboxes": max_sandboxes})
             key = await admin.keys.create(name, "developer", name="corral eval")
             if loopback is not None:
-                await admin._client.request("PUT", f"/v1/tenants/{name}/egress", json={"private": [loopback]})
+                await admin.tenants.set_egress(name, private=[loopback])
             yield EvalTenant(admin._client.config.base_url, key.key, name)
         finally:
             # Whatever happened, leave nothing running and nothing usable behind.
