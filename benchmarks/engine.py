@@ -8,6 +8,10 @@ Figures (median and p95, and the ratio to the baseline):
 - destroy
 - idle overhead: the agent's RSS and the sandbox cgroup's memory use
 - N sandboxes created at once, each running a short Python task: errors and wall time
+
+With `docker=True` (`corral bench engine --docker`), a `docker` section beside those figures: the Docker backend
+(`corral[docker]` and a running dockerd) against bare `docker run --rm <image> true` on the template's image,
+measured in the same run: create-to-first-exec, exec round trips, destroy and idle memory.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from corral.backends.local import LocalBackend
+from corral.backends.local import LocalBackend, LocalRecord
 from corral.engine import Engine, SandboxSpec
 from corral.templates import TemplateStore
 
@@ -74,7 +78,8 @@ def bare_runc(rootfs: Path, n: int, progress: Progress) -> list[float]:
 
 
 async def run(*, home: Path, template_home: Path, template: str = "default", n: int = 30,
-              concurrent: int = 50, pool: int = 4, progress: Progress | None = None) -> dict[str, Any]:
+              concurrent: int = 50, pool: int = 4, docker: bool = False,
+              progress: Progress | None = None) -> dict[str, Any]:
     progress = progress or (lambda what, done, total: None)
     store = TemplateStore(template_home)
     tpl = store.get(template)
@@ -123,6 +128,11 @@ async def run(*, home: Path, template_home: Path, template: str = "default", n: 
     for key in ("create_to_first_exec", "destroy"):
         results[key]["ratio_to_bare_runc_p50"] = round(results[key]["p50_ms"] / bare_p50, 2)
     results["pool"]["create"]["ratio_to_bare_runc_p50"] = round(results["pool"]["create"]["p50_ms"] / bare_p50, 3)
+    if docker:
+        results["docker"] = await docker_section(home, store, spec, n, progress)
+        for key in ("create_to_first_exec", "exec_true_argv"):
+            results["docker"][key]["ratio_to_local_p50"] = round(
+                results["docker"][key]["p50_ms"] / results[key]["p50_ms"], 2)
     return results
 
 
@@ -134,14 +144,15 @@ async def _ok(coro: Awaitable[Any]) -> None:
 
 async def _idle(engine: Engine, sandbox_id: str) -> dict[str, float]:
     await asyncio.sleep(1.0)
-    record = engine._sandboxes[sandbox_id].record
-    pid = int((Path(record["dir"]) / "pid").read_text())
+    record, backend = engine._sandboxes[sandbox_id].record, engine.backend
+    if not isinstance(backend, LocalBackend) or not isinstance(record, LocalRecord):
+        return {}  # the figures below are read from the local backend's host processes and cgroups
+    pid = int((record.dir / "pid").read_text())
     rss_kib = 0
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             rss_kib = int(line.split()[1])
-    backend = engine.backend
-    usage = backend.memory_usage(record) if isinstance(backend, LocalBackend) else 0
+    usage = await backend.memory_usage(record)
     return {"agent_rss_mib": round(rss_kib / 1024, 1), "cgroup_memory_mib": round(usage / 2**20, 1)}
 
 
@@ -190,3 +201,76 @@ async def _pool(home: Path, store: TemplateStore, spec: SandboxSpec, size: int, 
     finally:
         await engine.close(destroy_all=True)
     return {"size": size, "create": summary(samples)}
+
+
+# -- the Docker backend ------------------------------------------------------------------------------------------
+
+
+def bare_docker(image: str, n: int, progress: Progress) -> list[float]:
+    """The Docker floor: `docker run --rm <image> true` (the CLI and daemon alone, no Corral), same image."""
+    samples = []
+    for i in range(n):
+        t = time.perf_counter()
+        subprocess.run(["docker", "run", "--rm", image, "true"], check=True, stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL)
+        samples.append(time.perf_counter() - t)
+        progress("bare docker run --rm true", i + 1, n)
+    return samples
+
+
+async def docker_section(home: Path, store: TemplateStore, spec: SandboxSpec, n: int,
+                         progress: Progress) -> dict[str, Any]:
+    # Imported only here: the Docker SDK is an optional dependency (corral[docker]), needed only with --docker.
+    from corral.backends.docker import DockerBackend, DockerRecord
+
+    backend = DockerBackend(home)
+    tpl = store.get(spec.template)
+    t = time.perf_counter()
+    image = await backend.images.ensure(tpl)  # imported once per template digest, then cached by the daemon
+    results: dict[str, Any] = {"image": image, "image_ready_s": round(time.perf_counter() - t, 2)}
+    results["bare_docker_run_true"] = summary(bare_docker(image, n, progress))
+
+    engine = Engine(home, backend=backend, templates=store)
+    await engine.start()
+    try:
+        warm = await engine.create(spec)  # the golden disk image and the agent's files, made once
+        await warm.destroy()
+        create_exec, destroy = [], []
+        for i in range(n):
+            t = time.perf_counter()
+            sb = await engine.create(spec)
+            await sb.exec(["true"])
+            create_exec.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            await sb.destroy()
+            destroy.append(time.perf_counter() - t)
+            progress("docker: create + first exec", i + 1, n)
+        results["create_to_first_exec"] = summary(create_exec)
+        results["destroy"] = summary(destroy)
+
+        sb = await engine.create(spec)
+        await sb.exec(["true"])
+        results["exec_true_argv"] = summary(await _timed(n * 5, lambda: _ok(sb.exec(["true"])),
+                                                         "docker: exec true", progress))
+        results["exec_true_shell"] = summary(await _timed(n * 2, lambda: _ok(sb.exec("true")),
+                                                          "docker: exec bash -lc true", progress))
+        await asyncio.sleep(1.0)
+        record = engine._sandboxes[sb.id].record
+        assert isinstance(record, DockerRecord)
+        found = await backend.api.inspect(record.name) or {}
+        results["idle"] = {"agent_rss_mib": round(_rss_kib(int(found["State"]["Pid"])) / 1024, 1),
+                           "cgroup_memory_mib": round(await backend.memory_usage(record) / 2**20, 1)}
+        await sb.destroy()
+    finally:
+        await engine.close(destroy_all=True)
+    bare_p50 = results["bare_docker_run_true"]["p50_ms"]
+    for key in ("create_to_first_exec", "destroy"):
+        results[key]["ratio_to_bare_docker_p50"] = round(results[key]["p50_ms"] / bare_p50, 2)
+    return results
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0

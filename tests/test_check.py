@@ -27,6 +27,7 @@ from corral.check import (
     ITEMS,
     CheckContext,
     CheckReport,
+    Deployment,
     ItemResult,
     Target,
     Verdict,
@@ -87,6 +88,7 @@ class FakeCorral:
 
     leaky_route: str | None = None
     auditor_may_exec: bool = False
+    info: dict[str, Any] | None = None  # GET /v1/info; None: a server from before that route (404)
     audits_egress: bool = True
     audit_lines: list[str] = field(default_factory=lambda: _chain(12))
     tenants: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -120,6 +122,8 @@ class FakeCorral:
             return self._sandboxes(key, method, path, body, request.url.params)
         if path.startswith("/v1/audit"):
             return self._audit(key, path, request.url.params)
+        if path == "/v1/info" and self.info is not None:
+            return httpx.Response(200, json=self.info)
         return self._admin(key, method, path, body, request.url.params)
 
     def _openapi(self) -> dict[str, Any]:
@@ -232,7 +236,7 @@ class FakeCorral:
         return httpx.Response(200, json={})
 
 
-def _context(fake: FakeCorral, **target: Any) -> CheckContext:
+def _context(fake: FakeCorral, deployment: Deployment | None = None, **target: Any) -> CheckContext:
     """The check's tenants and keys on the fake, as `provision` would make them."""
     fake.tenants.update({t: {"id": t, "name": t, "disabled": False} for t in ("ours", "theirs")})
     keys = {"admin": ADMIN}
@@ -240,8 +244,9 @@ def _context(fake: FakeCorral, **target: Any) -> CheckContext:
                               ("operator", "ours", "operator"), ("other", "theirs", "developer")):
         keys[who] = f"key-{who}"
         fake.keys[keys[who]] = {"id": f"id-{who}", "tenant": tenant, "role": role, "revoked_at": None}
+    deployment = deployment or Deployment()
     return CheckContext(Target(URL, ADMIN, transport=fake.transport(), **target), "ours", "theirs", keys,
-                        {w: f"id-{w}" for w in keys})
+                        {w: f"id-{w}" for w in keys}, deployment=deployment)
 
 
 async def _verdict(fn: Any, ctx: CheckContext) -> Verdict:
@@ -480,6 +485,93 @@ async def test_fail_closed_is_not_applicable_without_the_servers_state_directory
     assert verdict.status == "N/A" and "--home" in verdict.detail
 
 
+@pytest.mark.anyio
+async def test_fail_closed_is_not_applicable_on_a_backend_it_cannot_take_the_runtime_from(tmp_path: Path) -> None:
+    from corral.check._host import item_36_fail_closed
+
+    (tmp_path / "templates").mkdir()
+    ctx = _context(FakeCorral(), Deployment("kubernetes", ("runsc",)), home=tmp_path)
+    verdict = await _verdict(item_36_fail_closed, ctx)
+    assert verdict.status == "N/A" and "the server runs the kubernetes backend" in verdict.detail, verdict.detail
+
+
+DOCKER_INFO = {"backend": "docker", "runtimes": ["runc"], "limitations": {
+    "user_namespace": "no per-sandbox user namespace: uid 1000 of the host too",
+    "agent_socket": "the agent's socket is listed in /proc/net/unix",
+    "runtime_runsc": "no gVisor: the Docker backend runs runc only",
+    "time_travel": "a limitation this check has never heard of"}}
+
+
+@pytest.mark.anyio
+async def test_what_the_backend_cannot_give_is_not_applicable_with_its_reason() -> None:
+    from corral.check import CheckOptions
+
+    fake = FakeCorral(info=DOCKER_INFO)
+    report = await run_check(Target(URL, ADMIN, transport=fake.transport()),
+                             CheckOptions(items=frozenset({1, 3, 31, 32})), tasks=())
+    found = {i.number: i for i in report.items}
+    assert report.backend == "docker" and report.exit_code == 0, report.to_json()
+    assert found[3].status == "N/A"
+    assert found[3].detail == f"the docker backend: {DOCKER_INFO['limitations']['user_namespace']}"
+    assert found[1].status == "N/A" and "/proc/net/unix" in found[1].detail
+    assert found[31].status == "N/A" and "gVisor on the docker backend: no gVisor: the Docker backend runs runc only" \
+        in found[31].detail
+    assert found[32].status == "PASS"  # what the backend gives is still proved
+    assert report.notes == ["the docker backend: time_travel: a limitation this check has never heard of"]
+    assert "not proved by any item: the docker backend: time_travel" in _printed(report)
+    assert "on the docker backend" in _printed(report)
+
+
+def test_a_limitation_beside_a_passing_task_keeps_the_pass_and_names_what_was_not_proved() -> None:
+    from corral.check._backend import limitation_verdicts
+
+    deployment = Deployment("docker", ("runc",), DOCKER_INFO["limitations"])
+    extra = limitation_verdicts(deployment, {1, 3})
+    item = combine(3, [*task_verdicts([_task("security.non_root/id-u", "pass", (3,))])[3], *extra[3]])
+    assert item.status == "PASS"
+    assert item.detail == "1 tasks passed; not applicable here: the docker backend: no per-sandbox user namespace: " \
+                          "uid 1000 of the host too"
+    assert limitation_verdicts(Deployment(), {1, 3}) == {}  # the local backend gives everything
+    assert sorted(limitation_verdicts(deployment, {3})) == [3]  # only the items checked
+
+
+@pytest.mark.anyio
+async def test_the_deployment_is_read_from_the_server_and_an_older_server_is_the_local_backend() -> None:
+    from corral import CorralError
+    from corral.check._backend import fetch_deployment
+
+    older = await fetch_deployment(Target(URL, ADMIN, transport=FakeCorral().transport()))
+    assert older == Deployment("local", ("runc", "runsc"), {})
+    docker = await fetch_deployment(Target(URL, ADMIN, transport=FakeCorral(info=DOCKER_INFO).transport()))
+    assert (docker.backend, docker.runtimes, dict(docker.limitations)) == ("docker", ("runc",),
+                                                                          DOCKER_INFO["limitations"])
+    with pytest.raises(CorralError, match=r"\(GET /v1/info\) answered 401"):
+        await fetch_deployment(Target(URL, "wrong-key", transport=FakeCorral().transport()))
+
+
+@pytest.mark.anyio
+async def test_gvisor_is_not_applicable_where_the_server_offers_no_runsc() -> None:
+    from corral.check._backend import item_31_gvisor
+
+    deployment = Deployment("docker", ("runc",), DOCKER_INFO["limitations"])
+    verdict = await _verdict(item_31_gvisor, _context(FakeCorral(), deployment))
+    assert verdict.status == "N/A" and "runs runc only" in verdict.detail
+    bare = await _verdict(item_31_gvisor, _context(FakeCorral(), Deployment("other", ("runc",))))
+    assert bare.status == "N/A" and "offers no runsc runtime" in bare.detail
+
+
+def _printed(report: CheckReport) -> str:
+    from io import StringIO
+
+    from rich.console import Console
+
+    from corral.check import print_report
+
+    out = StringIO()
+    print_report(report, Console(file=out, width=200))
+    return out.getvalue()
+
+
 def test_every_item_has_a_title_a_fix_and_at_most_one_function() -> None:
     assert sorted(ITEMS) == list(range(1, 37))
     assert all(i.title and i.fix for i in ITEMS.values())
@@ -546,7 +638,8 @@ def test_cli_rejects_an_unknown_item_and_a_missing_key(monkeypatch: pytest.Monke
 
 def test_report_json_round_trips_every_field() -> None:
     doc = json.loads(report_json(_report("N/A")))
-    assert set(doc) == {"url", "started", "seconds", "tenant", "ok", "counts", "items", "cleanup_problems"}
+    assert set(doc) == {"url", "started", "seconds", "tenant", "backend", "ok", "counts", "items", "notes",
+                        "cleanup_problems"}
     assert doc["ok"] is True and doc["items"][0]["status"] == "N/A"
 
 

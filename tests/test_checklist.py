@@ -66,7 +66,7 @@ async def probe(sb: Any, code: str, *, timeout: float = 30, **kwargs: Any) -> An
 
 
 def record(engine: Any, sb: Any) -> dict[str, Any]:
-    rec: dict[str, Any] = engine._sandboxes[sb.id].record
+    rec: dict[str, Any] = engine._sandboxes[sb.id].record.to_json()
     return rec
 
 
@@ -121,7 +121,7 @@ print(json.dumps({"seen": [p for p, e in seen.items() if e], "connected": connec
 async def test_02_agent_needs_its_own_token(engine, sandbox):
     other = await engine.create(spec())
     try:
-        sock = engine.backend.agent(record(engine, sandbox)).socket_path
+        sock = engine.agent(sandbox.id).endpoint
         assert (await AgentClient(sock, record(engine, sandbox)["token"]).ping())  # the right token works
         for token in ("", "x" * 43, record(engine, other)["token"]):  # none, a guess, another sandbox's
             with pytest.raises(CorralError) as info:
@@ -130,7 +130,7 @@ async def test_02_agent_needs_its_own_token(engine, sandbox):
     finally:
         await other.destroy()
     # the socket file on the host is for its owner only
-    assert os.stat(sock).st_mode & 0o077 == 0
+    assert os.stat(sock.path).st_mode & 0o077 == 0
 
 
 async def test_02_nothing_listens_inside_but_loopback(sandbox):

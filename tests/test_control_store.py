@@ -125,7 +125,7 @@ async def test_sandbox_lifecycle(store: ControlStore, clock: Clock) -> None:
     assert sb.state is SandboxStatus.CREATING and sb.live
     assert (sb.tenant_id, sb.key_id) == (dev.tenant_id, dev.key_id)
     assert sb.expires_at == clock.now + timedelta(seconds=60)
-    assert "s3cret" not in str(sb.spec) and sb.spec["env_names"] == ["TOKEN"]
+    assert "s3cret" not in str(sb.spec) and sb.spec.env == {} and sb.env_names == ("TOKEN",)
     assert sb.metadata == {"run": "1"} and sb.memory_bytes == Limits().memory
     running = await store.mark_running(sb.id, engine_id="engine-1")
     assert running.id == "engine-1" and running.state is SandboxStatus.RUNNING

@@ -27,7 +27,8 @@ import uvicorn
 
 from corral.control import ControlStore, Quotas, Role
 from corral.engine import Engine
-from corral.server import create_app, reap_expired
+from corral.server import create_app
+from corral.service import Service
 
 from .conftest import TEMPLATE
 
@@ -270,7 +271,7 @@ async def test_reaper_destroys_expired_sandboxes(api: Api) -> None:
         sb = await create(c, timeout=1)
         keep = await create(c, timeout=300)
         await asyncio.sleep(1.2)
-        assert await reap_expired(api.engine, api.store) == [sb["id"]]
+        assert await Service(api.engine, api.store).reconciler.expire() == [sb["id"]]
         assert (await c.get(f"/v1/sandboxes/{sb['id']}")).status_code == 404
         assert (await c.get(f"/v1/sandboxes/{keep['id']}")).status_code == 200
     assert sb["id"] not in {s.id for s in api.engine.list()}

@@ -16,7 +16,8 @@ from corral._exceptions import _all_subclasses
 from corral.control import AUTH_DENIED, AuditEntry, ControlStore, Role, generate_key, parse_key
 from corral.engine import Engine
 from corral.server import STATUS_BY_CODE, create_app, status_for
-from corral.server._errors import REQUEST_INVALID, error_response
+from corral.server._errors import error_response
+from corral.service import REQUEST_INVALID
 
 
 def test_every_error_code_has_a_status() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import tarfile
 
 import pytest
@@ -113,13 +114,14 @@ def _members(*specs: tuple[str, str | None, str | None]) -> list[tarfile.TarInfo
     [("l", "sym", "sub"), ("l/file", None, None)],
     [("dev", "dev", None)],
 ])
-def test_unsafe_archive_members(specs):
+def test_unsafe_archive_members(specs, tmp_path):
     with pytest.raises(files.FileError):
-        archives._validate_members(_members(*specs))
+        archives._validate_members(_members(*specs), str(tmp_path))
 
 
-def test_safe_archive_members():
-    archives._validate_members(_members(("a/b", None, None), ("a/l", "sym", "b"), ("a/h", "hard", "a/b")))
+def test_safe_archive_members(tmp_path):
+    archives._validate_members(_members(("a/b", None, None), ("a/l", "sym", "b"), ("a/h", "hard", "a/b")),
+                               str(tmp_path))
 
 
 def test_sizes_and_limits():
@@ -200,6 +202,12 @@ def test_bundle_has_every_hardening_item(tmp_path):
     assert sorted(e.split("=")[0] for e in proc["env"]) == ["CORRAL_AGENT_TOKEN", "LANG", "PATH"]
 
 
-def test_tar_helpers_reject_garbage_archive():
-    with pytest.raises(files.FileError, match="not a valid tar"):
-        archives._extract_safely(io.BytesIO(b"not a tar at all" * 100), "/nonexistent")
+def test_tar_helpers_reject_garbage_archive(tmp_path):
+    root = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(files.FileError, match="not a valid tar"):
+            archives._extract_safely(io.BytesIO(b"not a tar at all" * 100), archives._Dirs(root, str(tmp_path)),
+                                     str(tmp_path))
+    finally:
+        os.close(root)
+    assert list(tmp_path.iterdir()) == []

@@ -5,6 +5,7 @@ from ._exceptions import (
     AuthenticationError,
     CapacityError,
     ConflictError,
+    ConnectError,
     CorralError,
     DiskFullError,
     InvalidRequestError,
@@ -15,6 +16,8 @@ from ._exceptions import (
     SandboxTimeoutError,
     ServerError,
     TemplateBuildError,
+    TransportError,
+    TransportTimeoutError,
     error_from_code,
 )
 from ._sdk import (
@@ -56,6 +59,7 @@ __all__ = [
     "CommandHandle",
     "CommandResult",
     "ConflictError",
+    "ConnectError",
     "CorralError",
     "DiskFullError",
     "EgressDenial",
@@ -75,6 +79,8 @@ __all__ = [
     "SandboxTimeoutError",
     "ServerError",
     "TemplateBuildError",
+    "TransportError",
+    "TransportTimeoutError",
     "__version__",
     "error_from_code",
 ]

@@ -18,11 +18,19 @@ CorralError                      code             meaning
       ├── RuntimeUnavailableError runtime_unavailable  fail closed: runtime, namespaces, cgroups or
       │                                            overlayfs missing; nothing ran unsandboxed
       ├── AgentError             agent_error      the in-sandbox agent is unreachable or broke protocol
-      └── TemplateBuildError     template_build_failed building or importing a template failed
+      ├── TemplateBuildError     template_build_failed building or importing a template failed
+      └── TransportError         transport_error  (client side) no complete answer came from the server
+           ├── ConnectError      connect_error    could not reach Corral (refused, DNS, proxy): nothing was sent
+           └── TransportTimeoutError transport_timeout  no answer in time: whether Corral acted is unknown
 ```
 
 Each class has a stable `code`. Codes cross every wire (agent protocol, HTTP API) and are turned back into
 classes by `error_from_code`, the one table that maps them.
+
+`TransportError` and its subclasses are the SDK's own: they say that the answer never came, so no server sends
+them and the wire table leaves them out (`wire = False`; `error_from_code("connect_error", ...)` is an unknown
+code). They sit under `ServerError` so that code catching `ServerError` for "Corral did not serve this" keeps
+working; catch `TransportError` (or `ConnectError`) first to tell an unreachable server from a failing one.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ __all__ = [
     "AuthenticationError",
     "CapacityError",
     "ConflictError",
+    "ConnectError",
     "CorralError",
     "DiskFullError",
     "InvalidRequestError",
@@ -44,6 +53,8 @@ __all__ = [
     "SandboxTimeoutError",
     "ServerError",
     "TemplateBuildError",
+    "TransportError",
+    "TransportTimeoutError",
     "error_from_code",
 ]
 
@@ -52,6 +63,7 @@ class CorralError(Exception):
     """Root of every error Corral raises on purpose."""
 
     code: ClassVar[str] = "error"
+    wire: ClassVar[bool] = True  # False: raised by the SDK itself, never sent by a server (not in the wire table)
 
     def __init__(self, message: str, *, details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
@@ -120,8 +132,31 @@ class TemplateBuildError(ServerError):
     code = "template_build_failed"
 
 
+class TransportError(ServerError):
+    """The SDK got no complete answer from the server: the connection failed, broke or timed out.
+
+    `details` has `url` and `transport_error` (the name of the underlying exception, which is `__cause__`).
+    """
+
+    code = "transport_error"
+    wire = False
+
+
+class ConnectError(TransportError):
+    """The server could not be reached (refused, unknown host, proxy, unsupported URL): nothing was sent."""
+
+    code = "connect_error"
+
+
+class TransportTimeoutError(TransportError):
+    """No answer in time (connecting, sending, waiting for a reply): the server may or may not have acted."""
+
+    code = "transport_timeout"
+
+
 def _all_subclasses(cls: type[CorralError]) -> list[type[CorralError]]:
-    found = [cls]
+    """`cls` and every subclass that crosses a wire (the SDK's own transport errors do not)."""
+    found = [cls] if cls.wire else []
     for sub in cls.__subclasses__():
         found.extend(_all_subclasses(sub))
     return found

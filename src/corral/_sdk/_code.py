@@ -20,7 +20,7 @@ from typing import Any
 from urllib.parse import quote
 
 from .._exceptions import CorralError, ServerError, error_from_code
-from ..engine._models import OutputText
+from .._output import OutputText
 from ._models import _b64
 from ._processes import OutputCallback
 from ._transport import AsyncClient, SyncClient, json_dict, sandbox_path
@@ -332,8 +332,10 @@ class CodeInterpreter:
         on_result: ResultCallback | None = None,
         stdin: bytes | str | None = None,
     ) -> Execution:
-        """Run `code` in `session` ("default" when None) and wait for it; the session keeps its state for the
-        next call. Never raises for a failing cell: see `Execution.error`, `.timed_out`, `.oom_killed`.
+        """Run `code` in `session` and wait for it; the session keeps its state for the next call. None: the
+        language's own default session (`"default"` for python, the language's name for the others, so a
+        javascript cell never lands in the python session). Never raises for a failing cell: see
+        `Execution.error`, `.timed_out`, `.oom_killed`.
 
         With callbacks the cell's output is streamed: `on_stdout`/`on_stderr` get bytes as they are written,
         `on_result` each `Result` as it is produced. `timeout` (seconds, None: none) interrupts the cell.

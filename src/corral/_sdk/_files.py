@@ -104,11 +104,11 @@ class Files:
 
     def read(self, path: PathLike) -> bytes:
         """The file's exact bytes."""
-        out = bytearray()
-        with self._client.stream("GET", self._path(), params={"path": _fspath(path)}) as response:
-            for chunk in response.iter_bytes():
-                out += chunk
-        return bytes(out)
+        # BytesIO, not a bytearray: getvalue() hands its buffer over, where bytes(bytearray) copies (and
+        # page-faults) the whole file a second time, ~60 ms per 100 MiB.
+        out = io.BytesIO()
+        self._download(self._path(), path, out)
+        return out.getvalue()
 
     def read_text(self, path: PathLike, *, encoding: str = "utf-8", errors: str = "replace") -> str:
         """The file as text; undecodable bytes are replaced unless `errors` says otherwise."""
@@ -188,11 +188,9 @@ class AsyncFiles:
         return Entry.from_wire({"type": "file", **json_dict(reply, "a write")})
 
     async def read(self, path: PathLike) -> bytes:
-        out = bytearray()
-        async with self._client.stream("GET", self._path(), params={"path": _fspath(path)}) as response:
-            async for chunk in response.aiter_bytes():
-                out += chunk
-        return bytes(out)
+        out = io.BytesIO()  # see Files.read
+        await self._download(self._path(), path, out)
+        return out.getvalue()
 
     async def read_text(self, path: PathLike, *, encoding: str = "utf-8", errors: str = "replace") -> str:
         return (await self.read(path)).decode(encoding, errors=errors)

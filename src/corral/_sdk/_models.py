@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from .._exceptions import ServerError
-from ..engine._models import OutputText
+from .._output import OutputText
 
 __all__ = ["CommandResult", "EgressDenial", "Entry", "SandboxInfo"]
 
@@ -67,7 +68,8 @@ class CommandResult(OutputText):
       omitted middle was (the kept head before it, the kept tail after it); `None` when nothing was omitted.
     * `duration` - wall-clock seconds.
     * `egress_denials` - network access the sandbox's policy refused while the command ran (pip, curl and git
-      do not print a proxy's reason); `notice` is the same as text to show next to stderr.
+      do not print a proxy's reason), one per attempt; `notice` is the same as text to show next to stderr, one
+      line per host, port and reason with its count of attempts.
     """
 
     exit_code: int | None
@@ -87,8 +89,12 @@ class CommandResult(OutputText):
 
     @property
     def notice(self) -> str:
-        """One line per refused connection or lookup, e.g. for an agent to read next to stderr ("" if none)."""
-        return "".join(f"corral: {d.reason}\n" for d in self.egress_denials)
+        """One line per refused host, port and reason, e.g. for an agent to read next to stderr ("" if none).
+
+        A tool that retries (pip tries 6 times) is refused as often; the line says so once: `... (6 attempts)`.
+        """
+        seen = Counter((d.host, d.port, d.reason) for d in self.egress_denials)  # in the order first refused
+        return "".join(f"corral: {reason}{f' ({n} attempts)' if n > 1 else ''}\n" for (_, _, reason), n in seen.items())
 
     @classmethod
     def from_wire(

@@ -3,29 +3,38 @@
 Bytes are bytes: keystrokes go out and terminal output comes back as binary frames, never decoded. The frame
 handling (`_Frames`) and the error mapping do no I/O and are shared by `PtySession` (the `websockets` sync client)
 and `AsyncPtySession` (its asyncio client). No websockets exception escapes: a close with code 4000 + status is
-the error of that status, anything else a `ServerError`, chained with `raise ... from`.
+the error of that status, a failure to connect a `ConnectError`, a timeout a `TransportTimeoutError`, anything
+else a `ServerError`, chained with `raise ... from`.
+
+`websockets` (and `asyncio`) load with the first terminal, not with `import corral`: most SDK users never open
+one, and the CLI starts faster without them.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Self, overload
+from typing import TYPE_CHECKING, Any, Self, overload
 
-from websockets.asyncio.client import ClientConnection as AsyncConnection
-from websockets.asyncio.client import connect as async_connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
-from websockets.sync.client import ClientConnection
-from websockets.sync.client import connect as sync_connect
-
-from .._exceptions import CorralError, ServerError, error_from_code
+from .._exceptions import (
+    ConnectError,
+    CorralError,
+    ServerError,
+    TransportError,
+    TransportTimeoutError,
+    error_from_code,
+)
 from ._models import CommandResult
 from ._processes import OutputCallback, _deliver
 from ._transport import _STATUS_CODES, AsyncClient, SyncClient, _error_from_response, sandbox_path
+
+if TYPE_CHECKING:
+    from websockets.asyncio.client import ClientConnection as AsyncConnection
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import ClientConnection
 
 __all__ = ["AsyncPty", "AsyncPtySession", "Pty", "PtySession"]
 
@@ -87,6 +96,8 @@ def _closed_error(exc: ConnectionClosed) -> CorralError:
 
 @contextlib.contextmanager
 def _map_ws_errors(url: str) -> Iterator[None]:
+    from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+
     try:
         yield
     except ConnectionClosed as exc:
@@ -95,14 +106,21 @@ def _map_ws_errors(url: str) -> Iterator[None]:
         response = exc.response
         raise _error_from_response(response.status_code, bytes(response.body or b""), response.headers) from exc
     except WebSocketException as exc:
-        raise ServerError(f"WebSocket error talking to Corral at {url}: {type(exc).__name__}: {exc}",
-                          details={"url": url, "transport_error": type(exc).__name__}) from exc
+        raise TransportError(f"WebSocket error talking to Corral at {url}: {type(exc).__name__}: {exc}",
+                             details={"url": url, "transport_error": type(exc).__name__}) from exc
     except TimeoutError as exc:
-        raise ServerError(f"timed out opening a terminal at {url}",
-                          details={"url": url, "transport_error": "timeout"}) from exc
+        raise TransportTimeoutError(f"timed out opening a terminal at {url}",
+                                    details={"url": url, "transport_error": type(exc).__name__}) from exc
     except OSError as exc:
-        raise ServerError(f"cannot connect to Corral at {url}: {exc}. Is `corral serve` running there?",
-                          details={"url": url, "transport_error": "connect"}) from exc
+        raise ConnectError(f"cannot connect to Corral at {url}: {exc}. Is `corral serve` running there?",
+                           details={"url": url, "transport_error": type(exc).__name__}) from exc
+
+
+def _closing_errors() -> tuple[type[Exception], ...]:
+    """What closing a connection may raise once the peer is gone: nothing is left to do then."""
+    from websockets.exceptions import WebSocketException
+
+    return (WebSocketException, OSError)
 
 
 class _Frames:
@@ -220,7 +238,7 @@ class PtySession(_SessionBase):
 
     def close(self) -> None:
         """Hang up: a process still running is killed. Safe to call twice."""
-        with contextlib.suppress(WebSocketException, OSError):
+        with contextlib.suppress(*_closing_errors()):
             self._ws.close()
 
     def __enter__(self) -> Self:
@@ -253,6 +271,8 @@ class AsyncPtySession(_SessionBase):
             await self._ws.send(json.dumps({"type": "kill"}))
 
     async def _recv(self, timeout: float | None) -> bytes | None:
+        import asyncio  # loaded already: this coroutine runs in its loop
+
         try:
             async with asyncio.timeout(timeout):
                 with _map_ws_errors(self._url):
@@ -286,7 +306,7 @@ class AsyncPtySession(_SessionBase):
 
     async def close(self) -> None:
         """Hang up: a process still running is killed. Safe to call twice."""
-        with contextlib.suppress(WebSocketException, OSError):
+        with contextlib.suppress(*_closing_errors()):
             await self._ws.close()
 
     async def __aenter__(self) -> Self:
@@ -319,6 +339,8 @@ class Pty:
 
         `timeout` (seconds) bounds the process; None: it runs until it exits, is killed, or the session closes.
         """
+        from websockets.sync.client import connect as sync_connect
+
         start = _start_frame(cmd, rows, cols, cwd, env, timeout)
         config = self._client.config
         url = _ws_url(config.base_url, self._sandbox_id)
@@ -357,6 +379,10 @@ class AsyncPty:
         on_data: OutputCallback | None = None,
     ) -> AsyncPtySession:
         """Start `cmd` on a new terminal (see `Pty.create`)."""
+        import asyncio  # loaded already: this coroutine runs in its loop
+
+        from websockets.asyncio.client import connect as async_connect
+
         start = _start_frame(cmd, rows, cols, cwd, env, timeout)
         config = self._client.config
         url = _ws_url(config.base_url, self._sandbox_id)

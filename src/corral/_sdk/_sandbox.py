@@ -14,7 +14,7 @@ from typing import Any, Self
 
 import httpx
 
-from .._exceptions import NotFoundError, SandboxTimeoutError
+from .._exceptions import InvalidRequestError, NotFoundError, SandboxTimeoutError
 from ._code import AsyncCodeInterpreter, CodeInterpreter, Execution, ResultCallback
 from ._commands import AsyncCommands, Commands
 from ._config import DEFAULT_MAX_RETRIES, DEFAULT_REQUEST_TIMEOUT, ConnectionConfig
@@ -29,15 +29,19 @@ __all__ = ["AsyncSandbox", "Sandbox"]
 
 def _create_body(
     template: str,
-    timeout: int | None,
+    timeout: float,
     network: str | Sequence[str],
     limits: Mapping[str, Any] | None,
     env: Mapping[str, str] | None,
     metadata: Mapping[str, str] | None,
     file_roots: Sequence[str] | None = None,
+    runtime: str | None = None,
 ) -> dict[str, Any]:
     if isinstance(file_roots, str):
         raise TypeError("file_roots is a list of directories, not one string")
+    if timeout is None:  # the type says so too; checked here because the server would only say "null"
+        raise InvalidRequestError("timeout must be a number of seconds: every sandbox has a time to live "
+                                  "(at most 7 days; extend it later with set_timeout())")
     body = {
         "template": template,
         "timeout": timeout,
@@ -46,6 +50,8 @@ def _create_body(
         "env": dict(env or {}),
         "metadata": dict(metadata or {}),
     }
+    if runtime is not None:
+        body["runtime"] = runtime
     return body if file_roots is None else {**body, "file_roots": builtins.list(file_roots)}
 
 
@@ -96,27 +102,29 @@ class Sandbox(_SandboxBase):
         cls,
         template: str = "default",
         *,
-        timeout: int | None = 300,
+        timeout: float = 300,
         network: str | Sequence[str] = "none",
         limits: Mapping[str, Any] | None = None,
         env: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
         file_roots: Sequence[str] | None = None,
+        runtime: str | None = None,
         api_key: str | None = None,
         base_url: str | None = None,
         request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
         max_retries: int = DEFAULT_MAX_RETRIES,
         transport: httpx.BaseTransport | None = None,
     ) -> Sandbox:
-        """Start a new sandbox. `timeout` is its time to live in seconds; `api_key`/`base_url` default to
-        `$CORRAL_API_KEY`/`$CORRAL_URL`; a 429 or 503 answer (quota, full machine: nothing was created) is retried
-        up to `max_retries` times after the server's `Retry-After` (when at most 10 s); `transport` is an httpx
-        transport (for tests)."""
+        """Start a new sandbox. `timeout` is its time to live in seconds (never None: every sandbox has one);
+        `runtime` is the OCI runtime, `"runc"` or `"runsc"` (gVisor), None: the server's default (`runc`);
+        `api_key`/`base_url` default to `$CORRAL_API_KEY`/`$CORRAL_URL`; a 429 or 503 answer (quota, full
+        machine: nothing was created) is retried up to `max_retries` times after the server's `Retry-After` (when
+        at most 10 s); `transport` is an httpx transport (for tests)."""
         config = ConnectionConfig.resolve(api_key=api_key, base_url=base_url, request_timeout=request_timeout,
                                           max_retries=max_retries)
         client = SyncClient(config, transport)
         try:
-            body = _create_body(template, timeout, network, limits, env, metadata, file_roots)
+            body = _create_body(template, timeout, network, limits, env, metadata, file_roots, runtime)
             info = SandboxInfo.from_wire(client.request("POST", "/v1/sandboxes", json=body))
         except BaseException:
             client.close()
@@ -251,12 +259,13 @@ class AsyncSandbox(_SandboxBase):
         cls,
         template: str = "default",
         *,
-        timeout: int | None = 300,
+        timeout: float = 300,
         network: str | Sequence[str] = "none",
         limits: Mapping[str, Any] | None = None,
         env: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
         file_roots: Sequence[str] | None = None,
+        runtime: str | None = None,
         api_key: str | None = None,
         base_url: str | None = None,
         request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
@@ -267,7 +276,7 @@ class AsyncSandbox(_SandboxBase):
                                           max_retries=max_retries)
         client = AsyncClient(config, transport)
         try:
-            body = _create_body(template, timeout, network, limits, env, metadata, file_roots)
+            body = _create_body(template, timeout, network, limits, env, metadata, file_roots, runtime)
             info = SandboxInfo.from_wire(await client.request("POST", "/v1/sandboxes", json=body))
         except BaseException:
             await client.close()

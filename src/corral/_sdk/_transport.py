@@ -5,13 +5,16 @@ Laid out like httpx's `_client.py`: everything that does no I/O (configuration, 
 
 Errors: every failure is a `corral.CorralError`. An API error is rebuilt from the `code` in its body
 (`{"error": {"code", "message", "details"}}`), falling back to `_STATUS_CODES` when the body has none; transport
-failures (connection refused, timeouts, broken streams) become `ServerError` chained with `raise ... from`.
-No httpx exception escapes.
+failures become a `corral.TransportError` (`ConnectError`: nothing reached the server; `TransportTimeoutError`:
+no answer in time; a broken connection or stream: `TransportError` itself) through `_TRANSPORT_ERRORS`, chained
+with `raise ... from`. No httpx exception escapes.
+
+`asyncio` is imported only by the coroutines that need it (which run in a loop that already loaded it), so that
+`import corral` stays light for the CLI and sync users.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 import json
@@ -22,10 +25,17 @@ from urllib.parse import quote
 
 import httpx
 
-from .._exceptions import CorralError, ServerError, error_from_code
+from .._exceptions import (
+    ConnectError,
+    CorralError,
+    ServerError,
+    TransportError,
+    TransportTimeoutError,
+    error_from_code,
+)
 from ._config import ConnectionConfig
 
-__all__ = ["AsyncClient", "SyncClient", "json_dict", "sandbox_path"]
+__all__ = ["AsyncClient", "SyncClient", "json_dict", "sandbox_path", "transport_error"]
 
 # The one status -> code table, the reverse of the server's (docs/api.md, "Errors"). Used only when an error
 # response carries no code of its own (a proxy's HTML page, an empty body).
@@ -71,25 +81,52 @@ def _error_from_response(status: int, body: bytes, headers: Mapping[str, str]) -
     return error_from_code(code, message, details)
 
 
+_HINT = "Is `corral serve` running there? (set CORRAL_URL or pass base_url=)"
+
+# Every transport exception httpx has -> (ours, message). Looked up along the raised exception's MRO, so one that a
+# later httpx adds lands on its parent's entry; tests/test_sdk_defects.py fails until it is named here.
+_TRANSPORT_ERRORS: dict[type[httpx.TransportError], tuple[type[TransportError], str]] = {
+    httpx.ConnectError: (ConnectError, "cannot connect to Corral at {url}: {exc}. " + _HINT),
+    httpx.ProxyError: (ConnectError, "cannot connect to Corral at {url} through the proxy: {exc}"),
+    httpx.UnsupportedProtocol: (ConnectError, "cannot connect to Corral at {url}: {exc} (use http:// or https://)"),
+    httpx.ConnectTimeout: (TransportTimeoutError, "timed out talking to Corral at {url} (ConnectTimeout: no "
+                                                  "connection). " + _HINT),
+    httpx.ReadTimeout: (TransportTimeoutError, "timed out talking to Corral at {url} (ReadTimeout: no answer in "
+                                               "time; the request may have been carried out)"),
+    httpx.WriteTimeout: (TransportTimeoutError, "timed out talking to Corral at {url} (WriteTimeout: the request "
+                                                "could not be sent in time)"),
+    httpx.PoolTimeout: (TransportTimeoutError, "timed out talking to Corral at {url} (PoolTimeout: no free "
+                                               "connection in time)"),
+    httpx.TimeoutException: (TransportTimeoutError, "timed out talking to Corral at {url} ({name})"),
+    httpx.ReadError: (TransportError, "the connection to Corral at {url} broke while reading: {exc}"),
+    httpx.WriteError: (TransportError, "the connection to Corral at {url} broke while sending: {exc}"),
+    httpx.CloseError: (TransportError, "the connection to Corral at {url} failed to close: {exc}"),
+    httpx.NetworkError: (TransportError, "network error talking to Corral at {url}: {name}: {exc}"),
+    httpx.RemoteProtocolError: (TransportError, "Corral at {url} broke the HTTP protocol (a proxy in between, or "
+                                                "the connection ended early?): {exc}"),
+    httpx.LocalProtocolError: (TransportError, "cannot send this request to Corral at {url}: {exc}"),
+    httpx.ProtocolError: (TransportError, "HTTP protocol error talking to Corral at {url}: {name}: {exc}"),
+    httpx.TransportError: (TransportError, "transport error talking to Corral at {url}: {name}: {exc}"),
+}
+
+
+def transport_error(exc: httpx.TransportError, url: str) -> TransportError:
+    """Ours for one of httpx's transport exceptions (the caller chains it with `raise ... from exc`)."""
+    cls, message = next(_TRANSPORT_ERRORS[c] for c in type(exc).__mro__ if c in _TRANSPORT_ERRORS)
+    text = message.format(url=url, name=type(exc).__name__, exc=str(exc) or type(exc).__name__)
+    return cls(text, details={"url": url, "transport_error": type(exc).__name__})
+
+
 @contextlib.contextmanager
 def _map_transport_errors(base_url: str) -> Iterator[None]:
-    """Turn httpx's exceptions into `ServerError`s that say what failed and where (chained, never leaked)."""
+    """Turn httpx's exceptions into Corral errors that say what failed and where (chained, never leaked)."""
     try:
         yield
-    except httpx.ConnectError as exc:
+    except httpx.TransportError as exc:
+        raise transport_error(exc, base_url) from exc
+    except httpx.HTTPError as exc:  # a malformed answer (DecodingError) or TooManyRedirects: the server's fault
         raise ServerError(
-            f"cannot connect to Corral at {base_url}: {exc or 'connection failed'}. "
-            "Is `corral serve` running there? (set CORRAL_URL or pass base_url=)",
-            details={"url": base_url, "transport_error": "connect"},
-        ) from exc
-    except httpx.TimeoutException as exc:
-        raise ServerError(
-            f"timed out talking to Corral at {base_url} ({type(exc).__name__})",
-            details={"url": base_url, "transport_error": "timeout"},
-        ) from exc
-    except httpx.HTTPError as exc:
-        raise ServerError(
-            f"transport error talking to Corral at {base_url}: {type(exc).__name__}: {exc}",
+            f"unexpected answer from Corral at {base_url}: {type(exc).__name__}: {exc}",
             details={"url": base_url, "transport_error": type(exc).__name__},
         ) from exc
     except (httpx.InvalidURL, httpx.StreamError) as exc:
@@ -210,6 +247,8 @@ class AsyncClient(_BaseClient):
             delay = self.retry_delay(response, attempt, kwargs)
             if delay is None:
                 break
+            import asyncio  # loaded already: this coroutine runs in its loop
+
             await asyncio.sleep(delay)
         return self._decode(response)
 

@@ -25,8 +25,19 @@ def main() -> None:
     # code cannot stop it; and commands inherit default dispositions.
     path = os.environ.pop("CORRAL_AGENT_LISTEN", "")
     if path:
+        # The runtime could not pass us a socket (runsc): bind our own, 0600 from the start (the umask applies
+        # to bind), and again by name in case the runtime's file system ignores the umask. The host moves it out
+        # of the sandbox's reach as soon as it appears (so a failing chmod is no reason to stop).
         listener = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-        listener.bind(path)
+        umask = os.umask(0o177)
+        try:
+            listener.bind(path)
+        finally:
+            os.umask(umask)  # commands get the usual one
+        try:
+            os.chmod(path, 0o600)
+        except OSError:
+            pass
         listener.listen(128)
     else:
         listener = _socket.socket(fileno=os.dup(LISTEN_FD))

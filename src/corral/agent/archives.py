@@ -1,5 +1,8 @@
 """Directory archives: download a path as a tar stream, upload a tar that is checked whole before extraction.
 
+An upload is extracted below its target without ever following a symbolic link: not one in the archive, and not
+one that sandbox code planted (or plants during the upload) under the target. See "walking without following".
+
 Kept apart from `files` because `tarfile` is slow to import and most sandboxes never use archives.
 """
 
@@ -8,11 +11,12 @@ from __future__ import annotations
 import os
 import posixpath
 import shutil
+import stat
 import tarfile
 
 from . import protocol
 from .channel import Channel
-from .files import FileError, check_path, make_dirs, receive_into, temp_in, unlink_quietly
+from .files import FileError, check_path, receive_into
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -52,8 +56,21 @@ def op_tar_get(ch: Channel, req: dict[str, Any]) -> None:
 
 
 def op_tar_put(ch: Channel, req: dict[str, Any]) -> None:
-    target = check_path(req.get("path"), req.get("roots"))
-    fd, spool = temp_in(target, ".corral-archive-", target)
+    roots = req.get("roots")
+    target = check_path(req.get("path"), roots)
+    real = os.path.realpath(target)  # the target's own links are followed once, here, and checked
+    if roots:
+        check_path(real, roots)
+    root = _open_target(real, target)  # below it, nothing is ever followed
+    try:
+        count = _receive_and_extract(ch, root, real, target)
+    finally:
+        os.close(root)
+    ch.event(event="done", entries=count)
+
+
+def _receive_and_extract(ch: Channel, root: int, real: str, target: str) -> int:
+    fd, spool = _spool(root, target)
     try:
         ch.event(event="ready")
         try:
@@ -62,28 +79,170 @@ def op_tar_put(ch: Channel, req: dict[str, Any]) -> None:
             raise FileError.from_os(exc, target) from exc
         os.lseek(fd, 0, os.SEEK_SET)
         with os.fdopen(os.dup(fd), "rb") as f:
-            count = _extract_safely(f, target)
+            return _extract_safely(f, _Dirs(root, target), real)
     finally:
         os.close(fd)
-        unlink_quietly(spool)
-    ch.event(event="done", entries=count)
+        try:
+            os.unlink(spool, dir_fd=root)
+        except OSError:
+            pass
 
 
-def _extract_safely(f: IO[bytes], target: str) -> int:
+def _open_target(real: str, target: str) -> int:
+    """The target directory (made if missing) as a descriptor, walked from `/` without following any link: a
+    link swapped into `real` after it was resolved and checked is refused, not followed."""
+    try:
+        top = os.open("/", _DIR)
+    except OSError as exc:
+        raise FileError.from_os(exc, target) from exc
+    try:
+        return _descend(top, real.split("/"), "/")
+    finally:
+        os.close(top)
+
+
+def _spool(root: int, target: str) -> tuple[int, str]:
+    """A new private file in the target directory, to hold the archive until it is checked whole."""
+    for _ in range(100):
+        name = ".corral-archive-" + os.urandom(6).hex()
+        try:
+            return os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=root), name
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise FileError.from_os(exc, target) from exc
+    raise FileError("server_error", f"could not create a temporary file in {target}")
+
+
+# -- walking without following links ----------------------------------------------------------------------
+#
+# Sandbox code can plant a symlink under the target at any time (`/workspace/out -> /etc`, or `-> ~/.ssh`, which
+# is inside the roots but outside the target). Every path below the target is therefore opened one component at
+# a time relative to its parent's descriptor, with O_NOFOLLOW: a link in the way is refused, even one that
+# appears between the check before extraction and the write.
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+# tarfile's own extraction filter (Python 3.12, 3.11.4+), applied as a second check: a template's Python may be
+# older, so it is optional, and modes stay ours so that every template extracts the same way.
+_DATA_FILTER = getattr(tarfile, "data_filter", None)
+
+
+def _descend(fd: int, parts: list[str], base: str) -> int:
+    """A new descriptor for the directory `parts` below `fd` (made where missing). `fd` stays open."""
+    current = os.dup(fd)
+    shown = base
+    for part in parts:
+        if not part:
+            continue
+        shown = posixpath.join(shown, part)
+        try:
+            child = _open_dir(current, part)
+        except OSError as exc:
+            raise _walk_error(exc, current, part, shown) from exc
+        finally:
+            os.close(current)
+        current = child
+    return current
+
+
+def _open_dir(fd: int, name: str) -> int:
+    try:
+        return os.open(name, _DIR, dir_fd=fd)
+    except FileNotFoundError:
+        pass
+    try:
+        os.mkdir(name, dir_fd=fd)
+    except FileExistsError:
+        pass  # made meanwhile: the open says what it is
+    return os.open(name, _DIR, dir_fd=fd)
+
+
+def _walk_error(exc: OSError, fd: int, name: str, shown: str) -> FileError:
+    if _is_link(fd, name):
+        return _through_link(shown)
+    return FileError.from_os(exc, shown)
+
+
+def _is_link(fd: int, name: str) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def _through_link(shown: str) -> FileError:
+    return FileError("invalid_request", f"{shown} is a symbolic link: an archive is never extracted through one")
+
+
+class _Dirs:
+    """Directories below the target as descriptors, the last parent kept open (members come grouped by directory)."""
+
+    def __init__(self, root: int, target: str) -> None:
+        self.root = root
+        self.target = target
+        self._parts: list[str] | None = None
+        self._fd = -1
+
+    def open(self, parts: list[str]) -> int:
+        """A new descriptor, for the caller to close."""
+        return _descend(self.root, parts, self.target)
+
+    def parent(self, parts: list[str]) -> int:
+        """A descriptor this object keeps (until `close` or the next other parent)."""
+        if parts != self._parts:
+            self.close()
+            self._fd = self.open(parts)
+            self._parts = parts
+        return self._fd
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._fd, self._parts = -1, None
+
+    def refuse_planted_links(self, members: list[tarfile.TarInfo]) -> None:
+        """Before anything is written: refuse the archive if an entry's directory is a link already on disk."""
+        seen: set[str] = set()
+        for m in members:
+            parts = _parts(m.name)
+            self._check_links(parts if m.isdir() else parts[:-1], seen)
+            if m.islnk():
+                self._check_links(_parts(m.linkname)[:-1], seen)
+
+    def _check_links(self, parts: list[str], seen: set[str]) -> None:
+        for i in range(1, len(parts) + 1):
+            rel = "/".join(parts[:i])
+            if rel in seen:
+                continue
+            try:
+                st = os.stat(rel, dir_fd=self.root, follow_symlinks=False)
+            except FileNotFoundError:
+                return  # nothing below a missing directory exists yet
+            if stat.S_ISLNK(st.st_mode):
+                raise _through_link(posixpath.join(self.target, rel))
+            seen.add(rel)
+
+
+def _extract_safely(f: IO[bytes], dirs: _Dirs, real: str) -> int:
     try:
         with tarfile.open(fileobj=f, mode="r:*") as tar:
             members = tar.getmembers()
-            _validate_members(members)
-            for member in members:
-                _extract_member(tar, member, target)
+            _validate_members(members, real)
+            dirs.refuse_planted_links(members)
+            try:
+                for member in members:
+                    _extract_member(tar, member, dirs)
+            finally:
+                dirs.close()
             return len(members)
     except tarfile.TarError as exc:
         raise FileError("invalid_request", f"not a valid tar archive: {exc}") from exc
     except OSError as exc:
-        raise FileError.from_os(exc, target) from exc
+        raise FileError.from_os(exc, dirs.target) from exc
 
 
-def _validate_members(members: list[tarfile.TarInfo]) -> None:
+def _validate_members(members: list[tarfile.TarInfo], real: str) -> None:
     """Refuse the whole archive before writing anything if any entry could land outside the target."""
     links: set[str] = set()
     for m in members:
@@ -91,52 +250,95 @@ def _validate_members(members: list[tarfile.TarInfo]) -> None:
         if any(name == link or name.startswith(link + "/") for link in links):
             raise FileError("invalid_request", f"archive entry {m.name!r} goes through a link in the archive")
         if m.issym() or m.islnk():
-            dest = m.linkname
-            if "\x00" in dest or dest.startswith("/"):
-                raise FileError("invalid_request", f"archive link {m.name!r} points to absolute path {dest!r}")
-            base = posixpath.dirname(name) if m.issym() else ""
-            resolved = posixpath.normpath(posixpath.join(base, dest))
-            if resolved == ".." or resolved.startswith("../"):
-                raise FileError("invalid_request", f"archive link {m.name!r} -> {dest!r} leads outside the target")
+            _validate_link(m, name, links)
             links.add(name)
         elif not (m.isfile() or m.isdir()):
             raise FileError("invalid_request", f"archive entry {m.name!r} is a device, FIFO or other special file")
+        _filter(m, real)
+
+
+def _validate_link(m: tarfile.TarInfo, name: str, links: set[str]) -> None:
+    dest = m.linkname
+    if "\x00" in dest or dest.startswith("/"):
+        raise FileError("invalid_request", f"archive link {m.name!r} points to absolute path {dest!r}")
+    base = posixpath.dirname(name) if m.issym() else ""
+    resolved = posixpath.normpath(posixpath.join(base, dest))
+    if resolved == ".." or resolved.startswith("../"):
+        raise FileError("invalid_request", f"archive link {m.name!r} -> {dest!r} leads outside the target")
+    if m.islnk():
+        source = _member_name(dest)
+        if source == "." or any(source == link or source.startswith(link + "/") for link in links):
+            raise FileError("invalid_request", f"archive hard link {m.name!r} -> {dest!r} goes through a link")
+
+
+def _filter(m: tarfile.TarInfo, real: str) -> None:
+    if _DATA_FILTER is None:
+        return
+    try:
+        _DATA_FILTER(m, real)
+    except tarfile.TarError as exc:  # tarfile.FilterError, where it exists
+        raise FileError("invalid_request", f"archive entry {m.name!r} refused: {exc}") from exc
 
 
 def _member_name(raw: str) -> str:
+    return "/".join(_parts(raw)) or "."
+
+
+def _parts(raw: str) -> list[str]:
+    """The components of an entry's name below the target ([] for the target itself)."""
     if "\x00" in raw or raw.startswith("/"):
         raise FileError("invalid_request", f"archive entry {raw!r} has an absolute path")
     parts = [p for p in raw.split("/") if p not in ("", ".")]
     if ".." in parts:
         raise FileError("invalid_request", f"archive entry {raw!r} contains '..'")
-    if not parts:
-        return "."
-    return "/".join(parts)
+    return parts
 
 
-def _extract_member(tar: tarfile.TarFile, m: tarfile.TarInfo, target: str) -> None:
-    name = _member_name(m.name)
-    dest = posixpath.join(target, name) if name != "." else target
+def _extract_member(tar: tarfile.TarFile, m: tarfile.TarInfo, dirs: _Dirs) -> None:
+    parts = _parts(m.name)
     mode = (m.mode & 0o777) or (0o755 if m.isdir() else 0o644)
     if m.isdir():
-        make_dirs(dest)
-        os.chmod(dest, mode | 0o700)
+        fd = dirs.open(parts)
+        try:
+            os.fchmod(fd, mode | 0o700)
+        finally:
+            os.close(fd)
         return
-    make_dirs(posixpath.dirname(dest))
-    if os.path.lexists(dest) and not os.path.isdir(dest):
-        os.unlink(dest)
+    parent, name = dirs.parent(parts[:-1]), parts[-1]
+    _clear(parent, name, posixpath.join(dirs.target, *parts))
     if m.issym():
-        os.symlink(m.linkname, dest)
+        os.symlink(m.linkname, name, dir_fd=parent)
     elif m.islnk():
-        os.link(posixpath.join(target, _member_name(m.linkname)), dest)
+        _hard_link(dirs, _parts(m.linkname), parent, name)
     else:
-        src = tar.extractfile(m)
-        assert src is not None
-        with src, open(dest, "wb") as out:
-            shutil.copyfileobj(src, out, protocol.CHUNK)
-        os.chmod(dest, mode)
+        _write_file(tar, m, parent, name, mode)
 
 
+def _clear(parent: int, name: str, shown: str) -> None:
+    """Remove what is in the way of a new non-directory entry; a link there is removed, never followed."""
+    try:
+        st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        raise FileError("invalid_request", f"{shown}: Is a directory")
+    os.unlink(name, dir_fd=parent)
+
+
+def _hard_link(dirs: _Dirs, source: list[str], parent: int, name: str) -> None:
+    src_dir = dirs.open(source[:-1])
+    try:
+        os.link(source[-1], name, src_dir_fd=src_dir, dst_dir_fd=parent, follow_symlinks=False)
+    finally:
+        os.close(src_dir)
+
+
+def _write_file(tar: tarfile.TarFile, m: tarfile.TarInfo, parent: int, name: str, mode: int) -> None:
+    src = tar.extractfile(m)
+    assert src is not None
+    with src, os.fdopen(os.open(name, _NEW_FILE, 0o600, dir_fd=parent), "wb") as out:
+        shutil.copyfileobj(src, out, protocol.CHUNK)
+        os.fchmod(out.fileno(), mode)
 
 
 OPS = {"tar_get": op_tar_get, "tar_put": op_tar_put}

@@ -31,9 +31,37 @@ class Channel:
         return bytes(buf)
 
     def recv(self) -> tuple[int, bytes]:
+        kind, length = self.recv_header()
         try:
-            kind, length = protocol.parse_header(self._recv_exact(protocol.HEADER.size))
             return kind, self._recv_exact(length) if length else b""
+        except OSError as exc:
+            raise Closed from exc
+
+    def recv_header(self) -> tuple[int, int]:
+        """The next frame's kind and payload length; the payload follows with `recv_into` (or `skip`)."""
+        try:
+            return protocol.parse_header(self._recv_exact(protocol.HEADER.size))
+        except OSError as exc:
+            raise Closed from exc
+
+    def recv_into(self, view: memoryview) -> int:
+        """Read what has arrived of the current payload into `view` (at most its length, at least one byte).
+
+        Bulk data goes straight from the socket to its buffer: no frame is assembled, no bytes are copied twice.
+        """
+        try:
+            n = self.sock.recv_into(view)
+        except OSError as exc:
+            raise Closed from exc
+        if not n:
+            raise Closed
+        return n
+
+    def skip(self, length: int) -> None:
+        """Read and drop `length` payload bytes."""
+        try:
+            while length:
+                length -= len(self._recv_exact(min(length, protocol.CHUNK)))
         except OSError as exc:
             raise Closed from exc
 

@@ -158,28 +158,44 @@ def op_write(ch: Channel, req: dict[str, Any]) -> None:
 
 
 def receive_into(ch: Channel, fd: int, path: str) -> int:
+    """Write the DATA frames of an upload to `fd` until DATA_END; the bytes written.
+
+    Each piece goes from the socket into one reused buffer and from there to the file, as soon as it arrives.
+    """
     size = 0
+    buf = memoryview(bytearray(protocol.CHUNK))
     while True:
-        kind, payload = ch.recv()
-        if kind == protocol.DATA_END:
-            return size
+        kind, length = ch.recv_header()
         if kind != protocol.DATA:
+            ch.skip(length)
+            if kind == protocol.DATA_END:
+                return size
             raise FileError("invalid_request", f"unexpected frame kind {kind} during upload of {path}")
-        view = memoryview(payload)
-        try:
-            while view:
-                view = view[os.write(fd, view) :]
-        except OSError:
-            # Read the rest of the upload before answering: closing on unread data resets the connection,
-            # and the host would see "connection reset" instead of our error (disk full, say).
-            _drain(ch)
-            raise
-        size += len(payload)
+        while length:
+            n = ch.recv_into(buf[: min(length, len(buf))])
+            length -= n
+            try:
+                write_all(fd, buf[:n])
+            except OSError:
+                # Read the rest of the upload before answering: closing on unread data resets the connection,
+                # and the host would see "connection reset" instead of our error (disk full, say).
+                ch.skip(length)
+                _drain(ch)
+                raise
+            size += n
+
+
+def write_all(fd: int, view: memoryview) -> None:
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def _drain(ch: Channel) -> None:
-    while ch.recv()[0] != protocol.DATA_END:
-        pass
+    while True:
+        kind, length = ch.recv_header()
+        ch.skip(length)
+        if kind == protocol.DATA_END:
+            return
 
 
 def op_list(ch: Channel, req: dict[str, Any]) -> None:

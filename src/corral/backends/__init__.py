@@ -1,5 +1,36 @@
-"""Backends: where sandboxes get their isolation. `local` runs OCI bundles with runc or runsc."""
+"""Backends: where sandboxes get their isolation (docs/backends.md).
 
-from ._base import Backend, Record
+This package exports the contract only; implementations load by name (`load_backend("local" | "docker", home)`)
+so that choosing one never imports another's dependencies.
+"""
 
-__all__ = ["Backend", "Record"]
+from ._contract import (
+    BACKEND_NAMES,
+    AgentAddress,
+    Backend,
+    BackendCapacity,
+    BackendRecord,
+    Endpoint,
+    TCPEndpoint,
+    UnixEndpoint,
+    load_backend,
+)
+from ._spec import DEFAULT_FILE_ROOTS, Limits, Runtime, SandboxSpec, SandboxState, parse_size
+
+__all__ = [
+    "BACKEND_NAMES",
+    "DEFAULT_FILE_ROOTS",
+    "AgentAddress",
+    "Backend",
+    "BackendCapacity",
+    "BackendRecord",
+    "Endpoint",
+    "Limits",
+    "Runtime",
+    "SandboxSpec",
+    "SandboxState",
+    "TCPEndpoint",
+    "UnixEndpoint",
+    "load_backend",
+    "parse_size",
+]

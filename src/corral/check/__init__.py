@@ -1,4 +1,4 @@
-"""`corral check`: the sandbox checklist (36 items) proved against a running deployment.
+"""`corral check`: the sandbox checklist proved against a running deployment, on whatever backend it runs.
 
 ```python
 from corral.check import Target, run_check
@@ -7,12 +7,13 @@ report.exit_code  # 1 if any item failed
 ```
 
 The in-sandbox items are eval tasks of the corpus (tagged with their item numbers) run by the eval runner; the
-rest are item functions run through the SDK and the API (`_probes.py`). Everything runs in throwaway tenants that
-are disabled, emptied and stripped of their keys at the end.
+rest are item functions run through the SDK and the API (`_probes.py`). What the server's backend cannot give
+(`GET /v1/info`) is N/A with its reason (`_backend.py`). Everything runs in throwaway tenants that are disabled,
+emptied and stripped of their keys at the end.
 """
 
 from ._catalog import ITEMS, Item
-from ._context import CheckContext, Target
+from ._context import CheckContext, Deployment, Target
 from ._model import CheckReport, ItemFailed, ItemResult, NotApplicable, Verdict, combine
 from ._probes import PROBES, Probe
 from ._report import print_report, report_json, report_table
@@ -25,6 +26,7 @@ __all__ = [
     "CheckContext",
     "CheckOptions",
     "CheckReport",
+    "Deployment",
     "Item",
     "ItemFailed",
     "ItemResult",

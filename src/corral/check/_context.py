@@ -7,7 +7,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +20,7 @@ from .._exceptions import CorralError
 from .._sdk import AsyncAdmin, AsyncSandbox, CommandResult
 from ._model import ItemFailed
 
-__all__ = ["CheckContext", "GiB", "MiB", "Target", "clip", "run_json", "run_ok"]
+__all__ = ["CheckContext", "Deployment", "GiB", "MiB", "Target", "clip", "run_json", "run_ok"]
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -61,6 +61,17 @@ class Target:
             return False
 
 
+@dataclass(frozen=True)
+class Deployment:
+    """What `GET /v1/info` says of the server: its backend, the runtimes a sandbox may ask for, and what of the
+    isolation that backend cannot give (key: reason; docs/backends.md). The default is what a server from before
+    that route ran: the local backend, both runtimes, nothing missing."""
+
+    backend: str = "local"
+    runtimes: tuple[str, ...] = ("runc", "runsc")
+    limitations: Mapping[str, str] = field(default_factory=dict)
+
+
 @dataclass
 class CheckContext:
     """What item functions work with. Keys by role: `developer`, `auditor` and `operator` of the check's tenant,
@@ -72,6 +83,7 @@ class CheckContext:
     keys: dict[str, str]
     key_ids: dict[str, str] = field(default_factory=dict)
     loopback: str | None = None  # the runner's loopback server, when the tenant may reach it
+    deployment: Deployment = field(default_factory=Deployment)
 
     @property
     def url(self) -> str:

@@ -1,9 +1,9 @@
 """Items 2, 19 and 36: the agent channel, the symlink-swap race and failing closed.
 
 Parts of them need the host: the agent's socket and token live in the server's state directory, a canary file
-on the host is what an escaping transfer would return, and failing closed is observed by starting an engine
-without a runtime. Those parts run when the server is on this machine (`Target.home`, or a loopback URL for the
-canary), and say so when they cannot.
+on the host is what an escaping transfer would return, and failing closed is observed by starting an engine on
+the server's backend (`GET /v1/info`) without its runtime. Those parts run when the server is on this machine
+(`Target.home`, or a loopback URL for the canary), and say so when they cannot.
 """
 
 from __future__ import annotations
@@ -17,11 +17,16 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .._exceptions import AgentError, CorralError
 from ._context import CheckContext, clip, readable_dir, run_json
 from ._model import ItemFailed, NotApplicable
+
+if TYPE_CHECKING:
+    from ..backends import AgentAddress
 
 __all__ = ["item_02_agent_channel", "item_19_symlink_swap_race", "item_36_fail_closed"]
 
@@ -71,18 +76,20 @@ async def item_02_agent_channel(ctx: CheckContext) -> str:
 
 
 async def _agent_refuses_bad_tokens(ctx: CheckContext, sid: str, other_sid: str) -> str:
-    from ..engine import AgentClient
+    from ..backends import UnixEndpoint
+    from ..engine import AgentClient  # the engine (and pydantic) load only when the agent is probed
 
     home = ctx.home
-    if home is None or not readable_dir(home / "sandboxes"):
+    if home is None or not readable_dir(home / "engine"):
         return ("the agent's token was not probed: that needs the server's state directory on this machine "
                 "(`--home`)")
-    sock, token = _agent_socket(home, sid)
-    _, other_token = _agent_socket(home, other_sid)
-    await AgentClient(sock, token).ping()  # the control: the right token works, so refusals below mean something
+    address = _agent_address(home, sid)
+    other_token = _agent_address(home, other_sid).token
+    endpoint = address.endpoint
+    await AgentClient(endpoint, address.token).ping()  # the control: the right token works, so refusals mean something
     for label, bad in (("no token", ""), ("a guessed token", "x" * 43), ("another sandbox's token", other_token)):
         try:
-            await AgentClient(sock, bad).ping()
+            await AgentClient(endpoint, bad).ping()
         except AgentError as exc:
             raise ItemFailed(f"the agent broke on a request with {label}: {exc.message}") from exc
         except CorralError as exc:
@@ -91,6 +98,9 @@ async def _agent_refuses_bad_tokens(ctx: CheckContext, sid: str, other_sid: str)
             continue
         raise ItemFailed(f"the agent answered a request with {label}",
                          fix="upgrade Corral: the agent must check its per-sandbox token on every request")
+    if not isinstance(endpoint, UnixEndpoint):
+        return "the agent (over TCP) refused no token, a guessed one and another sandbox's"
+    sock = Path(endpoint.path)
     mode = sock.stat().st_mode & 0o777
     if mode & 0o077:
         raise ItemFailed(f"the agent's socket {sock} is mode {mode:o}: other users of the host can connect",
@@ -98,15 +108,14 @@ async def _agent_refuses_bad_tokens(ctx: CheckContext, sid: str, other_sid: str)
     return f"the agent's socket (mode {mode:o}) refused no token, a guessed one and another sandbox's"
 
 
-def _agent_socket(home: Path, sid: str) -> tuple[Path, str]:
-    sbdir = home / "sandboxes" / sid
+def _agent_address(home: Path, sid: str) -> AgentAddress:
+    from ..engine import read_agent_address
+
     try:
-        record = json.loads((sbdir / "backend.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise ItemFailed(f"sandbox {sid} has no readable backend.json under {home}/sandboxes: is `--home` the "
+        return read_agent_address(home, sid)
+    except (OSError, ValueError, KeyError, CorralError) as exc:
+        raise ItemFailed(f"sandbox {sid} has no readable engine state under {home}/engine: is `--home` the "
                          f"server's state directory? ({exc})", fix="pass the server's CORRAL_HOME as --home") from exc
-    sock = sbdir / "run" / "agent.sock" if record.get("runtime") == "runsc" else sbdir / "agent.sock"
-    return sock, str(record.get("token") or "")
 
 
 SWAPPER = r"""
@@ -211,55 +220,84 @@ FAIL_CLOSED_PROBE = r"""
 import asyncio, json, sys
 from pathlib import Path
 from corral import CorralError
+from corral.backends import load_backend
 from corral.engine import Engine, SandboxSpec
 from corral.templates import TemplateStore
 home, templates, template = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+backend, options = sys.argv[4], json.loads(sys.argv[5])
 async def main():
-    engine = Engine(home, templates=TemplateStore(templates))
-    await engine.start()
+    engine = Engine(home, load_backend(backend, home, **options), templates=TemplateStore(templates))
+    stage = "starting the engine"
     try:
-        try:
-            sb = await engine.create(SandboxSpec(template=template))
-        except CorralError as exc:
-            return {"error": type(exc).__name__, "code": exc.code, "message": exc.message,
-                    "listed": [s.id for s in engine.list()]}
-        await sb.destroy()
-        return {"created": sb.id}
+        await engine.start()
+        stage = "creating a sandbox"
+        sb = await engine.create(SandboxSpec(template=template))
+    except CorralError as exc:
+        return {"error": type(exc).__name__, "code": exc.code, "message": exc.message, "stage": stage,
+                "listed": [s.id for s in engine.list()]}
     finally:
         await engine.close(destroy_all=True)
+    return {"created": sb.id}
 print(json.dumps(asyncio.run(main())))
 """
 
 
+@dataclass(frozen=True)
+class _NoRuntime:
+    """How item 36 takes a backend's runtime away in its probe, and what the refusal must then name."""
+
+    what: str  # for the report: "with no OCI runtime on PATH"
+    names: str  # the refusal's message must name it
+    empty_path: bool = False  # run the probe with an empty PATH
+    socket_option: str = ""  # the backend's option naming its runtime's socket: given one that does not exist
+
+
+# The backends whose runtime the probe knows how to take away; on any other, item 36 is N/A, saying so.
+NO_RUNTIME = {
+    "local": _NoRuntime("with no OCI runtime on PATH", "runc", empty_path=True),
+    "docker": _NoRuntime("with no Docker daemon at its socket", "Docker daemon", socket_option="base_url"),
+}
+
+
 async def item_36_fail_closed(ctx: CheckContext) -> str:
-    """An engine on this machine whose runtime cannot be found refuses to create a sandbox, with a clear error,
-    and leaves nothing behind."""
+    """An engine on this machine, on the server's own backend, whose runtime cannot be reached (runc off PATH;
+    no Docker daemon at its socket) refuses to create a sandbox, with a clear error, and leaves nothing
+    behind."""
     if ctx.home is None:
         raise NotApplicable("failing closed is observed on the server's machine: run `corral check --home "
                             "<the server's state directory>` there")
     if not readable_dir(ctx.home / "templates"):
         raise NotApplicable(f"{ctx.home}/templates is not readable here: the probe needs the server's templates")
+    backend = ctx.deployment.backend
+    how = NO_RUNTIME.get(backend)
+    if how is None:
+        raise NotApplicable(f"failing closed is probed on the {' and '.join(NO_RUNTIME)} backends; the server "
+                            f"runs the {backend} backend")
     with tempfile.TemporaryDirectory(prefix="corral-check-") as tmp:
         home, empty = Path(tmp) / "home", Path(tmp) / "bin"
         empty.mkdir()
-        result = await asyncio.to_thread(_fail_closed_probe, home, ctx.home, ctx.target.template, empty)
+        options = {how.socket_option: f"unix://{tmp}/no-such.sock"} if how.socket_option else {}
+        result = await asyncio.to_thread(_fail_closed_probe, home, ctx.home, ctx.target.template, backend, options,
+                                         empty if how.empty_path else None)
         left = _left_behind(home)
     if "created" in result:
-        raise ItemFailed("with no OCI runtime on PATH an engine still created a sandbox: it runs bare")
-    if result.get("code") != "runtime_unavailable" or "runc" not in result.get("message", ""):
-        raise ItemFailed(f"without a runtime, creating a sandbox failed with {result.get('error')} "
-                         f"({result.get('code')}): {result.get('message')} (expected runtime_unavailable naming "
-                         "the missing runtime)")
+        raise ItemFailed(f"{how.what}, an engine on the {backend} backend still created a sandbox: it runs bare")
+    if result.get("code") != "runtime_unavailable" or how.names not in result.get("message", ""):
+        raise ItemFailed(f"{how.what}, {result.get('stage')} on the {backend} backend failed with "
+                         f"{result.get('error')} ({result.get('code')}): {result.get('message')} (expected "
+                         f"runtime_unavailable naming the {how.names})")
     if result.get("listed") or left:
         raise ItemFailed(f"the refused create left things behind: {result.get('listed') or ''} {left}")
-    return f"with no runtime on PATH: runtime_unavailable ({clip(result['message'], 120)}); nothing left behind"
+    return (f"{how.what} ({backend} backend), {result['stage']} failed: runtime_unavailable "
+            f"({clip(result['message'], 120)}); nothing left behind")
 
 
-def _fail_closed_probe(home: Path, templates: Path, template: str, path: Path) -> dict[str, str]:
-    """Run the probe in a child process: its own PATH (without the runtime) and its own engine lock."""
-    env = {**os.environ, "PATH": str(path), "CORRAL_HOME": str(home)}
-    proc = subprocess.run([sys.executable, "-c", FAIL_CLOSED_PROBE, str(home), str(templates), template],
-                          env=env, capture_output=True, text=True, timeout=120)
+def _fail_closed_probe(home: Path, templates: Path, template: str, backend: str, options: dict[str, str],
+                       path: Path | None) -> dict[str, str]:
+    """Run the probe in a child process: its own engine lock, and its own PATH (without the runtime) if given."""
+    env = {**os.environ, "CORRAL_HOME": str(home), **({"PATH": str(path)} if path is not None else {})}
+    proc = subprocess.run([sys.executable, "-c", FAIL_CLOSED_PROBE, str(home), str(templates), template, backend,
+                           json.dumps(options)], env=env, capture_output=True, text=True, timeout=120)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         raise ItemFailed(f"the fail-closed probe crashed (exit {proc.returncode}): {clip(proc.stderr, 500)}")
@@ -269,9 +307,10 @@ def _fail_closed_probe(home: Path, templates: Path, template: str, path: Path) -
 
 def _left_behind(home: Path) -> list[str]:
     found: list[str] = []
-    sandboxes = home / "sandboxes"
-    if sandboxes.is_dir():
-        found += [f"sandbox directory {p.name}" for p in sandboxes.iterdir()]
+    for where in ("sandboxes", "docker"):  # the local and the Docker backends' sandbox directories
+        if (home / where).is_dir():
+            found += [f"sandbox directory {where}/{p.name}" for p in (home / where).iterdir() if p.is_dir()]
+    found += [f"engine state {p.name}" for p in (home / "engine").glob("*.json")]
     prefix = str(home).rstrip("/") + "/"
     with open("/proc/self/mountinfo") as f:
         found += [f"mount {line.split()[4]}" for line in f if line.split()[4].startswith(prefix)]

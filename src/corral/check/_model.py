@@ -87,7 +87,7 @@ def combine(number: int, verdicts: Iterable[Verdict], fixes: Mapping[int, str] |
     if passed := by_status["PASS"]:
         detail = "; ".join(v.detail for v in passed)
         if skipped := by_status["N/A"]:
-            detail += "; not applicable here: " + "; ".join(v.detail for v in skipped)
+            detail += "; not applicable here: " + "; ".join(dict.fromkeys(v.detail for v in skipped))
         return ItemResult(number, item.title, "PASS", _clip(detail), "", tasks, seconds)
     detail = "; ".join(dict.fromkeys(v.detail for v in by_status["N/A"]))  # the same reason once
     return ItemResult(number, item.title, "N/A", _clip(detail), "", tasks, seconds)
@@ -101,7 +101,9 @@ class CheckReport:
     started: str
     seconds: float = 0.0
     tenant: str = ""
+    backend: str = ""  # the server's, as `GET /v1/info` named it
     items: list[ItemResult] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the backend cannot give that no item shows
     cleanup_problems: list[str] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
@@ -119,5 +121,6 @@ class CheckReport:
 
     def to_json(self) -> dict[str, Any]:
         return {"url": self.url, "started": self.started, "seconds": round(self.seconds, 2), "tenant": self.tenant,
-                "ok": self.ok, "counts": self.counts(), "items": [i.to_json() for i in self.items],
+                "backend": self.backend, "ok": self.ok, "counts": self.counts(),
+                "items": [i.to_json() for i in self.items], "notes": list(self.notes),
                 "cleanup_problems": list(self.cleanup_problems)}

@@ -14,6 +14,7 @@ import httpx
 
 from .._exceptions import CorralError
 from ._audit import item_34_audit_tamper_evident, item_35_audit_complete
+from ._backend import item_31_gvisor
 from ._context import CheckContext
 from ._host import item_02_agent_channel, item_19_symlink_swap_race, item_36_fail_closed
 from ._limits import item_09_process_limit, item_13_output_cap
@@ -41,6 +42,7 @@ PROBES: tuple[Probe, ...] = (
     Probe(9, item_09_process_limit, heavy=True),
     Probe(13, item_13_output_cap, heavy=True),
     Probe(19, item_19_symlink_swap_race, heavy=True),
+    Probe(31, item_31_gvisor),
     Probe(32, item_32_tenants_isolated),
     Probe(33, item_33_roles_hold),
     Probe(34, item_34_audit_tamper_evident),

@@ -43,8 +43,11 @@ def report_table(report: CheckReport) -> Table:
 
 def summary(report: CheckReport) -> Text:
     counts = report.counts()
-    line = Text(f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['N/A']} not applicable "
+    on = f" on the {report.backend} backend" if report.backend else ""
+    line = Text(f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['N/A']} not applicable{on} "
                 f"in {report.seconds:.0f} s", style="bold red" if counts["FAIL"] else "bold green")
+    for note in report.notes:
+        line.append(f"\nnot proved by any item: {note}", style="yellow")
     for problem in report.cleanup_problems:
         line.append(f"\nclean-up failed: {problem}", style="bold red")
     return line

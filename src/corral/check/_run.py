@@ -1,12 +1,15 @@
 """`run_check`: the whole checklist against a deployment, in throwaway tenants that are always cleaned up.
 
-Setup makes two tenants, `corral-check-<hex>` (where everything runs) and `corral-check-<hex>-b` (the other
-tenant of item 32), with developer, auditor and operator keys; when the server runs on this machine the runner's
-loopback server is started and the tenant may reach it. Then the in-sandbox tasks run (N at a time) alongside the
-light item functions; the resource-abuse tasks follow, and the heavy functions (a fork bomb beside another
-sandbox, gigabytes of output, a swap race) run alone at the end. Teardown, whatever happened: disable the
-tenants (their keys stop working, nothing new starts), kill their sandboxes, revoke their keys. It never touches
-another tenant.
+Setup asks the server what it runs on (`GET /v1/info`: the backend, its runtimes, what it cannot give), then
+makes two tenants, `corral-check-<hex>` (where everything runs) and `corral-check-<hex>-b` (the other tenant of
+item 32), with developer, auditor and operator keys; when the server runs on this machine the runner's loopback
+server is started and the tenant may reach it. One sandbox is started and killed before any probe (a backend
+that makes an image of the template on its first sandbox, as Docker does, takes a minute there). Then the
+in-sandbox tasks run (N at a time) alongside the light item functions; the resource-abuse tasks follow, and the
+heavy functions (a fork bomb beside another sandbox, gigabytes of output, a swap race) run alone at the end.
+What the backend cannot give is N/A with its reason on the items it touches. Teardown, whatever happened:
+disable the tenants (their keys stop working, nothing new starts), kill their sandboxes, revoke their keys. It
+never touches another tenant.
 """
 
 from __future__ import annotations
@@ -24,12 +27,13 @@ from typing import Protocol
 import httpx
 
 from .._exceptions import CorralError
-from .._sdk import AsyncAdmin
+from .._sdk import AsyncAdmin, AsyncSandbox
 from ..eval._loopback import LoopbackServer
 from ..eval._result import TaskResult
 from ..eval._task import Task
+from ._backend import fetch_deployment, limitation_verdicts, unknown_limitations
 from ._catalog import ITEMS
-from ._context import REQUEST_TIMEOUT, CheckContext, Target
+from ._context import REQUEST_TIMEOUT, SANDBOX_TTL, CheckContext, Target
 from ._model import CheckReport, Verdict, combine
 from ._probes import PROBES, Probe, run_probe
 from ._tasks import checklist_tasks, run_checklist_tasks, task_fixes, task_verdicts
@@ -38,6 +42,7 @@ __all__ = ["CheckOptions", "Progress", "provision", "run_check"]
 
 ROLES = (("developer", "developer"), ("auditor", "auditor"), ("operator", "operator"))
 HEAVY_CATEGORY = "resource_abuse"  # tasks that push a limit: they run after the others
+FIRST_SANDBOX_TIMEOUT = 1800.0  # seconds: the template's first sandbox may import gigabytes (Docker)
 
 
 class Progress(Protocol):
@@ -51,7 +56,7 @@ class Progress(Protocol):
 @dataclass(frozen=True)
 class CheckOptions:
     concurrency: int = 8  # in-sandbox tasks at once
-    items: frozenset[int] | None = None  # only these items (default: all 36)
+    items: frozenset[int] | None = None  # only these items (default: every one)
 
 
 async def run_check(target: Target, options: CheckOptions | None = None, *, progress: Progress | None = None,
@@ -71,12 +76,32 @@ async def run_check(target: Target, options: CheckOptions | None = None, *, prog
         if target.on_this_machine and any("loopback_server" in t.needs() for t in chosen):
             loopback = stack.enter_context(LoopbackServer()).address
         async with provision(target, loopback=loopback, problems=report.cleanup_problems) as ctx:
-            report.tenant = ctx.tenant
+            deployment = ctx.deployment
+            report.tenant, report.backend = ctx.tenant, deployment.backend
+            await _first_sandbox(ctx)
             await _run_all(ctx, chosen, probes, options, verdicts, progress)
+    for number, found in limitation_verdicts(deployment, set(wanted)).items():
+        verdicts[number].extend(found)
+    report.notes = unknown_limitations(deployment)
     fixes = task_fixes()
     report.items = [combine(n, verdicts.get(n, []), fixes) for n in wanted]
     report.seconds = time.monotonic() - started
     return report
+
+
+async def _first_sandbox(ctx: CheckContext) -> None:
+    """Start and kill one sandbox of the template before any probe's clock runs. A failure is left to the
+    probes, which report it item by item."""
+    try:
+        sb = await AsyncSandbox.create(ctx.target.template, api_key=ctx.keys["developer"], base_url=ctx.url,
+                                       transport=ctx.target.transport, timeout=SANDBOX_TTL,
+                                       metadata={"corral-check": ctx.tenant}, request_timeout=FIRST_SANDBOX_TIMEOUT)
+    except (CorralError, httpx.HTTPError):
+        return
+    try:
+        await sb.kill()
+    except (CorralError, httpx.HTTPError):
+        return
 
 
 async def _run_all(ctx: CheckContext, tasks: Sequence[Task], probes: Sequence[Probe], options: CheckOptions,
@@ -124,6 +149,7 @@ async def provision(target: Target, *, loopback: str | None = None,
     suffix = secrets.token_hex(4)
     tenant, other = f"corral-check-{suffix}", f"corral-check-{suffix}-b"
     created: list[str] = []
+    deployment = await fetch_deployment(target)
     async with AsyncAdmin(api_key=target.admin_key, base_url=target.url, transport=target.transport,
                           request_timeout=REQUEST_TIMEOUT) as admin:
         try:
@@ -137,7 +163,7 @@ async def provision(target: Target, *, loopback: str | None = None,
             if loopback is not None:
                 # The runner's loopback server: an exact private ip:port for this tenant (docs/egress.md).
                 await admin.tenants.set_egress(tenant, private=[loopback])
-            yield CheckContext(target, tenant, other, keys, key_ids, loopback=loopback)
+            yield CheckContext(target, tenant, other, keys, key_ids, loopback=loopback, deployment=deployment)
         finally:
             for name in created:
                 await _teardown(admin, name, problems)

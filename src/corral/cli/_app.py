@@ -4,44 +4,125 @@ Everything but `serve`, `templates` and `bench` is a client of the API server (`
 `--url`/`--api-key`). A Corral error ends at the root group (`_ErrorBoundary`, so `main()` and typer's test
 runner behave alike): one line, `error: <code>: <message>`, on stderr and exit status 1 (2 for usage errors);
 never a traceback.
+
+Each command's module is imported only when that command runs (or shows its own `--help`): `_COMMANDS` holds the
+line `corral --help` shows for it. So a client command loads the SDK alone, and a command that needs an extra
+which is not installed (`serve`, `eval run --local`: `corral[server]`) fails with one line that says what to
+install.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import typer
-from pydantic import ValidationError
-from typer.core import TyperGroup
+import typer.main
+from typer.core import TyperCommand, TyperGroup
 
 from .. import __version__
 from .._exceptions import CorralError
-from ._audit import audit_app
-from ._bench import bench_app
-from ._check import check_command
-from ._code import run_code_command
 from ._common import error_line
-from ._cp import cp
-from ._eval import eval_app
-from ._exec import exec_command
-from ._keys import keys_app
-from ._sandbox import sandbox_app
-from ._templates import templates_app
-from ._tenants import tenants_app
+
+# The import names of what each extra installs (pyproject.toml's optional-dependencies, and what they bring;
+# tests/test_client_standalone.py checks the two agree): a command that fails to import one names the extra.
+_EXTRA_OF_MODULE: dict[str, str] = {
+    **dict.fromkeys(("fastapi", "starlette", "uvicorn", "h11", "sqlalchemy", "greenlet", "aiosqlite", "asyncpg",
+                     "pydantic", "pydantic_core", "idna", "httptools"), "server"),
+    "docker": "docker",
+}
+
+
+def missing_extra(exc: ModuleNotFoundError, command: str | None) -> str | None:
+    """The one line for a command that needs an extra which is not installed; None if `exc` is another problem."""
+    module = (exc.name or "").partition(".")[0]
+    extra = _EXTRA_OF_MODULE.get(module)
+    if extra is None:
+        return None
+    what = f"`corral {command}`" if command else "this command"
+    return (f"error: {what} needs the {extra} extra (module {module!r} is not installed): "
+            f"install corral[{extra}] (pip install 'corral[{extra}]')")
+
+
+@dataclass(frozen=True)
+class _Command:
+    """A command of `corral`, from `corral.cli.<module>.<attr>` (a `typer.Typer` group or a command function)."""
+
+    module: str
+    attr: str
+    help: str
+
+    def load(self, name: str) -> Any:  # a click Command (whose class moved between typer versions)
+        obj = getattr(importlib.import_module(f"{__package__}.{self.module}"), self.attr)
+        host = typer.Typer(add_completion=False)  # built as the root would have built it with add_typer/command
+        if isinstance(obj, typer.Typer):
+            host.add_typer(obj, name=name)
+        else:
+            host.command(name)(obj)
+        return typer.main.get_group(host).commands[name]
+
+
+_COMMANDS: dict[str, _Command] = {
+    "sandbox": _Command("_sandbox", "sandbox_app", "Create, list and kill sandboxes (on the server at $CORRAL_URL)."),
+    "exec": _Command("_exec", "exec_command", "Run a command in a sandbox, streaming its output here, and exit "
+                                              "with its exit code."),
+    "run-code": _Command("_code", "run_code_command", "Run code in a sandbox's stateful code session, like a "
+                                                      "notebook cell."),
+    "cp": _Command("_cp", "cp", "Copy a file or directory into a sandbox (LOCAL ID:PATH) or out of one "
+                                "(ID:PATH LOCAL)."),
+    "tenants": _Command("_tenants", "tenants_app", "Create, list and update tenants (admin)."),
+    "keys": _Command("_keys", "keys_app", "Create, list and revoke API keys (admin)."),
+    "audit": _Command("_audit", "audit_app", "Verify, export and follow the audit trail."),
+    "templates": _Command("_templates", "templates_app", "Build, import and list sandbox templates."),
+    "bench": _Command("_bench", "bench_app", "Benchmarks (medians, p95 and ratios to a baseline measured in the "
+                                             "same run)."),
+    "eval": _Command("_eval", "eval_app", "The evaluation corpus: run it against a sandbox service, report, "
+                                          "compare."),
+    "check": _Command("_check", "check_command", "Prove the sandbox checklist (36 items) against a running "
+                                                 "deployment; exit 1 if any item fails."),
+}
+
+
+class _StandIn(TyperCommand):
+    """A command of `_COMMANDS` before it is loaded: its name and help line, for `corral --help`."""
 
 
 class _ErrorBoundary(TyperGroup):
-    """Every subcommand runs inside the root group's `invoke`: a `CorralError` becomes one line and exit 1."""
+    """Every subcommand runs inside the root group's `invoke`: a `CorralError` becomes one line and exit 1.
+
+    The commands of `_COMMANDS` are stand-ins until one is resolved to run; then it replaces its stand-in.
+    """
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        defined = dict(self.commands)  # `serve`, `version`: defined in this module
+        self.commands.clear()
+        self.commands.update({name: _StandIn(name, help=command.help) for name, command in _COMMANDS.items()})
+        self.commands.update(defined)
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        name = args[0] if args else ""
+        if isinstance(self.commands.get(name), _StandIn):
+            ctx.invoked_subcommand = name  # (set again by click right after) so that an import error names it
+            self.commands[name] = _COMMANDS[name].load(name)
+        return super().resolve_command(ctx, args)
 
     def invoke(self, ctx: Any) -> Any:  # a click Context (whose class moved between typer versions)
         try:
             return super().invoke(ctx)
         except CorralError as exc:
             typer.echo(error_line(exc), err=True)
+            ctx.exit(1)
+        except ModuleNotFoundError as exc:  # an extra is not installed: say which, not a traceback
+            line = missing_extra(exc, ctx.invoked_subcommand)
+            if line is None:
+                raise
+            typer.echo(line, err=True)
             ctx.exit(1)
         except OSError as exc:  # local files (`cp`, `audit export --out`): say which and why
             if isinstance(exc, BrokenPipeError):
@@ -53,17 +134,6 @@ class _ErrorBoundary(TyperGroup):
 
 app = typer.Typer(name="corral", help="Corral: isolated sandboxes for AI agents, on your own machines.",
                   cls=_ErrorBoundary, no_args_is_help=True, pretty_exceptions_enable=False)
-app.add_typer(sandbox_app, name="sandbox")
-app.command("exec")(exec_command)
-app.command("run-code")(run_code_command)
-app.command("cp")(cp)
-app.add_typer(tenants_app, name="tenants")
-app.add_typer(keys_app, name="keys")
-app.add_typer(audit_app, name="audit")
-app.add_typer(templates_app, name="templates")
-app.add_typer(bench_app, name="bench")
-app.add_typer(eval_app, name="eval")
-app.command("check")(check_command)
 
 
 @app.callback()
@@ -83,13 +153,18 @@ def serve(
     max_sandboxes: int | None = typer.Option(None, min=1, help="At most this many sandboxes on this machine."),
     memory_overcommit: float = typer.Option(4.0, min=0.1, help="Sandbox memory limits may add up to this many "
                                             "times physical memory."),
+    backend: str = typer.Option("local", help="Where sandboxes run: local (runc/runsc OCI bundles) or docker "
+                                "(a local dockerd; needs corral[docker]). See docs/backends.md."),
 ) -> None:
     """Run the API server (state, templates and sandboxes in $CORRAL_HOME, default /var/lib/corral)."""
+    from ..backends import BACKEND_NAMES
     from ..engine import Capacity
     from ..server import serve as run_server  # FastAPI and uvicorn load only for this command
 
+    if backend not in BACKEND_NAMES:
+        raise typer.BadParameter(f"choose one of {', '.join(BACKEND_NAMES)}", param_hint="--backend")
     capacity = Capacity(max_sandboxes=max_sandboxes, memory_overcommit=memory_overcommit)
-    run_server(host, port, db_url=db, capacity=capacity)
+    run_server(host, port, db_url=db, capacity=capacity, backend=backend)
 
 
 @app.command()
@@ -116,13 +191,24 @@ class JSONFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+def _validation_problems(exc: Exception) -> str | None:
+    """A pydantic ValidationError's problems in one line (None for anything else). pydantic is the server's
+    (engine specs); it is not imported for this: if it was never imported, `exc` cannot be one of its errors."""
+    pydantic = sys.modules.get("pydantic")
+    if pydantic is None or not isinstance(exc, pydantic.ValidationError):
+        return None
+    return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+
+
 def main() -> None:
     try:
         app()
     except CorralError as exc:
         typer.echo(error_line(exc), err=True)
         sys.exit(1)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+    except ValueError as exc:  # pydantic's ValidationError is one
+        problems = _validation_problems(exc)
+        if problems is None:
+            raise
         typer.echo(f"error: invalid_request: {problems}", err=True)
         sys.exit(2)

@@ -73,10 +73,13 @@ def engine(
     concurrent: int = typer.Option(50, help="Sandboxes created at once."),
     pool: int = typer.Option(4, help="Warm pool size."),
     template: str = typer.Option("default"),
+    docker: bool = typer.Option(False, "--docker", help="Also the Docker backend (corral[docker], a running "
+                                "dockerd), against bare `docker run --rm <image> true`."),
     out: Path = typer.Option(Path("bench-results/engine.json"), help="Where to write the JSON figures."),
 ) -> None:
-    """Sandbox create, exec, idle memory and concurrency, against bare `runc run`."""
-    _run("engine", out, template=template, n=n, concurrent=concurrent, pool=pool)
+    """Sandbox create, exec, idle memory and concurrency, against bare `runc run` (and, with --docker, the Docker
+    backend against bare `docker run`)."""
+    _run("engine", out, template=template, n=n, concurrent=concurrent, pool=pool, docker=docker)
 
 
 @bench_app.command("api")
@@ -85,11 +88,12 @@ def api(
     clients: int = typer.Option(50, help="Concurrent clients, each with its own sandbox."),
     steps: int = typer.Option(20, help="Agent-like steps per client."),
     size_mib: int = typer.Option(100, help="Upload/download size in MiB."),
+    rounds: int = typer.Option(10, help="Uploads and downloads of that size (p50 and p95 over them)."),
     template: str = typer.Option("default"),
     out: Path = typer.Option(Path("bench-results/api.json"), help="Where to write the JSON figures."),
 ) -> None:
     """The HTTP API (a real `corral serve`, the SDK over loopback) against the engine in-process."""
-    _run("api", out, template=template, n=n, clients=clients, steps=steps, size_mib=size_mib)
+    _run("api", out, template=template, n=n, clients=clients, steps=steps, size_mib=size_mib, rounds=rounds)
 
 
 @bench_app.command("net")

@@ -60,8 +60,8 @@ def check_command(
     unknown = [n for n in item if n not in ITEMS]
     if unknown:
         raise typer.BadParameter(f"no checklist item {unknown[0]}: items are 1 to {max(ITEMS)}", param_hint="--item")
-    if home is not None and not (home / "sandboxes").is_dir():
-        raise typer.BadParameter(f"{home} is not a Corral state directory (no sandboxes/ in it)",
+    if home is not None and not (home / "engine").is_dir():
+        raise typer.BadParameter(f"{home} is not a Corral state directory (no engine/ in it)",
                                  param_hint="--home")
     config = ConnectionConfig.resolve(api_key=api_key, base_url=url)
     if not config.api_key:

@@ -79,7 +79,7 @@ def run_code_command(
     code: str | None = typer.Argument(None, help="The code to run; '-' or none reads it from stdin.",
                                       show_default=False),
     language: str = typer.Option("python", help="python, bash or javascript."),
-    session: str | None = typer.Option(None, help="The session to run in (default: 'default'); state persists "
+    session: str | None = typer.Option(None, help="The session to run in (default: one per language); state persists "
                                                   "between calls to the same session.", show_default=False),
     timeout: float | None = typer.Option(None, help="Seconds before the cell is interrupted (exit 124)."),
     save_dir: Path | None = typer.Option(None, "--save-dir", help="Save image and HTML results here as "

@@ -62,9 +62,13 @@ def note(message: str) -> None:
 
 
 def error_line(exc: CorralError) -> str:
-    """The one line the CLI prints for an error: its stable code and its message."""
+    """The one line the CLI prints for an error: its stable code and its message.
+
+    The code is one of the API's (docs/api.md): the SDK's own transport errors print as their wire ancestor,
+    `server_error` (the message says what happened: "cannot connect to Corral at ...")."""
     message = " ".join(exc.message.split()) or type(exc).__name__
-    return f"error: {exc.code}: {message}"
+    code = next(cls.code for cls in type(exc).__mro__ if issubclass(cls, CorralError) and cls.wire)
+    return f"error: {code}: {message}"
 
 
 def print_table(table: Table) -> None:

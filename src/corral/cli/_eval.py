@@ -2,6 +2,7 @@
 
 ```sh
 corral eval run --local --sample 150 --seed 1        # a private server on this machine, a seeded sample
+corral eval run --local --backend docker             # the same, its sandboxes in Docker containers
 corral eval run --url URL --api-key ADMIN_KEY        # a deployment: a throwaway tenant is made and removed
 corral eval run --adapter e2b --without loopback_server  # any E2B-compatible service (E2B_API_KEY)
 corral eval ls --category security                   # what the corpus holds
@@ -31,7 +32,7 @@ from ..eval import CAPABILITIES, CATEGORIES, MODES, RunResults, Task, TaskResult
 from ..eval._deployment import local_capabilities, local_server, run_on_corral
 from ..eval._runner import run_tasks
 from ..eval._select import select
-from ._common import ApiKeyOption, JsonOption, UrlOption, print_json, print_table
+from ._common import ApiKeyOption, JsonOption, UrlOption, config, print_json, print_table
 
 eval_app = typer.Typer(help="The evaluation corpus: run it against a sandbox service, report, compare.",
                        no_args_is_help=True)
@@ -68,6 +69,9 @@ def run_command(
     local: Annotated[bool, typer.Option(
         "--local", help="Start a private `corral serve` on this machine for the run (root; templates from "
                         "$CORRAL_HOME).")] = False,
+    backend: Annotated[str, typer.Option(
+        "--backend", help="With --local: where the private server runs sandboxes (`corral serve --backend`: "
+                          "local or docker; docs/backends.md).")] = "local",
     url: UrlOption = None,
     api_key: ApiKeyOption = None,
     as_tenant: Annotated[bool, typer.Option(
@@ -93,6 +97,12 @@ def run_command(
     bad = [w for w in without if w not in CAPABILITIES]
     if bad:
         raise typer.BadParameter(f"unknown capability {bad[0]!r}; known: {', '.join(sorted(CAPABILITIES))}")
+    if backend != "local" and not local:
+        raise typer.BadParameter("--backend chooses the backend of the private server: give --local too (a "
+                                 "deployment runs whatever backend it was started with)", param_hint="--backend")
+    _check_backend(backend)
+    if adapter == "corral" and not local:
+        url, api_key = _deployment(url, api_key)
     out = out or Path("eval-results") / f"{time.strftime('%Y%m%d-%H%M%S')}-{adapter}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     header = {"filters": {"family": family, "category": category, "tag": tag, "task": task, "sample": sample,
@@ -107,7 +117,7 @@ def run_command(
         elif adapter == "corral":
             caps = local_capabilities() if local else frozenset(CAPABILITIES)
             if local:
-                url, api_key = stack.enter_context(local_server())
+                url, api_key = stack.enter_context(local_server(backend=backend))
                 as_tenant = False
             run = asyncio.run(run_on_corral(
                 tasks, base_url=url, admin_key=None if as_tenant else api_key,
@@ -147,6 +157,22 @@ class _progress:
                                    f"{first.detail[:160] if first else ''}", markup=True, highlight=False)
         text = " ".join(f"{k} {self.counts[k]}" for k in ("pass", "fail", "skip") if self.counts[k])
         self.bar.update(self.task, advance=1, counts=text)
+
+
+def _check_backend(name: str) -> None:
+    from ..backends import BACKEND_NAMES  # as `corral serve` does: the backends' package loads only when asked
+
+    if name not in BACKEND_NAMES:
+        raise typer.BadParameter(f"choose one of {', '.join(BACKEND_NAMES)}", param_hint="--backend")
+
+
+def _deployment(url: str | None, api_key: str | None) -> tuple[str, str]:
+    """Where to run and with which key: the options, else `$CORRAL_URL` and `$CORRAL_API_KEY`, as every command."""
+    connection = config(url, api_key)
+    if connection.api_key is None:
+        raise typer.BadParameter("give an API key with --api-key or $CORRAL_API_KEY: an admin key (a throwaway "
+                                 "tenant is made), or with --as-tenant a developer key", param_hint="'--api-key'")
+    return connection.base_url, connection.api_key
 
 
 def _summary(run: RunResults, out: Path) -> None:

@@ -33,8 +33,8 @@ def _stdin(disabled: bool) -> bytes | None:
 
 def exit_code(result: CommandResult, timeout: float | None) -> int:
     """The command's exit status as a shell would report it, with a notice on stderr for what it cannot say."""
-    for denial in result.egress_denials:  # pip, curl and git do not print a proxy's reason: say it here
-        note(f"corral: {denial.reason}")
+    if result.notice:  # pip, curl and git do not print a proxy's reason: say it here, once per host and reason
+        note(result.notice.rstrip("\n"))
     if result.truncated:
         note(f"corral: output truncated: stdout {result.stdout_size} bytes, stderr {result.stderr_size} bytes in "
              "total; the middle was left out")

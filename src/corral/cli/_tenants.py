@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from .._sdk import TenantInfo
-from ..engine import parse_size
+from .._sizes import parse_size
 from ._common import ApiKeyOption, JsonOption, UrlOption, admin, print_json, print_table
 
 tenants_app = typer.Typer(help="Create, list and update tenants (admin).", no_args_is_help=True)

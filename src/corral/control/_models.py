@@ -7,9 +7,10 @@ always stored and returned in UTC.
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Any, ClassVar
 
 from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String
@@ -17,6 +18,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
+from ..backends._spec import SandboxSpec, SandboxState
 from ._rbac import Role
 
 SCHEMA_VERSION = 1
@@ -202,12 +204,7 @@ class NewApiKey:
         return f"NewApiKey(id={self.info.id!r}, prefix={self.info.prefix!r}, role={self.info.role.value!r})"
 
 
-class SandboxStatus(StrEnum):
-    CREATING = "creating"  # quota reserved, the engine is creating it
-    RUNNING = "running"
-    PAUSED = "paused"
-    DESTROYED = "destroyed"
-    FAILED = "failed"  # creation failed; never ran
+SandboxStatus = SandboxState  # one lifecycle enum (backends/_spec.py); the store's older name
 
 
 @dataclass(frozen=True)
@@ -216,7 +213,7 @@ class SandboxRecord:
     tenant_id: str
     key_id: str
     template: str
-    spec: dict[str, Any]
+    spec: SandboxSpec  # as asked for, with the environment's values left out (they often carry secrets)
     metadata: dict[str, Any]
     memory_bytes: int
     cpus: float
@@ -225,6 +222,7 @@ class SandboxRecord:
     created_at: datetime
     expires_at: datetime
     destroyed_at: datetime | None
+    env_names: tuple[str, ...] = ()
 
     @property
     def live(self) -> bool:
@@ -250,7 +248,20 @@ def key_from_row(row: ApiKeyRow) -> ApiKey:
 
 
 def sandbox_from_row(row: SandboxRow) -> SandboxRecord:
+    stored = dict(row.spec)
+    env_names = tuple(stored.pop("env_names", ()))
     return SandboxRecord(id=row.id, tenant_id=row.tenant_id, key_id=row.key_id, template=row.template,
-                         spec=row.spec, metadata=row.metadata_, memory_bytes=row.memory_bytes, cpus=row.cpus,
+                         spec=_spec(stored), env_names=env_names, metadata=row.metadata_,
+                         memory_bytes=row.memory_bytes, cpus=row.cpus,
                          disk_bytes=row.disk_bytes, state=SandboxStatus(row.state), created_at=row.created_at,
                          expires_at=row.expires_at, destroyed_at=row.destroyed_at)
+
+
+@functools.lru_cache(maxsize=4096)
+def _spec_from_json(text: str) -> SandboxSpec:
+    return SandboxSpec.model_validate_json(text)
+
+
+def _spec(stored: dict[str, Any]) -> SandboxSpec:
+    """Typed again; memoised by content, since the same rows are read over and over and validating is not free."""
+    return _spec_from_json(json.dumps(stored, sort_keys=True))

@@ -32,7 +32,7 @@ from .._exceptions import (
     QuotaExceededError,
 )
 from .._settings import corral_home
-from ..engine import SandboxSpec
+from ..backends._spec import SandboxSpec
 from ._audit import AuditLog
 from ._cache import MISSING, TTLCache
 from ._db import Database, default_url
@@ -393,7 +393,7 @@ class ControlStore:
         try:
             async with self._db.write() as session:
                 row = await _live_sandbox_row(session, sandbox_id)
-                row.spec = {**row.spec, "network": network}
+                row.spec = {**row.spec, "network": network if isinstance(network, str) else list(network)}
         finally:
             self._sandboxes.invalidate(sandbox_id)
         return sandbox_from_row(row)

@@ -1,7 +1,11 @@
 """The slice of HTTP/1.1 the egress proxy speaks: bounded heads, body framing, and refusal responses.
 
+Heads are checked against HTTP/1.1's grammar (RFC 9112, built from h11's); anything else is `BadMessage`, which the
+proxy answers 400 (a request) or 502 (a response). Requests, which go on to servers whose parsers we do not know,
+get the strict grammar: no control character but HTAB in a value, exactly one way to frame a body.
 Bodies are relayed with their framing untouched (Content-Length or chunked, else until close), so the proxy
 never buffers a body and never changes its bytes; they are copied on the raw sockets (`SocketReader`, `Mover`).
+Only the lines between chunks are parsed (and checked, as strictly as heads).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 
+from h11._abnf import field_content, status_line, token
+
 __all__ = [
     "MAX_HEAD",
     "BadMessage",
@@ -30,16 +36,38 @@ __all__ = [
     "Stall",
     "error_response",
     "framing",
-    "parse_head",
+    "parse_request",
+    "parse_response",
     "read_head",
     "safe_text",
 ]
 
 MAX_HEAD = 64 * 1024
+MAX_LENGTH_DIGITS = 18  # a Content-Length of up to 10**18 bytes: more than any body, and int() stays trivial
 CHUNK = 1024 * 1024  # relay reads: big enough that per-read overhead vanishes next to the copy
-_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
-_HEX = re.compile(rb"^[0-9A-Fa-f]{1,16}$")
-_STATUS_LINE = re.compile(r"^HTTP/1\.[01] ([0-9]{3})(?: (.*))?$")
+
+# The grammar's pieces come from h11 (`h11._abnf`, a private module: the expressions h11's own parser is built from),
+# compiled as bytes patterns as h11 does (on str, `\s` would also match \x1c-\x1f, \x85 and \xa0).
+_TOKEN = re.compile(token.encode())
+_VERSIONS = (b"HTTP/1.1", b"HTTP/1.0")
+_REQUEST_LINE = re.compile(rb"(?P<method>%b) (?P<target>[^\x00-\x20\x7f]+) (?P<version>HTTP/1\.[01])" % token.encode())
+_BAD_IN_TARGET = re.compile(rb"[\x00-\x20\x7f]")
+_STATUS_LINE = re.compile(status_line.encode())
+# Header lines: name ":" OWS [ value OWS ]. (h11's `OWS field-value OWS`, with the value optional, makes two OWS meet
+# on a value of whitespace only: a failing match then takes quadratic time, 20 s for a 64 KiB line.) Requests get
+# RFC 9110 5.5 as written: field-vchar = VCHAR / obs-text, SP and HTAB only between them. Responses get h11's
+# field-content, which also lets other control characters through (real servers send them), never NUL, CR or LF.
+_VCHAR = rb"[\x21-\x7e\x80-\xff]"
+_REQUEST_FIELD = re.compile(rb"%b:[ \t]*(?:%b+(?:[ \t]+%b+)*[ \t]*)?" % (token.encode(), _VCHAR, _VCHAR))
+_RESPONSE_FIELD = re.compile(rb"%b:[ \t]*(?:%b[ \t]*)?" % (token.encode(), field_content.encode()))
+_REQUEST_FIELDS = re.compile(rb"(?:%b\r\n)*" % _REQUEST_FIELD.pattern)  # every header line of a head at once
+_RESPONSE_FIELDS = re.compile(rb"(?:%b\r\n)*" % _RESPONSE_FIELD.pattern)
+# RFC 9112 7.1.1: chunk-size [ chunk-ext ] CRLF, chunk-ext = *( BWS ";" BWS name [ BWS "=" BWS value ] ), the value
+# a token or a quoted-string; h11's `;.*` would pass bare CRs and control characters on.
+_QUOTED = rb'"(?:[\t \x21\x23-\x5b\x5d-\x7e\x80-\xff]|\\[\t \x21-\x7e\x80-\xff])*"'
+_CHUNK_LINE = re.compile(rb"(?P<size>[0-9A-Fa-f]{1,16})(?:[ \t]*;[ \t]*%b(?:[ \t]*=[ \t]*(?:%b|%b))?)*[ \t]*\r\n"
+                         % (token.encode(), token.encode(), _QUOTED))
+_HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
 SPLICE = hasattr(os, "splice") and hasattr(fcntl, "F_SETPIPE_SZ")  # Linux (Python 3.10+)
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "te", "trailer", "upgrade"}
 
@@ -74,7 +102,7 @@ class Head:
 
 
 async def read_head(reader: asyncio.StreamReader) -> Head | None:
-    """Read one head (request or response). None at a clean EOF before any byte.
+    """Read one request head. None at a clean EOF before any byte.
 
     The reader's buffer limit must be MAX_HEAD: a head without its blank line within it is `HeadTooLarge`.
     """
@@ -88,44 +116,72 @@ async def read_head(reader: asyncio.StreamReader) -> Head | None:
         raise HeadTooLarge(f"the head exceeds {MAX_HEAD} bytes") from exc
     if len(raw) > MAX_HEAD:
         raise HeadTooLarge(f"the head exceeds {MAX_HEAD} bytes")
-    return parse_head(raw)
+    return parse_request(raw)
 
 
-def parse_head(raw: bytes) -> Head:
-    """A head, its blank line included, from its bytes."""
-    lines = raw[:-4].decode("latin-1").split("\r\n")
-    while lines and not lines[0]:  # RFC 9112: ignore empty lines before a request line
-        lines.pop(0)
-    if not lines:
+def parse_request(raw: bytes) -> Head:
+    """A request head, its blank line included: `method target HTTP/1.x`, then header lines, each as RFC 9112 and
+    RFC 9110 write them (no control character but HTAB, no bare CR or LF, no obsolete line folding)."""
+    lines = raw[:-2]  # every line with its CRLF
+    at = 0
+    while lines.startswith(b"\r\n", at):  # RFC 9112: ignore empty lines before a request line
+        at += 2
+    if at == len(lines):
         raise BadMessage("empty request")
-    parts = lines[0].split(" ")
-    if len(parts) < 3 and not lines[0].startswith("HTTP/"):
-        raise BadMessage(f"malformed start line {safe_text(lines[0], 80)!r}")
-    start = (parts[0], parts[1] if len(parts) > 1 else "", " ".join(parts[2:]))
-    return Head(start, [_header(line) for line in lines[1:]], len(raw))
+    end = lines.index(b"\r\n", at)
+    match = _REQUEST_LINE.fullmatch(lines, at, end)
+    if match is None:
+        raise BadMessage(_request_line_fault(lines[at:end]))
+    method, target, version = match.group("method", "target", "version")
+    start = (method.decode("ascii"), target.decode("latin-1"), version.decode("ascii"))
+    return Head(start, _fields(lines[end + 2:], _REQUEST_FIELDS, _REQUEST_FIELD), len(raw))
 
 
-def _header(line: str) -> tuple[str, str]:
-    name, sep, value = line.partition(":")
-    if not sep or not _TOKEN.match(name):
-        raise BadMessage(f"malformed header line {safe_text(line, 80)!r}")
-    value = value.strip(" \t")
-    if any(c in value for c in "\x00\r\n"):
-        raise BadMessage(f"invalid character in header {name}")
-    return name, value
+def parse_response(raw: bytes) -> Head:
+    """A response head, its blank line included: `HTTP/1.x status [reason]`, then header lines, in h11's grammar."""
+    lines = raw[:-2]
+    end = lines.index(b"\r\n")
+    match = _STATUS_LINE.fullmatch(lines, 0, end)
+    if match is None or b"HTTP/" + match["http_version"] not in _VERSIONS:
+        raise BadMessage(f"malformed status line {safe_text(lines[:end].decode('latin-1'), 80)!r}")
+    version, status, reason = match.group("http_version", "status_code", "reason")
+    start = ("HTTP/" + version.decode("ascii"), status.decode("ascii"), (reason or b"").decode("latin-1"))
+    return Head(start, _fields(lines[end + 2:], _RESPONSE_FIELDS, _RESPONSE_FIELD), len(raw))
 
 
-def check_request_line(head: Head) -> None:
-    method, target, version = head.start
-    if not _TOKEN.match(method) or not target or version not in ("HTTP/1.1", "HTTP/1.0"):
-        raise BadMessage(f"malformed request line {safe_text(' '.join(head.start), 80)!r}")
+def _request_line_fault(line: bytes) -> str:
+    method, _, rest = line.partition(b" ")
+    target, _, version = rest.rpartition(b" ")
+    bad = _BAD_IN_TARGET.search(target)
+    if _TOKEN.fullmatch(method) and version in _VERSIONS and bad is not None:
+        return (f"invalid character {bad[0].decode('latin-1')!r} in the request target "
+                "(percent-encode spaces and control characters)")
+    return f"malformed request line {safe_text(line.decode('latin-1'), 80)!r}"
+
+
+def _fields(lines: bytes, grammar: re.Pattern[bytes], line_grammar: re.Pattern[bytes]) -> list[tuple[str, str]]:
+    """Header lines, each with its CRLF, as (name, value) without the value's surrounding whitespace. One match
+    checks them all; the fault, if any, names the header, never its value (which may be a credential)."""
+    if grammar.fullmatch(lines) is None:
+        bad = next(line for line in lines.split(b"\r\n") if line_grammar.fullmatch(line) is None)
+        raise BadMessage(_field_fault(bad))
+    fields = lines.decode("latin-1").split("\r\n")
+    fields.pop()  # what follows the last CRLF: nothing
+    return [(name, value.strip(" \t")) for name, _, value in (field.partition(":") for field in fields)]
+
+
+def _field_fault(line: bytes) -> str:
+    name, colon, _ = line.partition(b":")
+    if line[:1] in (b" ", b"\t"):
+        return "obsolete line folding (a header line that starts with whitespace)"
+    if not colon or not _TOKEN.fullmatch(name):
+        return f"malformed header line {safe_text(name.decode('latin-1'), 40)!r}"
+    return f"invalid character in header {name.decode('ascii')}"
 
 
 def parse_status(head: Head) -> tuple[int, str]:
-    match = _STATUS_LINE.match(" ".join(head.start))
-    if match is None:
-        raise BadMessage("malformed status line from upstream")
-    return int(match.group(1)), match.group(2) or ""
+    """The status code and reason of a head from `parse_response`."""
+    return int(head.start[1]), head.start[2]
 
 
 @dataclass(frozen=True)
@@ -141,22 +197,45 @@ class Framing:
 
 
 def framing(head: Head, *, request: bool) -> Framing:
-    """RFC 9112 section 6: chunked wins; conflicting or bad lengths are refused (request smuggling)."""
-    codings = head.tokens("transfer-encoding")
-    lengths = {v.strip() for v in head.get_all("content-length")}
+    """RFC 9112 section 6, strictly for requests (request smuggling) and as a client must for responses."""
+    return _request_framing(head) if request else _response_framing(head)
+
+
+def _request_framing(head: Head) -> Framing:
+    """Exactly `Transfer-Encoding: chunked` (HTTP/1.1 only), or one Content-Length, or no body; never both."""
+    codings, lengths = head.get_all("transfer-encoding"), head.get_all("content-length")
+    if codings and lengths:
+        raise BadMessage("both Transfer-Encoding and Content-Length")
     if codings:
-        if request and lengths:
-            raise BadMessage("both Transfer-Encoding and Content-Length")
-        if "chunked" not in codings:
-            if request:
-                raise BadMessage("unsupported Transfer-Encoding")
-            return Framing(length=None)
+        if len(codings) > 1 or codings[0].lower() != "chunked":
+            raise BadMessage(f"unsupported Transfer-Encoding {safe_text(', '.join(codings), 60)!r} (a request "
+                             "body may only be sent with exactly 'Transfer-Encoding: chunked')")
+        if head.start[2] != "HTTP/1.1":
+            raise BadMessage("Transfer-Encoding in an HTTP/1.0 request")
         return Framing(length=None, chunked=True)
-    if lengths:
-        if len(lengths) > 1 or not all(v.isascii() and v.isdigit() for v in lengths):
-            raise BadMessage("invalid Content-Length")
-        return Framing(length=int(lengths.pop()))
-    return Framing(length=0 if request else None)
+    if len(lengths) > 1:
+        raise BadMessage("more than one Content-Length")
+    return Framing(length=_content_length(lengths[0])) if lengths else Framing(length=0)
+
+
+def _response_framing(head: Head) -> Framing:
+    """Transfer-Encoding overrides Content-Length; chunked when it is the final coding, else until close (6.3)."""
+    codings = head.get_all("transfer-encoding")
+    if codings:
+        final = codings[-1].rpartition(",")[2].strip().lower()
+        return Framing(length=None, chunked=final == "chunked" and head.start[0] == "HTTP/1.1")
+    lengths = {v.strip() for value in head.get_all("content-length") for v in value.split(",")}
+    if len(lengths) > 1:
+        raise BadMessage("conflicting Content-Length values")
+    return Framing(length=_content_length(lengths.pop())) if lengths else Framing(length=None)
+
+
+def _content_length(text: str) -> int:
+    if not (text.isascii() and text.isdigit()):
+        raise BadMessage(f"invalid Content-Length {safe_text(text, 20)!r}")
+    if len(text) > MAX_LENGTH_DIGITS:
+        raise BadMessage(f"Content-Length of {len(text)} digits (at most {MAX_LENGTH_DIGITS})")
+    return int(text)
 
 
 Count = Callable[[int], None]
@@ -310,12 +389,15 @@ class Mover:
 
 
 class SocketReader:
-    """Buffered reads of heads and chunk lines from a non-blocking socket; bodies go past the buffer (`body()`)."""
+    """Buffered reads of heads and chunk lines from a non-blocking socket; bodies go past the buffer (`body()`).
+    `request`: what it reads is a request (heads and trailers in the strict grammar), else a response."""
 
-    def __init__(self, sock: socket.socket, data: bytes = b"") -> None:
+    def __init__(self, sock: socket.socket, data: bytes = b"", *, request: bool = False) -> None:
         self.sock = sock
         self.buffer = bytearray(data)
         self.eof = False
+        self._parse = parse_request if request else parse_response
+        self._trailer = _REQUEST_FIELD if request else _RESPONSE_FIELD
 
     async def fill(self) -> bool:
         """Read what the socket has into the buffer; False at EOF."""
@@ -344,7 +426,7 @@ class SocketReader:
                 raise BadMessage("the connection ended inside the head")
         if end + 4 > MAX_HEAD:
             raise HeadTooLarge(f"the head exceeds {MAX_HEAD} bytes")
-        return parse_head(self.take(end + 4))
+        return self._parse(self.take(end + 4))
 
     async def line(self, flush: Callable[[], Awaitable[None]]) -> bytes:
         """One CRLF-terminated line (chunk sizes, trailers); `flush` runs before every wait for more bytes."""
@@ -381,7 +463,8 @@ class SocketReader:
             left -= n
 
     async def _chunked(self, dst: socket.socket, mover: Mover, prefix: bytes) -> None:
-        """Chunk lines are checked; lines and small chunks are sent in batches, big chunks socket to socket."""
+        """Chunk lines are checked before they go on (a bad one never does); lines and small chunks are sent in
+        batches, big chunks socket to socket."""
         out = bytearray(prefix)
 
         async def flush() -> None:
@@ -390,10 +473,10 @@ class SocketReader:
 
         while True:
             line = await self.line(flush)
-            size_text = line.split(b";", 1)[0].strip()
-            if not _HEX.match(size_text):  # int(x, 16) would take "0x1", "+1" and "1_0" too
-                raise BadMessage("malformed chunk size")
-            size = int(size_text, 16)
+            match = _CHUNK_LINE.fullmatch(line)
+            if match is None:
+                raise BadMessage(_chunk_fault(line))
+            size = int(match["size"], 16)  # on the matched hex digits only: int() would take "0x1", "+1", "1_0"
             out += line
             if size == 0:
                 break
@@ -407,12 +490,19 @@ class SocketReader:
             out += b"\r\n"
             if len(out) >= CHUNK:
                 await flush()
-        while True:  # trailers, up to the empty line
-            line = await self.line(flush)
+        while (line := await self.line(flush)) != b"\r\n":  # trailers, up to the empty line
+            if self._trailer.fullmatch(line, 0, len(line) - 2) is None:
+                raise BadMessage(f"malformed trailer line ({_field_fault(line[:-2])})")
             out += line
-            if line == b"\r\n":
-                break
+        out += line
         await flush()
+
+
+def _chunk_fault(line: bytes) -> str:
+    size = line.split(b";", 1)[0].strip()
+    if not _HEX.fullmatch(size):
+        return "malformed chunk size"
+    return "malformed chunk extension (a control character, a bare CR or LF, or not name[=value])"
 
 
 def safe_text(text: str, limit: int = 400) -> str:

@@ -1,7 +1,8 @@
 """`EgressPolicy`: what a sandbox may reach, parsed once from the API's `network` value (docs/egress.md).
 
 A policy is `none`, `internet`, or an allowlist of rules (`host`, `host:port`, `*.suffix`, IP literals and
-`@preset`s). Hosts are normalised once (case, IDNA, trailing dot) so that matching is plain string comparison.
+`@preset`s). Hosts are normalised once (IDNA 2008 with UTS 46 mapping: case, width, A-labels; no trailing dot), in
+rules and in requests alike, so that matching is plain string comparison.
 Address checks (loopback, private ranges, the host's own addresses) live in `_addresses.py`: they apply after
 resolution, under every policy.
 """
@@ -14,6 +15,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+import idna
+
 from .._exceptions import InvalidRequestError, PermissionDeniedError
 
 __all__ = ["PRESETS", "Decision", "EgressPolicy", "Rule", "normalize_host", "parse_host_port"]
@@ -22,6 +25,7 @@ Mode = Literal["none", "internet", "allowlist"]
 PRESETS = {"packages": "the package mirror (pip and npm through the proxy's cache)"}
 
 _LABEL = re.compile(r"^[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?$")
+_ASCII_NAME = re.compile(r"(?:[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?\.)*[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?")
 
 
 def _refuse(what: object, why: str) -> InvalidRequestError:
@@ -37,8 +41,11 @@ def _ip_literal(text: str) -> str | None:
 
 
 def normalize_host(host: str) -> str:
-    """Lower-case, IDNA (punycode) form without a trailing dot; IP literals in canonical form without brackets.
+    """Lower-case A-label (`xn--`) form without a trailing dot; IP literals in canonical form without brackets.
 
+    Names are IDNA 2008 with UTS 46 mapping (non-transitional, as browsers and curl resolve them: `straße.de` is
+    `xn--strae-oqa.de`, not `strasse.de`; full-width letters, digits and dots are mapped). ASCII labels are
+    letters, digits, '-' and '_' (IDNA does not allow '_', DNS names do), and `xn--` labels must be valid.
     Raises `InvalidRequestError` for anything that is not a usable host name (empty, NUL, spaces, bad labels).
     """
     if not isinstance(host, str):
@@ -48,25 +55,51 @@ def normalize_host(host: str) -> str:
     literal = _ip_literal(host)
     if literal is not None:
         return literal
-    name = host.removesuffix(".")  # "example.com." is the same host as "example.com"
+    if host.isascii():  # what UTS 46 does to ASCII (std3_rules off, so '_' stays): lower-case it
+        name = host.lower().removesuffix(".")  # "example.com." is the same host as "example.com"
+    else:
+        name = _uts46(host).removesuffix(".")
+        literal = _ip_literal(name)  # full-width digits and dots map to an IP literal
+        if literal is not None:
+            return literal
     if not name:
         raise _refuse(host, "the host is empty")
-    try:
-        # Python's codec is IDNA 2003 with nameprep: it also lower-cases and maps full-width dots.
-        ascii_name = name.encode("idna").decode("ascii").lower()
-    except UnicodeError as exc:
-        raise _refuse(host, f"not a valid (IDNA) host name: {exc}") from exc
+    ascii_name = name  # the common case, checked in one match: plain ASCII labels
+    if not name.isascii() or "xn--" in name or not _ASCII_NAME.fullmatch(name):
+        ascii_name = ".".join(_a_label(label, host) for label in name.split("."))
     if len(ascii_name) > 253:
         raise _refuse(host, "a host name is at most 253 characters")
-    for label in ascii_name.split("."):
-        if not _LABEL.match(label):
-            raise _refuse(host, f"bad label {label!r} (letters, digits, '-' and '_', 1-63 characters)")
     return ascii_name
 
 
+def _uts46(host: str) -> str:
+    try:
+        return idna.uts46_remap(host, std3_rules=False)
+    except idna.IDNAError as exc:
+        raise _refuse(host, f"not a valid IDNA 2008 host name: {exc}") from None
+
+
+def _a_label(label: str, host: str) -> str:
+    """One mapped label, as an A-label (a U-label is converted, an `xn--` label checked) or a plain ASCII label."""
+    if not label:
+        raise _refuse(host, "not a valid IDNA host name: an empty label")
+    try:
+        if not label.isascii():
+            return idna.alabel(label).decode("ascii")
+        if label.startswith("xn--"):
+            idna.ulabel(label)  # a valid A-label decodes to a valid U-label whose A-label it is
+    except idna.IDNAError as exc:
+        raise _refuse(host, f"not a valid IDNA 2008 host name: label {label!r}: {exc}") from None
+    if len(label) > 63:
+        raise _refuse(host, f"not a valid IDNA host name: label {label[:20]!r}... is longer than 63 characters")
+    if not _LABEL.match(label):
+        raise _refuse(host, f"bad label {label!r} (letters, digits, '-' and '_', 1-63 characters)")
+    return label
+
+
 def _port(text: str, rule: object) -> int:
-    if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= 65535:
-        raise _refuse(rule, f"bad port {text!r} (1-65535)")
+    if not text.isascii() or not text.isdigit() or len(text) > 5 or not 1 <= int(text) <= 65535:
+        raise _refuse(rule, f"bad port {text[:20]!r} (1-65535)")
     return int(text)
 
 

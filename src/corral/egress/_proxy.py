@@ -38,7 +38,6 @@ from ._http import (
     Mover,
     SocketReader,
     Stall,
-    check_request_line,
     error_response,
     framing,
     parse_status,
@@ -313,19 +312,19 @@ class _Connection:
         self.writer.write(data)
 
     async def _dispatch(self, head: Head, attempt: _Attempt) -> bool:
-        check_request_line(head)
         method, target, _ = head.start
         if method == "CONNECT":
             attempt.kind = "connect"
             await self._connect(target, attempt)
             return False
+        body = framing(head, request=True)  # before anything else: a request framed two ways goes nowhere
         if target.startswith("/"):
-            return await self._origin(head, target, attempt)
+            return await self._origin(head, body, target, attempt)
         if target[:7].lower() == "http://":
             host, port, path = _split_url(target)
             if host in _SELF[0] and port == _SELF[1]:  # a client that proxies even its requests to the proxy
-                return await self._origin(head, path, attempt)
-            return await self._forward(head, host, port, path, attempt)
+                return await self._origin(head, body, path, attempt)
+            return await self._forward(head, body, host, port, path, attempt)
         if target[:8].lower() == "https://":
             raise reasons.https_in_the_clear()
         raise reasons.bad_request(f"unsupported request target {safe_text(target, 80)!r}")
@@ -388,7 +387,7 @@ class _Connection:
 
     async def _connect(self, target: str, attempt: _Attempt) -> None:
         try:
-            host, port = parse_host_port(target)
+            host, port = parse_host_port(_authority(target))
         except InvalidRequestError as exc:
             raise reasons.bad_request(exc.message) from None
         if port is None:
@@ -455,9 +454,9 @@ class _Connection:
 
     # -- absolute-form HTTP ------------------------------------------------------------------------------------
 
-    async def _forward(self, head: Head, host: str, port: int, path: str, attempt: _Attempt) -> bool:
+    async def _forward(self, head: Head, request_body: Framing, host: str, port: int, path: str,
+                       attempt: _Attempt) -> bool:
         """One request upstream, its response back: heads parsed here, bodies copied socket to socket."""
-        request_body = framing(head, request=True)
         upstream = await self._open(host, port, attempt)
         stall = Stall(self.proxy.io_timeout)  # anything moving either way, request body included, counts
 
@@ -473,7 +472,11 @@ class _Connection:
                 if request_body.chunked or request_body.length:
                     # Concurrently with the response: a server may answer (or send 100 Continue) before the body.
                     body_task = asyncio.create_task(self._request_body(upstream, request_body, up))
-                keep = await self._relay_response(head, SocketReader(upstream), down, attempt)
+                try:
+                    keep = await self._relay_response(head, SocketReader(upstream), down, attempt)
+                except Refusal:
+                    _raise_body_fault(body_task)  # why the server got no whole request, and so gave no response
+                    raise
                 if body_task is not None:
                     keep = keep and body_task.done() and not body_task.cancelled() and body_task.exception() is None
                 return keep
@@ -490,11 +493,17 @@ class _Connection:
 
     async def _request_body(self, upstream: socket.socket, frame: Framing, mover: Mover) -> None:
         """The client's request body, read from its socket (the transport paused meanwhile), exactly as framed;
-        bytes the client sent after it (its next request) go back to the stream reader."""
+        bytes the client sent after it (its next request) go back to the stream reader. A malformed body cuts the
+        server off (it must not wait for the rest, nor answer half a request): the response relay then ends too."""
         transport = self.writer.transport
         transport.pause_reading()  # type: ignore[attr-defined]
-        client = SocketReader(self._client_socket(), _take_buffered(self.reader))
-        await client.body(upstream, frame, mover)
+        client = SocketReader(self._client_socket(), _take_buffered(self.reader), request=True)
+        try:
+            await client.body(upstream, frame, mover)
+        except BadMessage:
+            with contextlib.suppress(OSError):
+                upstream.shutdown(socket.SHUT_RDWR)
+            raise
         _give_back(self.reader, client.buffer)
         transport.resume_reading()  # type: ignore[attr-defined]
 
@@ -529,34 +538,35 @@ class _Connection:
 
     # -- origin-form: the package mirror and the agent's DNS reports -------------------------------------------
 
-    async def _origin(self, head: Head, path: str, attempt: _Attempt) -> bool:
+    async def _origin(self, head: Head, body: Framing, path: str, attempt: _Attempt) -> bool:
+        # Neither reads a request body: one the client sent is left unread, so the connection cannot go on.
+        keep = _client_keeps(head) and not (body.chunked or body.length)
         if urllib.parse.urlsplit(path).path == "/_corral/dns":
-            return await self._dns(head, path, attempt)
+            return await self._dns(keep, path, attempt)
         mirror = self.proxy.mirror
         if mirror is not None and mirror.handles(path):
-            return await self._mirror(mirror, head, path, attempt)
+            return await self._mirror(mirror, head, keep, path, attempt)
         raise reasons.not_a_proxy_request(safe_text(path, 80))
 
-    async def _dns(self, head: Head, path: str, attempt: _Attempt) -> bool:
+    async def _dns(self, keep: bool, path: str, attempt: _Attempt) -> bool:
         names = urllib.parse.parse_qs(urllib.parse.urlsplit(path).query).get("name")
         if not names or not names[0]:
             raise reasons.bad_request("/_corral/dns needs ?name=")
         attempt.kind, attempt.method, attempt.port = "dns", "DNS", 53
         attempt.host = safe_text(names[0], 253)
         attempt.rule, attempt.reason = "dns refused", reasons.dns_refused(attempt.host)
-        keep = _client_keeps(head)
         self._respond(b"HTTP/1.1 204 No Content\r\n" + (b"" if keep else b"Connection: close\r\n") + b"\r\n")
         async with asyncio.timeout(self.proxy.io_timeout):
             await self.writer.drain()
         return keep
 
-    async def _mirror(self, mirror: PackageMirrorProtocol, head: Head, path: str, attempt: _Attempt) -> bool:
+    async def _mirror(self, mirror: PackageMirrorProtocol, head: Head, keep: bool, path: str,
+                      attempt: _Attempt) -> bool:
         attempt.kind, attempt.host, attempt.path = "mirror", "mirror", safe_text(path, 2000)
         policy = self.sandbox.policy
         if not policy.grants_preset("packages"):
             raise reasons.mirror_denied(policy)
         attempt.allowed, attempt.rule = True, "preset @packages"
-        request_body = framing(head, request=True)
         try:
             response = await mirror.handle(head.start[0], path, head.headers)
         except CorralError as exc:
@@ -564,8 +574,6 @@ class _Connection:
         except Exception as exc:  # the mirror's bug must not look like the sandbox's fault
             log.exception("package mirror failed on %s", path)
             raise Refusal(502, f"Corral package mirror failed: {type(exc).__name__}: {exc}", "mirror failed") from exc
-        # The mirror reads no request body: one the client sent is left unread, so this connection cannot go on.
-        keep = _client_keeps(head) and not (request_body.chunked or request_body.length)
         return await self._send_mirror(response, head, keep, attempt)
 
     async def _send_mirror(self, response: MirrorResponse, request: Head, keep: bool, attempt: _Attempt) -> bool:
@@ -672,11 +680,31 @@ def _split_url(target: str) -> tuple[str, int, str]:
     if "@" in authority:
         raise reasons.bad_request("credentials in the URL; send an Authorization header instead")
     try:
-        host, port = parse_host_port(authority, default_port=80)
+        host, port = parse_host_port(_authority(authority), default_port=80)
     except InvalidRequestError as exc:
         raise reasons.bad_request(exc.message) from None
     assert port is not None
     return host, port, path
+
+
+def _authority(text: str) -> str:
+    """A request's `host[:port]` as text: heads are read as latin-1, but a non-ASCII name is UTF-8 on the wire
+    (clients should send A-labels, `xn--...`; `normalize_host` maps either to the same)."""
+    if text.isascii():
+        return text
+    try:
+        return text.encode("latin-1").decode("utf-8")
+    except UnicodeDecodeError:
+        raise reasons.bad_request(f"invalid host {safe_text(text, 80)!r}: not UTF-8 (send names as A-labels, "
+                                  "xn--...)") from None
+
+
+def _raise_body_fault(body_task: asyncio.Task[None] | None) -> None:
+    """Raise the request body's BadMessage, if that is how the body ended."""
+    if body_task is not None and body_task.done() and not body_task.cancelled():
+        fault = body_task.exception()
+        if isinstance(fault, BadMessage):
+            raise fault
 
 
 def _client_keeps(head: Head) -> bool:
@@ -709,7 +737,11 @@ def _response_framing(response: Head) -> Framing:
 
 
 def _client_head(response: Head, *, close: bool) -> bytes:
-    lines = [" ".join(response.start).rstrip(), *(f"{k}: {v}" for k, v in _drop_hop_by_hop(response))]
+    """Hop-by-hop headers dropped, and Content-Length when there is a Transfer-Encoding: that overrides it, and a
+    proxy must not pass both on (RFC 9112 6.3)."""
+    drop = "content-length" if response.get("transfer-encoding") is not None else ""
+    lines = [" ".join(response.start).rstrip(),
+             *(f"{k}: {v}" for k, v in _drop_hop_by_hop(response) if k.lower() != drop)]
     if close:
         lines.append("Connection: close")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")

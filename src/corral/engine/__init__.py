@@ -3,7 +3,7 @@
 from ._agent_client import AgentClient, PtySession
 from ._capacity import Capacity, MachineUsage
 from ._code import CodeError, CodeResult, CodeSession, RichResult
-from ._engine import Engine, Files, Processes, SandboxHandle
+from ._engine import Engine, Files, Processes, SandboxHandle, read_agent_address
 from ._models import (
     DEFAULT_FILE_ROOTS,
     Entry,
@@ -40,4 +40,5 @@ __all__ = [
     "SandboxSpec",
     "SandboxState",
     "parse_size",
+    "read_agent_address",
 ]

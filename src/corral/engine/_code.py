@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._models import OutputText
+from .._output import OutputText
 
 # java, go, rust and typescript need the polyglot template (its toolchains); the others work in the default one.
 LANGUAGES = ("python", "bash", "javascript", "c", "cpp", "java", "go", "rust", "typescript")

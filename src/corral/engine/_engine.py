@@ -2,9 +2,14 @@
 
 The control plane serves this API. It is async; every method is safe to call concurrently.
 
-State: each sandbox's `state.json` (spec, times, state) sits beside the backend's own record in
-`<home>/sandboxes/<id>/`. A restarted engine reads them back, reattaches to every sandbox that still runs and
-removes whatever is half-created or dead, so nothing leaks across restarts.
+The engine never imports a backend implementation: it takes a `Backend` (docs/backends.md) or loads one by name.
+Around the backend's calls it waits for each new sandbox's agent, attaches the egress proxy, tells an OOM kill
+from any other SIGKILL, and undoes a create that fails half-way.
+
+State: the engine's own, one file per sandbox, `<home>/engine/<id>.json` (spec, times, state, the backend's name
+and record). A restarted engine reads them back, gives each record to `backend.restore`, reattaches to every
+sandbox still `alive` (`adopt`), and has the backend `sweep` whatever it holds beyond those: half-created, dead,
+expired or pooled sandboxes, so nothing leaks across restarts.
 """
 
 from __future__ import annotations
@@ -26,14 +31,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._atomic import write_json_atomic
 from .._exceptions import (
+    AgentError,
     ConflictError,
     CorralError,
     InvalidRequestError,
     NotFoundError,
     SandboxTimeoutError,
+    ServerError,
 )
 from .._settings import corral_home
+from ..backends import AgentAddress, Backend, BackendRecord, load_backend
 from ..templates import Template, TemplateStore
 from ._agent_client import AgentClient, OutputCallback, PtySession, Source
 from ._capacity import Capacity, MachineUsage
@@ -41,14 +50,15 @@ from ._code import CodeError, CodeResult, CodeSession, ResultCallback
 from ._models import Entry, ExecResult, ProcessInfo, SandboxInfo, SandboxSpec, SandboxState
 
 if TYPE_CHECKING:
-    from ..backends import Backend
     from ..egress import EgressProxy
 
-Record = dict[str, Any]
 logger = logging.getLogger("corral.engine")
 
 REAP_INTERVAL = 1.0
 TOMBSTONES_KEPT = 1000
+STATE_DIR = "engine"  # under the home: one `<sandbox id>.json` per sandbox
+_READY_POLL = 0.02  # seconds between pings while a new sandbox's agent starts
+_ALIVE_POLL = 0.25  # ... and between asking the backend whether it still runs at all
 
 # Every sandbox reaches out only through the egress proxy, bridged by the agent to 127.0.0.1:3128 (docs/egress.md).
 # Lower-case twins: curl and wget read only those.
@@ -75,7 +85,8 @@ def _grants_packages(network: str | tuple[str, ...], private: tuple[str, ...]) -
 class _Sandbox:
     id: str
     spec: SandboxSpec
-    record: Record
+    record: BackendRecord
+    agent: AgentClient  # made once from the backend's `agent_address`, fixed for the sandbox's life
     created_at: float
     expires_at: float
     state: SandboxState = SandboxState.RUNNING
@@ -95,7 +106,7 @@ class _Sandbox:
             metadata=dict(self.spec.metadata),
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, backend: str) -> dict[str, Any]:
         return {
             "id": self.id,
             "spec": self.spec.model_dump(mode="json"),
@@ -104,6 +115,8 @@ class _Sandbox:
             "state": self.state.value,
             "template_env": self.template_env,
             "pooled": self.pooled,
+            "backend": backend,
+            "record": self.record.to_json(),
         }
 
 
@@ -120,29 +133,27 @@ class Engine:
 
     **Parameters:**
     * **home** - the state directory (default: `$CORRAL_HOME` or `/var/lib/corral`).
-    * **backend** - where isolation comes from (default: the local OCI backend with runc).
+    * **backend** - where isolation comes from: a `corral.backends.Backend`, or the name of one to load with
+      `corral.backends.load_backend(name, home)` (default `"local"`: OCI bundles on this host, runc or runsc).
     * **pool_size** - how many sandboxes of the default spec to keep started ahead of demand.
-    * **capacity** - how much of the machine sandboxes may take (`Capacity`); past it `create` raises
+    * **capacity** - how much of the backend's room sandboxes may take (`Capacity`); past it `create` raises
       `CapacityError` and starts nothing.
     * **egress** - the egress proxy (`corral.egress.EgressProxy`, started by the caller) that enforces each
       sandbox's `network` policy. Without one, nothing leaves a sandbox at all (loopback only).
     """
 
-    def __init__(self, home: str | os.PathLike[str] | None = None, *, backend: Backend | None = None,
+    def __init__(self, home: str | os.PathLike[str] | None = None, backend: Backend | str = "local", *,
                  templates: TemplateStore | None = None, pool_size: int = 0,
                  pool_spec: SandboxSpec | None = None, capacity: Capacity | None = None,
                  egress: EgressProxy | None = None) -> None:
         self.home = corral_home(home)
-        if backend is None:
-            from ..backends.local import LocalBackend
-
-            backend = LocalBackend(self.home)
-        self.backend = backend
+        self.backend: Backend = load_backend(backend, self.home) if isinstance(backend, str) else backend
         self.templates = templates or TemplateStore(self.home)
         self.pool_size = pool_size
         self.pool_spec = pool_spec or SandboxSpec()
         self.capacity = capacity or Capacity()
         self.egress = egress
+        self._state_dir = self.home / STATE_DIR
         self._creating: dict[str, int] = {}  # sandbox id -> memory limit, while the backend creates it
         self._sandboxes: dict[str, _Sandbox] = {}
         self._tombstones: dict[str, str] = {}
@@ -154,14 +165,20 @@ class Engine:
 
     # -- lifecycle of the engine itself ---------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self, *, expire: bool = True) -> None:
+        """Take the state directory, reattach what still runs, start the pool.
+
+        `expire`: destroy sandboxes past their timeout here. The control plane passes False: its reconciler
+        expires sandboxes from the store's records, which are the one truth of what tenants asked for.
+        """
         if self._started:
             return
-        (self.home / "sandboxes").mkdir(parents=True, exist_ok=True)
+        self._state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._take_ownership()
         self._started = True
         await self._recover()
-        self._tasks.append(asyncio.create_task(self._reaper(), name="corral-reaper"))
+        if expire:
+            self._tasks.append(asyncio.create_task(self._reaper(), name="corral-reaper"))
         if self.pool_size:
             self._tasks.append(asyncio.create_task(self._pool_filler(), name="corral-pool"))
 
@@ -211,35 +228,90 @@ class Engine:
         spec = spec or SandboxSpec()
         if sandbox_id is not None:
             _check_sandbox_id(sandbox_id)
-            if sandbox_id in self._sandboxes or (self.home / "sandboxes" / sandbox_id).exists():
-                raise ConflictError(f"sandbox {sandbox_id} already exists")
+            self._check_unused(sandbox_id)
         template = self.templates.get(spec.template)  # NotFoundError names the available ones
         sb = None if sandbox_id is not None else self._take_pooled(spec)
+        pooled = sb is not None
         if sb is None:
             sb = await self._create(spec, template, sandbox_id=sandbox_id)
+        else:
+            sb.pooled = False
+            self._save(sb)  # its new spec and times, and no longer a pool member
         self._sandboxes[sb.id] = sb
         logger.info("sandbox.created", extra={"sandbox": sb.id, "template": spec.template,
-                                              "runtime": spec.runtime.value, "pooled": sb.pooled})
-        sb.pooled = False
-        self._save(sb)
+                                              "runtime": spec.runtime.value, "pooled": pooled})
         return SandboxHandle(self, sb.id)
 
     async def _create(self, spec: SandboxSpec, template: Template, *, pooled: bool = False,
                       sandbox_id: str | None = None) -> _Sandbox:
         sandbox_id = sandbox_id or f"sb-{secrets.token_hex(8)}"
-        # Checked and counted with no await in between, so concurrent creates cannot all squeeze past the check.
-        self.capacity.check(self.usage(), spec.limits.memory, self.home, retry_after=self._retry_after())
+        await self.backend.check(spec)
+        figures = await self.backend.capacity()
+        # Checked and counted with no await in between, so concurrent creates cannot all squeeze past the check
+        # (nor two of them take the same id).
+        self._check_unused(sandbox_id)
+        self.capacity.check(self.usage(), spec.limits.memory, figures, retry_after=self._retry_after())
         self._creating[sandbox_id] = spec.limits.memory
         try:
             record = await self.backend.create(sandbox_id, spec, template)
-            await self._attach_egress(sandbox_id, record, spec)
+            try:
+                agent = self._agent_client(sandbox_id, self.backend.agent_address(record))
+                await self._wait_ready(sandbox_id, record, agent)
+                await self._attach_egress(sandbox_id, record, spec)
+                now = time.time()
+                sb = _Sandbox(id=sandbox_id, spec=spec, record=record, agent=agent, created_at=now,
+                              expires_at=now + spec.timeout, template_env=dict(template.env), pooled=pooled)
+                self._save(sb)
+            except BaseException:
+                await asyncio.shield(self._discard(sandbox_id, record))
+                raise
         finally:
             self._creating.pop(sandbox_id, None)
-        now = time.time()
-        sb = _Sandbox(id=sandbox_id, spec=spec, record=record, created_at=now, expires_at=now + spec.timeout,
-                      template_env=dict(template.env), pooled=pooled)
-        self._save(sb)
         return sb
+
+    def _check_unused(self, sandbox_id: str) -> None:
+        if sandbox_id in self._sandboxes or sandbox_id in self._creating or self._state_path(sandbox_id).exists():
+            raise ConflictError(f"sandbox {sandbox_id} already exists")
+
+    async def _wait_ready(self, sandbox_id: str, record: BackendRecord, agent: AgentClient) -> None:
+        """Ping the new sandbox's agent until it answers, the backend's `ready_timeout` passes, or the backend
+        says the sandbox stopped (an agent that died at start never answers: do not wait out the timeout)."""
+        timeout = self.backend.ready_timeout(record)
+        start = time.monotonic()
+        deadline, next_alive = start + timeout, start + _ALIVE_POLL
+        while True:
+            try:
+                await asyncio.wait_for(agent.ping(), max(0.1, deadline - time.monotonic()))
+                return
+            except (AgentError, TimeoutError) as exc:
+                now = time.monotonic()
+                stopped = False
+                if now >= next_alive:
+                    stopped, next_alive = not await self.backend.alive(record), now + _ALIVE_POLL
+                if stopped or now >= deadline:
+                    what = "it stopped" if stopped else f"its agent did not answer within {timeout:g}s"
+                    diagnostics = await self._diagnostics(record)
+                    raise ServerError(f"sandbox {sandbox_id} started but {what}: {diagnostics}",
+                                      details={"sandbox_id": sandbox_id}) from exc
+            await asyncio.sleep(_READY_POLL)
+
+    async def _diagnostics(self, record: BackendRecord) -> str:
+        try:
+            return await self.backend.diagnostics(record)
+        except Exception as exc:  # the error being raised matters more than why its details are missing
+            return f"(no diagnostics: {exc})"
+
+    async def _discard(self, sandbox_id: str, record: BackendRecord) -> None:
+        """Undo a create that failed after the backend made the sandbox: nothing of it may be left."""
+        try:
+            if self.egress is not None:
+                await self.egress.detach(sandbox_id)
+            await self.backend.destroy(record)
+            self._state_path(sandbox_id).unlink(missing_ok=True)
+        except Exception:
+            # The create's own error is what the caller needs; this one goes to the log (and `sweep` at the
+            # next start takes what is left).
+            logger.exception("sandbox.discard_failed", extra={"sandbox": sandbox_id})
 
     def usage(self) -> MachineUsage:
         """Sandboxes and memory limits promised on this machine: running, pooled and being created."""
@@ -313,45 +385,49 @@ class Engine:
                    on_stderr: OutputCallback | None = None) -> ExecResult:
         """Run a shell string (`bash -lc`) or an argv list. Never raises for exit codes, timeouts or OOM."""
         sb = self._running(sandbox_id)
-        before = self.backend.oom_kills(sb.record)
+        before = await self.backend.oom_kills(sb.record)
         started = time.time()
-        result = await self._agent(sb).exec(cmd, cwd=cwd, env=self._env(sb, env), stdin=stdin, timeout=timeout,
-                                            max_output=max_output, on_stdout=on_stdout, on_stderr=on_stderr)
-        return self._with_denials(sb, self._with_oom(sb, result, before), started)
+        result = await sb.agent.exec(cmd, cwd=cwd, env=self._env(sb, env), stdin=stdin, timeout=timeout,
+                                     max_output=max_output, on_stdout=on_stdout, on_stderr=on_stderr)
+        return self._with_denials(sb, await self._with_oom(sb, result, before), started)
 
-    async def run_code(self, sandbox_id: str, code: str, *, language: str = "python", session: str = "default",
+    async def run_code(self, sandbox_id: str, code: str, *, language: str = "python", session: str | None = None,
                        timeout: float | None = None, stdin: bytes | None = None,
                        on_stdout: OutputCallback | None = None,
                        on_stderr: OutputCallback | None = None, on_result: ResultCallback | None = None
                        ) -> CodeResult:
-        """Run a cell in a stateful session (docs/code.md). Never raises for the cell's errors, timeouts or OOM."""
-        sb = self._running(sandbox_id)
-        before = self.backend.oom_kills(sb.record)
-        result = await self._agent(sb).run_code(code, language=language, session=session, timeout=timeout,
-                                                stdin=stdin, env=self._env(sb, None), on_stdout=on_stdout,
-                                                on_stderr=on_stderr, on_result=on_result)
-        return self._code_with_oom(sb, result, before)
+        """Run a cell in a stateful session (docs/code.md). Never raises for the cell's errors, timeouts or OOM.
 
-    def _code_with_oom(self, sb: _Sandbox, result: CodeResult, before: int) -> CodeResult:
+        `session` None: the language's own default session, "default" for python and the language's name for the
+        others (one default context per language, as in E2B), so cells of two languages never meet in one."""
+        sb = self._running(sandbox_id)
+        before = await self.backend.oom_kills(sb.record)
+        session = session or ("default" if language == "python" else language)
+        result = await sb.agent.run_code(code, language=language, session=session, timeout=timeout,
+                                         stdin=stdin, env=self._env(sb, None), on_stdout=on_stdout,
+                                         on_stderr=on_stderr, on_result=on_result)
+        return await self._code_with_oom(sb, result, before)
+
+    async def _code_with_oom(self, sb: _Sandbox, result: CodeResult, before: int) -> CodeResult:
         # As for exec: the session's process died of a SIGKILL we did not send while the OOM counter moved.
-        if result.signal == 9 and not result.killed and self.backend.oom_kills(sb.record) > before:
+        if result.signal == 9 and not result.killed and await self.backend.oom_kills(sb.record) > before:
             error = CodeError("MemoryError", "the session ran out of memory and was killed (the sandbox's memory "
                               "limit); its state is lost, and the next call starts a fresh session", "")
             return replace(result, oom_killed=True, error=error)
         return result
 
     async def code_sessions(self, sandbox_id: str) -> builtins.list[CodeSession]:
-        return await self._agent(self._running(sandbox_id)).code_sessions()
+        return await self._running(sandbox_id).agent.code_sessions()
 
     async def interrupt_code(self, sandbox_id: str, session: str = "default") -> None:
-        await self._agent(self._running(sandbox_id)).interrupt_code(session)
+        await self._running(sandbox_id).agent.interrupt_code(session)
 
     async def restart_code(self, sandbox_id: str, session: str = "default") -> None:
         sb = self._running(sandbox_id)
-        await self._agent(sb).restart_code(session, env=self._env(sb, None))
+        await sb.agent.restart_code(session, env=self._env(sb, None))
 
     async def close_code(self, sandbox_id: str, session: str = "default") -> None:
-        await self._agent(self._running(sandbox_id)).close_code(session)
+        await self._running(sandbox_id).agent.close_code(session)
 
     def _with_denials(self, sb: _Sandbox, result: ExecResult, since: float) -> ExecResult:
         if self.egress is None:
@@ -373,19 +449,20 @@ class Engine:
             self.egress.set_policy(sb.id, spec.egress_policy())
         return spec
 
-    async def _attach_egress(self, sandbox_id: str, record: Record, spec: SandboxSpec) -> None:
+    async def _attach_egress(self, sandbox_id: str, record: BackendRecord, spec: SandboxSpec) -> None:
         if self.egress is not None:
-            await self.egress.attach(sandbox_id, self.backend.egress_socket(record), spec.egress_policy())
+            endpoint = self.backend.egress_endpoint(record)
+            await self.egress.attach(sandbox_id, Path(endpoint.path), spec.egress_policy())
 
-    def _with_oom(self, sb: _Sandbox, result: ExecResult, before: int) -> ExecResult:
-        # A SIGKILL we did not send, with the cgroup's OOM counter moved meanwhile, is the OOM killer.
+    async def _with_oom(self, sb: _Sandbox, result: ExecResult, before: int) -> ExecResult:
+        # A SIGKILL we did not send, with the OOM counter moved meanwhile, is the OOM killer.
         if result.signal == 9 and not (result.timed_out or result.killed):
-            if self.backend.oom_kills(sb.record) > before:
+            if await self.backend.oom_kills(sb.record) > before:
                 return replace(result, oom_killed=True)
         return result
 
     def agent(self, sandbox_id: str) -> AgentClient:
-        return self._agent(self._running(sandbox_id))
+        return self._running(sandbox_id).agent
 
     def spec(self, sandbox_id: str) -> SandboxSpec:
         """What the sandbox was created with."""
@@ -403,8 +480,9 @@ class Engine:
             env.update(extra)
         return env
 
-    def _agent(self, sb: _Sandbox) -> AgentClient:
-        return self.backend.agent(sb.record)
+    @staticmethod
+    def _agent_client(sandbox_id: str, address: AgentAddress) -> AgentClient:
+        return AgentClient(address.endpoint, address.token, label=f"sandbox {sandbox_id}")
 
     def _lookup(self, sandbox_id: str) -> _Sandbox:
         sb = self._sandboxes.get(sandbox_id)
@@ -428,51 +506,61 @@ class Engine:
         while len(self._tombstones) > TOMBSTONES_KEPT:
             self._tombstones.pop(next(iter(self._tombstones)))
         sb.state = SandboxState.STOPPED
+        self._save(sb)  # should `destroy` fail, the next start sweeps it rather than reattaching it
         if self.egress is not None:
             await self.egress.detach(sb.id)
         await self.backend.destroy(sb.record)
+        self._state_path(sb.id).unlink(missing_ok=True)
         logger.info("sandbox.destroyed", extra={"sandbox": sb.id, "reason": reason})
 
     def _state_path(self, sandbox_id: str) -> Path:
-        return self.home / "sandboxes" / sandbox_id / "state.json"
+        return self._state_dir / f"{sandbox_id}.json"
 
     def _save(self, sb: _Sandbox) -> None:
-        path = self._state_path(sb.id)
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(sb.to_json()))
-        os.replace(tmp, path)
+        # Inline: one small file. Not durable (no fsync): a machine crash takes the sandbox's processes with it,
+        # so the file need only never be torn (a lost or stale one means the sandbox is swept at the next start).
+        write_json_atomic(self._state_path(sb.id), sb.to_json(self.backend.name), durable=False)
 
     async def _recover(self) -> None:
-        """Reattach to running sandboxes; remove the half-created, the dead, the expired and old pool ones."""
+        """Reattach to running sandboxes; have the backend sweep the half-created, the dead, the expired and
+        old pool ones; forget their state files."""
         known: set[str] = set()
-        for state_path in sorted((self.home / "sandboxes").glob("*/state.json")):
-            sb = self._load(state_path)
-            if sb is None or sb.pooled:
+        stale: builtins.list[Path] = []
+        for path in sorted(self._state_dir.glob("*.json")):  # inline: a few small files, once at start
+            data = _read_state(path)
+            if data is not None and data.get("backend") != self.backend.name:
+                # Another backend's sandbox (this home served with another `--backend` before): not ours to
+                # sweep nor to forget.
+                logger.warning("sandbox.other_backend", extra={"sandbox": path.stem, "backend": data.get("backend")})
                 continue
-            if sb.expires_at <= time.time() or not await self.backend.alive(sb.record):
+            sb = None if data is None else self._load(data)
+            if sb is None or sb.pooled or sb.state == SandboxState.STOPPED or sb.expires_at <= time.time() \
+                    or not await self.backend.alive(sb.record):
+                stale.append(path)
                 continue
+            await self.backend.adopt(sb.record)
             self._sandboxes[sb.id] = sb
-            self.backend.adopt(sb.record)
             await self._attach_egress(sb.id, sb.record, sb.spec)
             known.add(sb.id)
             logger.info("sandbox.reattached", extra={"sandbox": sb.id})
-        removed = await self.backend.sweep(known)
-        for sid in removed:
+        for sid in await self.backend.sweep(known):
             logger.info("sandbox.swept", extra={"sandbox": sid})
+        for path in [*stale, *self._state_dir.glob(".*.tmp-*")]:  # and what a crash left of a write
+            path.unlink(missing_ok=True)
 
-    def _load(self, state_path: Path) -> _Sandbox | None:
+    def _load(self, data: dict[str, Any]) -> _Sandbox | None:
         try:
-            data = json.loads(state_path.read_text())
-            record = self.backend.load_record(data["id"])
-            if record is None:
+            sandbox_id = str(data["id"])
+            _check_sandbox_id(sandbox_id)
+            record = self.backend.restore(data["record"])
+            if record.sandbox_id != sandbox_id:
                 return None
-            return _Sandbox(id=data["id"], spec=SandboxSpec.model_validate(data["spec"]), record=record,
+            return _Sandbox(id=sandbox_id, spec=SandboxSpec.model_validate(data["spec"]), record=record,
+                            agent=self._agent_client(sandbox_id, self.backend.agent_address(record)),
                             created_at=float(data["created_at"]), expires_at=float(data["expires_at"]),
                             state=SandboxState(data["state"]), template_env=dict(data.get("template_env", {})),
                             pooled=bool(data.get("pooled")))
-        except (OSError, ValueError, KeyError, CorralError):
+        except (ValueError, KeyError, TypeError, CorralError):
             return None
 
     async def _reaper(self) -> None:
@@ -552,6 +640,27 @@ class SandboxHandle:
             await self.destroy()
 
 
+def read_agent_address(home: str | os.PathLike[str], sandbox_id: str) -> AgentAddress:
+    """Where a sandbox's agent listens and its token, read from the engine state in `home` (for `corral check`
+    beside a running server, which owns that home). `NotFoundError` if that engine has no such sandbox;
+    `ValueError` if its state or the backend's record in it is not readable."""
+    home = Path(home)
+    _check_sandbox_id(sandbox_id)
+    data = _read_state(home / STATE_DIR / f"{sandbox_id}.json")
+    if data is None:
+        raise NotFoundError(f"no readable engine state of sandbox {sandbox_id} under {home / STATE_DIR}")
+    backend = load_backend(str(data.get("backend")), home)
+    return backend.agent_address(backend.restore(data["record"]))
+
+
+def _read_state(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 _SANDBOX_ID = re.compile(r"sb-[a-z0-9][a-z0-9-]{3,62}")
 
 
@@ -580,16 +689,22 @@ def sandbox_path(path: str) -> str:
 
 
 class Files:
-    """File operations, resolved inside the sandbox."""
+    """File operations, resolved inside the sandbox.
 
-    def __init__(self, engine: Engine, sandbox_id: str) -> None:
+    `roots`: the directories they may touch, if the caller holds them (the service: the sandbox's store record);
+    None: the spec the engine created the sandbox with."""
+
+    def __init__(self, engine: Engine, sandbox_id: str, *, roots: list[str] | None = None) -> None:
         self._engine = engine
         self._id = sandbox_id
+        self._given_roots = roots
 
     def _agent(self) -> AgentClient:
         return self._engine.agent(self._id)
 
     def _roots(self) -> list[str] | None:
+        if self._given_roots is not None:
+            return list(self._given_roots)
         roots = self._engine.spec(self._id).file_roots
         return None if roots is None else list(roots)
 

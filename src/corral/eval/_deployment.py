@@ -4,7 +4,11 @@
 private `ip:port` allowance, docs/egress.md). With an admin key, `eval_tenant` makes that tenant (a fresh
 `corral-eval-<hex>` one), its key and its allowance, and afterwards kills the tenant's sandboxes, revokes the key
 and disables the tenant. With `local_server` the runner also starts a private `corral serve` on this machine
-(state in a temporary directory, templates from `$CORRAL_HOME`) and stops it afterwards.
+(state in a temporary directory, templates from `$CORRAL_HOME`, on the backend asked for) and stops it afterwards.
+
+Before the first task, `run_on_corral` starts and kills one sandbox of each template the tasks use: a backend
+that makes an image of a template on its first sandbox (Docker: about a minute for the default template) would
+otherwise charge that to whichever tasks come first, and report them as hanging.
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+import httpx
+
 from .._exceptions import CorralError
-from .._sdk import AsyncAdmin
+from .._sdk import AsyncAdmin, AsyncSandbox
 from .._settings import corral_home
 from ._corral import CorralAdapter
 from ._loopback import LoopbackServer
@@ -28,6 +34,8 @@ from ._runner import run_tasks
 from ._task import CAPABILITIES, Task
 
 __all__ = ["EvalTenant", "eval_tenant", "local_capabilities", "local_server", "run_on_corral"]
+
+_FIRST_SANDBOX_TIMEOUT = 1800.0  # seconds: a template's first sandbox may import gigabytes (see `_first_sandboxes`)
 
 
 @dataclass(frozen=True)
@@ -64,8 +72,9 @@ async def eval_tenant(*, base_url: str | None, admin_key: str | None, loopback: 
 
 
 @contextmanager
-def local_server(*, args: list[str] | None = None) -> Iterator[tuple[str, str]]:
-    """A private `corral serve` on this machine: yields (base_url, admin_key); stopped and cleaned up after."""
+def local_server(*, backend: str = "local", args: list[str] | None = None) -> Iterator[tuple[str, str]]:
+    """A private `corral serve --backend <backend>` on this machine: yields (base_url, admin_key); stopped, and
+    every sandbox it left destroyed, afterwards."""
     from ..server import ServerProcess
 
     home = Path(tempfile.mkdtemp(prefix="corral-eval-", dir="/var/tmp"))
@@ -76,7 +85,7 @@ def local_server(*, args: list[str] | None = None) -> Iterator[tuple[str, str]]:
     shared_cache.mkdir(parents=True, exist_ok=True)
     (home / "cache").symlink_to(shared_cache)
     try:
-        with ServerProcess(home, template_home=corral_home(), args=args or []) as server:
+        with ServerProcess(home, template_home=corral_home(), args=args or [], backend=backend) as server:
             yield server.url, server.admin_key
     finally:
         shutil.rmtree(home, ignore_errors=True)
@@ -111,10 +120,12 @@ async def run_on_corral(
     server allowed), else as `api_key`'s tenant (tasks that need the loopback server are then skipped).
     `adapter_type` may be a subclass (the tests inject faults with one)."""
     head = {"base_url": base_url, **(header or {})}
+    templates = {t.setup.template for t in tasks if not t.needs() - capabilities}
     with LoopbackServer() as loopback:
         if admin_key is not None:
             async with eval_tenant(base_url=base_url, admin_key=admin_key, loopback=loopback.address) as t:
                 adapter = adapter_type(base_url=t.base_url, api_key=t.api_key, capabilities=capabilities)
+                await _first_sandboxes(t.base_url, t.api_key, templates)
                 return await run_tasks(tasks, adapter, concurrency=concurrency, retries=retries,
                                        server=loopback.address, out=out, progress=progress,
                                        header=head | {"tenant": t.tenant}, heavy_concurrency=heavy_concurrency)
@@ -122,5 +133,16 @@ async def run_on_corral(
             raise ValueError("give an admin key (a throwaway tenant is made) or a developer key")
         adapter = adapter_type(base_url=base_url or "", api_key=api_key,
                                 capabilities=capabilities - {"loopback_server"})
+        await _first_sandboxes(base_url, api_key, templates)
         return await run_tasks(tasks, adapter, concurrency=concurrency, retries=retries, server=None, out=out,
                                progress=progress, header=head, heavy_concurrency=heavy_concurrency)
+
+
+async def _first_sandboxes(base_url: str | None, api_key: str, templates: set[str]) -> None:
+    """Start and kill one sandbox of each template, before any task's budget starts (see the module's doc). A
+    failure here is left for the tasks to report, each with its own error."""
+    for name in sorted(templates):
+        with suppress(CorralError, httpx.HTTPError):
+            sb = await AsyncSandbox.create(name, api_key=api_key, base_url=base_url, timeout=300,
+                                           request_timeout=_FIRST_SANDBOX_TIMEOUT)
+            await sb.kill()

@@ -15,11 +15,11 @@ from .._settings import admin_key, corral_home, database_url
 from ..control import ControlStore
 from ..egress import EgressProxy, PackageMirror
 from ..engine import Capacity, Engine
-from ._app import create_app, reap_expired
-from ._errors import STATUS_BY_CODE, status_for
+from ..service import STATUS_BY_CODE, status_for
+from ._app import create_app
 from ._process import ServerProcess
 
-__all__ = ["STATUS_BY_CODE", "ServerProcess", "create_app", "reap_expired", "serve", "status_for"]
+__all__ = ["STATUS_BY_CODE", "ServerProcess", "create_app", "serve", "status_for"]
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7770
@@ -27,17 +27,18 @@ DEFAULT_PORT = 7770
 
 def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
           home: str | os.PathLike[str] | None = None, db_url: str | None = None,
-          capacity: Capacity | None = None) -> None:
+          capacity: Capacity | None = None, backend: str = "local") -> None:
     """Run the API server until interrupted, with its state in `home` (default `CORRAL_HOME`), its control
-    database at `db_url` (default `CORRAL_DB_URL`, else SQLite in `home`; PostgreSQL for several replicas), and
-    the machine's `capacity` for sandboxes (past it, creates answer 503 with `Retry-After`)."""
+    database at `db_url` (default `CORRAL_DB_URL`, else SQLite in `home`; PostgreSQL for several replicas),
+    the machine's `capacity` for sandboxes (past it, creates answer 503 with `Retry-After`), and sandboxes on
+    the `backend` of that name (`corral.backends.BACKEND_NAMES`; docs/backends.md)."""
     import uvicorn
 
     state = corral_home(home)
     # The egress proxy (and its package mirror) live in this process; the app wires its events to the audit
     # trail and starts it before the engine reattaches sandboxes (docs/egress.md).
     proxy = EgressProxy(mirror=PackageMirror(state / "cache" / "packages"))
-    engine = Engine(state, capacity=capacity, egress=proxy)
+    engine = Engine(state, backend, capacity=capacity, egress=proxy)
     store = ControlStore(db_url or database_url(), home=state)
     explicit = admin_key()
 

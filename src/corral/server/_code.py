@@ -8,10 +8,6 @@ and a last `end` (or `error`) event.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import contextlib
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -19,14 +15,15 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
-from .._exceptions import CorralError, InvalidRequestError, ServerError
-from ..control import Action, Principal
 from ..engine import CodeResult, CodeSession, RichResult
+from ..service import Cell, CodeStream
 from ._auth import CurrentPrincipal
-from ._context import Audited, Services, services
-from ._ndjson import Sink, b64, line, output_stream
+from ._context import service
+from ._exec import Base64
+from ._ndjson import Producer, Sink, b64, line, ndjson_response
+from ._routing import AuditedRoute
 
-router = APIRouter(prefix="/v1/sandboxes")
+router = APIRouter(prefix="/v1/sandboxes", route_class=AuditedRoute)
 
 
 SessionName = Annotated[StrictStr, Field(min_length=1, max_length=128, pattern=r"^[^\x00/]+$")]
@@ -37,19 +34,14 @@ class CodeRequest(BaseModel):
 
     code: StrictStr
     language: StrictStr = "python"
-    session: SessionName | None = None  # None: "default"
+    session: SessionName | None = None  # None: the language's default session (the engine names it)
     timeout: Annotated[float, Field(gt=0)] | None = None
-    stdin_b64: StrictStr | None = None  # the program's stdin, for c and cpp only
+    stdin_b64: Base64 | None = None  # the program's stdin, for c and cpp only
     stream: StrictBool = False
 
-    def stdin(self) -> dict[str, Any]:
-        """`run_code`'s stdin argument, only when one was given."""
-        if self.stdin_b64 is None:
-            return {}
-        try:
-            return {"stdin": base64.b64decode(self.stdin_b64, validate=True)}
-        except (binascii.Error, ValueError) as exc:
-            raise InvalidRequestError("stdin_b64 is not valid base64") from exc
+    def cell(self) -> Cell:
+        return Cell(self.code, language=self.language, session=self.session, timeout=self.timeout,
+                    stdin=self.stdin_b64)
 
 
 def rich_json(result: RichResult) -> dict[str, Any]:
@@ -89,45 +81,19 @@ def session_json(session: CodeSession) -> dict[str, Any]:
     return {"name": session.name, "language": session.language, "pid": session.pid, "started_at": started}
 
 
-def _outcome(result: CodeResult) -> dict[str, Any]:
-    outcome: dict[str, Any] = {"timed_out": result.timed_out, "oom_killed": result.oom_killed,
-                               "session_restarted": result.session_restarted}
-    if result.error is not None:
-        outcome["exception"] = result.error.name  # the cell raised: not an error of the request
-    return outcome
-
-
-def _params(body: CodeRequest) -> dict[str, Any]:
-    return {"code": body.code, "language": body.language, "session": body.session or "default",
-            "timeout": body.timeout, "stream": body.stream,
-            **({} if body.stdin_b64 is None else {"stdin": True})}
-
-
 @router.post("/{sandbox_id}/code", response_model=None)
 async def run_code(sandbox_id: str, body: CodeRequest, request: Request,
                    principal: CurrentPrincipal) -> dict[str, Any] | StreamingResponse:
-    svc = services(request)
-    audit = Audited(svc.store, principal, "code.run", sandbox_id, params=_params(body))
-    async with contextlib.AsyncExitStack() as stack:
-        try:
-            await svc.store.sandbox_for(principal, sandbox_id, Action.SANDBOX_EXEC)
-            if body.stream:
-                svc.engine.info(sandbox_id)  # a sandbox the engine lost is an error status, not a broken stream
-                return StreamingResponse(_stream(svc, sandbox_id, body, audit), media_type="application/x-ndjson")
-            stack.push_async_callback(audit.record)
-            result = await svc.engine.run_code(sandbox_id, body.code, language=body.language,
-                                               session=body.session or "default", timeout=body.timeout,
-                                               **body.stdin())
-        except BaseException as exc:
-            stack.pop_all()
-            await audit.record(exc)
-            raise
-        audit.outcome.update(_outcome(result))
-    return code_result_json(result)
+    code = service(request).code
+    if not body.stream:
+        return code_result_json(await code.run(principal, sandbox_id, body.cell()))
+    stream = await code.stream(principal, sandbox_id, body.cell())
+    return ndjson_response(_events(stream), stream.close)
 
 
-async def _stream(svc: Services, sandbox_id: str, body: CodeRequest, audit: Audited) -> AsyncIterator[bytes]:
-    """Exec's NDJSON plus `result` events as each rich result is produced, and a last `end` (or `error`)."""
+def _events(stream: CodeStream) -> Producer:
+    """Exec's NDJSON plus `result` events as each rich result is produced, and a last `end` (or `error`).
+    A client that leaves cancels the engine's call."""
     async def produce(sink: Sink) -> bytes:
         sent_results = 0
 
@@ -136,64 +102,36 @@ async def _stream(svc: Services, sandbox_id: str, body: CodeRequest, audit: Audi
             sent_results += 1
             await sink.event({"event": "result", "result": rich_json(result)})
 
-        try:
-            result = await svc.engine.run_code(sandbox_id, body.code, language=body.language,
-                                               session=body.session or "default", timeout=body.timeout,
-                                               on_stdout=sink.stdout, on_stderr=sink.stderr, on_result=on_result,
-                                               **body.stdin())
-        except CorralError as exc:
-            audit.outcome["error"] = exc.code
-            return line({"event": "error", "error": exc.to_dict()})
-        except Exception as exc:
-            audit.outcome["error"] = ServerError.code
-            return line({"event": "error", "error": ServerError(f"run_code failed: {exc}").to_dict()})
-        audit.outcome.update(_outcome(result))
+        result = await stream.run(sink.stdout, sink.stderr, on_result)
         for rich in result.results[sent_results:]:  # any the engine did not hand to on_result
             await sink.event({"event": "result", "result": rich_json(rich)})
         end = code_result_json(result, sent_stdout=sink.stdout_sent, sent_stderr=sink.stderr_sent, sent_results=0)
         return line({"event": "end", **end})
 
-    async for chunk in output_stream(produce, audit):  # a client that leaves cancels the engine's call
-        yield chunk
-
-
-async def _sandbox(svc: Services, principal: Principal, sandbox_id: str) -> None:
-    # Ownership first: another tenant's sandbox is a 404 before anything about its sessions is looked at.
-    await svc.store.sandbox_for(principal, sandbox_id, Action.SANDBOX_EXEC)
+    return produce
 
 
 @router.get("/{sandbox_id}/code/sessions")
 async def list_sessions(sandbox_id: str, request: Request, principal: CurrentPrincipal) -> dict[str, Any]:
-    svc = services(request)
-    async with Audited(svc.store, principal, "code.sessions", sandbox_id) as audit:
-        await _sandbox(svc, principal, sandbox_id)
-        found = await svc.engine.code_sessions(sandbox_id)
-        audit.outcome["count"] = len(found)
+    found = await service(request).code.sessions(principal, sandbox_id)
     return {"sessions": [session_json(s) for s in found]}
 
 
 @router.post("/{sandbox_id}/code/sessions/{name}/interrupt", status_code=204)
-async def interrupt_session(sandbox_id: str, name: str, request: Request, principal: CurrentPrincipal) -> Response:
-    svc = services(request)
-    async with Audited(svc.store, principal, "code.interrupt", sandbox_id, params={"session": name}, status=204):
-        await _sandbox(svc, principal, sandbox_id)
-        await svc.engine.interrupt_code(sandbox_id, name)
+async def interrupt_session(sandbox_id: str, name: str, request: Request,
+                            principal: CurrentPrincipal) -> Response:
+    await service(request).code.interrupt(principal, sandbox_id, name)
     return Response(status_code=204)
 
 
 @router.post("/{sandbox_id}/code/sessions/{name}/restart", status_code=204)
-async def restart_session(sandbox_id: str, name: str, request: Request, principal: CurrentPrincipal) -> Response:
-    svc = services(request)
-    async with Audited(svc.store, principal, "code.restart", sandbox_id, params={"session": name}, status=204):
-        await _sandbox(svc, principal, sandbox_id)
-        await svc.engine.restart_code(sandbox_id, name)
+async def restart_session(sandbox_id: str, name: str, request: Request,
+                          principal: CurrentPrincipal) -> Response:
+    await service(request).code.restart(principal, sandbox_id, name)
     return Response(status_code=204)
 
 
 @router.delete("/{sandbox_id}/code/sessions/{name}", status_code=204)
 async def close_session(sandbox_id: str, name: str, request: Request, principal: CurrentPrincipal) -> Response:
-    svc = services(request)
-    async with Audited(svc.store, principal, "code.close", sandbox_id, params={"session": name}, status=204):
-        await _sandbox(svc, principal, sandbox_id)
-        await svc.engine.close_code(sandbox_id, name)
+    await service(request).code.close(principal, sandbox_id, name)
     return Response(status_code=204)

@@ -1,82 +1,33 @@
-"""What every route needs: the engine and store of the app, the audit recorder, and sandbox path checks."""
+"""What every route needs: the app's `Service`, and the request's paths and query parameters checked."""
 
 from __future__ import annotations
 
 import urllib.parse
-from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Any
 
 from fastapi import Request
 
-from .._exceptions import CorralError, InvalidRequestError, NotFoundError
-from ..control import Action, AuditEvent, ControlStore, Principal, Role, Tenant, authorize
-from ..engine import Engine
-from ._errors import status_for
+from .._exceptions import InvalidRequestError
+from ..control import Action, Principal, Tenant
+from ..service import Audited, Service
+
+__all__ = ["Audited", "Services", "query_param", "request_path", "sandbox_path", "service", "services",
+           "visible_tenant"]
 
 WORKSPACE = "/workspace"
 
-
-@dataclass
-class Services:
-    engine: Engine
-    store: ControlStore
+Services = Service  # the older name, while routes move to one service method each
 
 
-def services(request: Request) -> Services:
-    found: Services = request.app.state.corral
+def service(request: Request) -> Service:
+    found: Service = request.app.state.corral
     return found
 
 
-@dataclass
-class Audited:
-    """Records one request in the audit trail when the block ends, successful or not.
-
-    Set `status` and add to `outcome` (and `params`) inside the block; an exception is recorded with its
-    error code and status, and re-raised.
-    """
-
-    store: ControlStore
-    principal: Principal
-    action: Action | str
-    target: str | None
-    params: dict[str, Any] = field(default_factory=dict)
-    outcome: dict[str, Any] = field(default_factory=dict)
-    status: int = 200
-
-    async def __aenter__(self) -> Audited:
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        await self.record(exc)
-
-    async def record(self, exc: BaseException | None = None) -> None:
-        if exc is None:
-            outcome = {"status": self.status, **self.outcome}
-        elif isinstance(exc, CorralError):
-            outcome = {"status": status_for(exc.code), "error": exc.code, **self.outcome}
-        else:
-            outcome = {"status": 500, "error": "server_error", **self.outcome}
-        await self.store.audit.append(AuditEvent.by(self.principal, str(self.action), self.target,
-                                                    params=self.params, outcome=outcome))
+services = service
 
 
-async def visible_tenant(svc: Services, principal: Principal, name_or_id: str, action: Action) -> Tenant:
-    """The tenant named (by name or id) if `principal` may do `action` on it. The role is checked first; then,
-    for anyone but an admin, another tenant is as unknown as one that never existed (a 404, nothing leaks)."""
-    authorize(principal, action, None if principal.role is Role.ADMIN else principal.tenant_id)
-    tenant: Tenant | None
-    try:
-        tenant = await svc.store.tenant_by_name(name_or_id)
-    except NotFoundError:
-        try:
-            tenant = await svc.store.get_tenant(name_or_id)
-        except NotFoundError:
-            tenant = None
-    if tenant is None or (principal.role is not Role.ADMIN and tenant.id != principal.tenant_id):
-        raise NotFoundError(f"no tenant {name_or_id!r}", details={"tenant": name_or_id})
-    return tenant
+async def visible_tenant(svc: Service, principal: Principal, name_or_id: str, action: Action) -> Tenant:
+    return await svc.visible_tenant(principal, name_or_id, action)
 
 
 def query_param(request: Request, name: str) -> str | None:
@@ -91,6 +42,16 @@ def query_param(request: Request, name: str) -> str | None:
         if key == name:
             return value
     return None
+
+
+def query_prefixed(request: Request, prefix: str) -> dict[str, str]:
+    """Every query parameter named `<prefix><name>`, as `{name: value}`, decoded strictly."""
+    raw = request.scope.get("query_string", b"").decode("latin-1")
+    try:
+        pairs = urllib.parse.parse_qsl(raw, keep_blank_values=True, encoding="utf-8", errors="strict")
+    except UnicodeDecodeError:
+        raise InvalidRequestError("query string is not valid UTF-8") from None
+    return {k.removeprefix(prefix): v for k, v in pairs if k.startswith(prefix)}
 
 
 def sandbox_path(path: str | None, what: str = "path") -> str:

@@ -1,15 +1,9 @@
-"""The one code -> HTTP status table of the API, and the handlers that turn every error into
-`{"error": {"code", "message", "details"}}`.
+"""The one place errors become responses: `{"error": {"code", "message", "details"}}` with the status of
+`corral.service.STATUS_BY_CODE`. It neither authenticates nor audits (the service and `_routing` do).
 
-The SDK reverses this table; `docs/api.md` documents it. Nothing a client sends may produce a 500: request
+The SDK reverses the table; `docs/api.md` documents it. Nothing a client sends may produce a 500: request
 validation errors are `invalid_request` 400, and unexpected exceptions are logged and answered as
 `server_error` without internals.
-
-A request that fails validation before its route runs is still audited, as `request.invalid` (the route, the
-problems, the client address), attributed to its key. FastAPI may reject a body (bad JSON) before the route's
-key dependency has run, so the key is checked here in that case: a request without a valid key is a 401 and an
-`auth.denied` record (aggregated per address, like every 401), never an unattributed `request.invalid` record
-that an unauthenticated flood could multiply.
 """
 
 from __future__ import annotations
@@ -24,26 +18,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .._exceptions import AuthenticationError, CorralError
-from ..control import AuditEvent, Principal
+from .._exceptions import CorralError, InvalidRequestError
+from ..service import RETRY_AFTER_DETAIL, STATUS_BY_CODE, status_for
+
+__all__ = ["RETRY_AFTER_DETAIL", "STATUS_BY_CODE", "error_body", "error_response", "install_error_handlers",
+           "invalid_request", "status_for"]
 
 logger = logging.getLogger("corral.server")
-
-STATUS_BY_CODE: Mapping[str, int] = MappingProxyType({
-    "invalid_request": 400,
-    "unauthenticated": 401,
-    "permission_denied": 403,
-    "not_found": 404,
-    "conflict": 409,
-    "sandbox_timeout": 410,
-    "quota_exceeded": 429,
-    "capacity_exceeded": 503,  # the machine is full, not the tenant's quota: another server could take it
-    "disk_full": 507,
-    "server_error": 500,
-    "template_build_failed": 500,
-    "agent_error": 502,
-    "runtime_unavailable": 503,
-})
 
 # Statuses Starlette raises on its own (unknown route, wrong method, ...) back to our codes.
 _CODE_BY_HTTP_STATUS: Mapping[int, str] = MappingProxyType({
@@ -52,15 +33,6 @@ _CODE_BY_HTTP_STATUS: Mapping[int, str] = MappingProxyType({
     404: "not_found",
     409: "conflict",
 })
-
-RETRY_AFTER_DETAIL = "retry_after"  # an error whose details carry this many seconds gets a Retry-After header
-REQUEST_INVALID = "request.invalid"  # the audit action of a request refused by validation
-_MAX_PROBLEMS = 20  # problems kept in the audit record (the response lists them all)
-_MAX_TEXT = 512  # the client's own text (paths, field names) is capped in the record
-
-
-def status_for(code: str) -> int:
-    return STATUS_BY_CODE.get(code, 500)
 
 
 def error_body(code: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -76,43 +48,29 @@ def error_response(exc: CorralError) -> JSONResponse:
                         headers=headers)
 
 
+def problems_of(exc: RequestValidationError) -> list[dict[str, str]]:
+    return [_problem(e) for e in exc.errors()]
+
+
+def invalid_request(problems: list[dict[str, str]]) -> InvalidRequestError:
+    message = "invalid request: " + "; ".join(f"{p['where']}: {p['message']}" for p in problems)
+    return InvalidRequestError(message, details={"errors": problems})
+
+
+def _problem(error: Mapping[str, Any]) -> dict[str, str]:
+    where = ".".join(str(part) for part in error.get("loc", ()))
+    return {"where": where or "request", "message": str(error.get("msg", "invalid"))}
+
+
 async def _corral_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, CorralError)
     return error_response(exc)
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    # Routes of `_routing.AuditedRoute` turn these into audited InvalidRequestErrors first; this renders the rest.
     assert isinstance(exc, RequestValidationError)
-    from ._auth import principal  # here: _auth imports _context, which imports this module
-
-    problems = [_problem(e) for e in exc.errors()]
-    try:
-        caller = await principal(request)  # already known, unless the body was refused before the key was checked
-    except AuthenticationError as auth_error:
-        return error_response(auth_error)
-    await _audit_invalid(request, caller, problems)
-    message = "invalid request: " + "; ".join(f"{p['where']}: {p['message']}" for p in problems)
-    return JSONResponse(error_body("invalid_request", message, {"errors": problems}), status_code=400)
-
-
-async def _audit_invalid(request: Request, caller: Principal, problems: list[dict[str, str]]) -> None:
-    from ._context import services  # see _validation_error
-
-    route = getattr(request.scope.get("route"), "path", None)
-    sandbox_id = request.path_params.get("sandbox_id")
-    params = {"client": request.client.host if request.client is not None else None, "method": request.method,
-              "path": request.url.path[:_MAX_TEXT], "route": route,
-              "problems": [{k: v[:_MAX_TEXT] for k, v in p.items()} for p in problems[:_MAX_PROBLEMS]],
-              "problem_count": len(problems)}
-    target = sandbox_id[:256] if isinstance(sandbox_id, str) else None
-    event = AuditEvent.by(caller, REQUEST_INVALID, target, params=params,
-                          outcome={"status": 400, "error": "invalid_request"})
-    await services(request).store.audit.append(event)
-
-
-def _problem(error: Mapping[str, Any]) -> dict[str, str]:
-    where = ".".join(str(part) for part in error.get("loc", ()))
-    return {"where": where or "request", "message": str(error.get("msg", "invalid"))}
+    return error_response(invalid_request(problems_of(exc)))
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:

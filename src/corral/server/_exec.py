@@ -4,24 +4,33 @@ from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
-from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from .._exceptions import CorralError, InvalidRequestError, ServerError
-from ..control import Action
 from ..egress import EgressEvent
 from ..engine import ExecResult
+from ..service import Command, CommandStream
 from ._auth import CurrentPrincipal
-from ._context import Audited, services
-from ._ndjson import Sink, b64, line, output_stream
+from ._context import service
+from ._ndjson import Producer, Sink, b64, line, ndjson_response
+from ._routing import AuditedRoute
 
-router = APIRouter(prefix="/v1/sandboxes")
+router = APIRouter(prefix="/v1/sandboxes", route_class=AuditedRoute)
 
+
+def _decode_b64(value: object) -> object:
+    if not isinstance(value, str):
+        return value  # the bytes type refuses it
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("not valid base64") from None
+
+
+Base64 = Annotated[bytes, BeforeValidator(_decode_b64)]  # a base64 string on the wire, its bytes in the model
 
 
 class ExecRequest(BaseModel):
@@ -32,8 +41,12 @@ class ExecRequest(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     timeout: Annotated[float, Field(gt=0)] | None = None
     max_output: Annotated[int, Field(gt=0)] | None = None
-    stdin_b64: str | None = None
+    stdin_b64: Base64 | None = None
     stream: bool = False
+
+    def command(self) -> Command:
+        return Command(self.cmd, cwd=self.cwd, env=self.env, timeout=self.timeout, max_output=self.max_output,
+                       stdin=self.stdin_b64)
 
 
 def result_json(result: ExecResult, *, streamed: bool = False) -> dict[str, Any]:
@@ -66,62 +79,20 @@ def denial_json(event: EgressEvent) -> dict[str, Any]:
             "rule": event.rule, "reason": event.reason, "time": event.time}
 
 
-def _outcome(result: ExecResult) -> dict[str, Any]:
-    return {"exit_code": result.exit_code, "signal": result.signal, "timed_out": result.timed_out,
-            "oom_killed": result.oom_killed, "truncated": result.truncated}
-
-
-def _stdin(body: ExecRequest) -> bytes | None:
-    if body.stdin_b64 is None:
-        return None
-    try:
-        return base64.b64decode(body.stdin_b64, validate=True)
-    except (binascii.Error, ValueError):
-        raise InvalidRequestError("stdin_b64 is not valid base64") from None
-
-
 @router.post("/{sandbox_id}/exec", response_model=None)
 async def exec_command(sandbox_id: str, body: ExecRequest, request: Request,
                        principal: CurrentPrincipal) -> dict[str, Any] | StreamingResponse:
-    svc = services(request)
-    params: dict[str, Any] = {"cmd": body.cmd, "cwd": body.cwd, "env_names": sorted(body.env),
-                              "timeout": body.timeout, "max_output": body.max_output, "stream": body.stream}
-    audit = Audited(svc.store, principal, "sandbox.exec", sandbox_id, params=params)
-    async with contextlib.AsyncExitStack() as stack:
-        try:
-            await svc.store.sandbox_for(principal, sandbox_id, Action.SANDBOX_EXEC)
-            stdin = _stdin(body)
-            params["stdin_size"] = len(stdin) if stdin is not None else None
-            if body.stream:
-                svc.engine.info(sandbox_id)  # a sandbox the engine lost is an error status, not a broken stream
-                return StreamingResponse(_stream(svc.engine, sandbox_id, body, stdin, audit),
-                                         media_type="application/x-ndjson")
-            stack.push_async_callback(audit.record)
-            result = await svc.engine.exec(sandbox_id, body.cmd, cwd=body.cwd, env=body.env or None, stdin=stdin,
-                                           timeout=body.timeout, max_output=body.max_output)
-        except BaseException as exc:
-            stack.pop_all()
-            await audit.record(exc)
-            raise
-        audit.outcome.update(_outcome(result))
-    return result_json(result)
+    commands = service(request).commands
+    if not body.stream:
+        return result_json(await commands.run(principal, sandbox_id, body.command()))
+    stream = await commands.stream(principal, sandbox_id, body.command())
+    return ndjson_response(_events(stream), stream.close)
 
 
-async def _stream(engine: Any, sandbox_id: str, body: ExecRequest, stdin: bytes | None,
-                  audit: Audited) -> AsyncIterator[bytes]:
+def _events(stream: CommandStream) -> Producer:
+    """Output as it comes, then `exit`; a client that leaves cancels the command: its tree is killed."""
     async def produce(sink: Sink) -> bytes:
-        try:
-            result = await engine.exec(sandbox_id, body.cmd, cwd=body.cwd, env=body.env or None, stdin=stdin,
-                                       timeout=body.timeout, max_output=body.max_output,
-                                       on_stdout=sink.stdout, on_stderr=sink.stderr)
-        except CorralError as exc:
-            audit.outcome["error"] = exc.code
-            return line({"event": "error", "error": exc.to_dict()})
-        except Exception as exc:
-            audit.outcome["error"] = ServerError.code
-            return line({"event": "error", "error": ServerError(f"exec failed: {exc}").to_dict()})
-        audit.outcome.update(_outcome(result))
+        result = await stream.run(sink.stdout, sink.stderr)
         return line({"event": "exit", **result_json(result, streamed=True)})
 
-    async for chunk in output_stream(produce, audit):  # a client that leaves cancels the exec: its tree is killed
-        yield chunk
+    return produce

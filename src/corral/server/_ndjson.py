@@ -1,8 +1,10 @@
-"""The NDJSON output stream shared by exec and process attach (docs/api.md, "Commands").
+"""The NDJSON output stream shared by exec, code and process attach (docs/api.md, "Commands").
 
 One line per event: `{"event": "stdout"|"stderr", "data_b64"}` as output is produced, then one last line that
-the producer returns (`exit`, `running` or `error`). A bounded queue sits between the command and the client,
-so a slow client slows the output it reads instead of growing the server's memory.
+the producer returns (`exit`, `end`, `running` or `error`). A producer that raises still ends the stream, with
+an `error` line, so a client never waits for a last line that will not come. A bounded queue sits between the
+command and the client, so a slow client slows the output it reads instead of growing the server's memory.
+The operation's audit record is the service's (`corral.service.Streamed`); this module only frames its output.
 """
 
 from __future__ import annotations
@@ -11,14 +13,19 @@ import asyncio
 import base64
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from ._context import Audited
+from fastapi.responses import StreamingResponse
 
-__all__ = ["OutputSink", "Sink", "b64", "line", "output_stream"]
+from .._exceptions import CorralError, ServerError
+
+__all__ = ["OutputSink", "Producer", "Sink", "b64", "line", "ndjson_response", "output_stream"]
 
 QUEUE_DEPTH = 64  # events held for a slow client before the producer waits for it
+
+logger = logging.getLogger("corral.server")
 
 OutputSink = Callable[[bytes], Awaitable[None]]
 
@@ -53,20 +60,30 @@ class Sink:
 
 
 Producer = Callable[[Sink], Awaitable[bytes]]
+Ending = Callable[[], Awaitable[None]]
 
 
-async def output_stream(produce: Producer, audit: Audited) -> AsyncIterator[bytes]:
-    """Stream what `produce(sink)` emits, then the last line it returns; audit at the end.
+def ndjson_response(produce: Producer, on_end: Ending) -> StreamingResponse:
+    return StreamingResponse(output_stream(produce, on_end), media_type="application/x-ndjson")
+
+
+async def output_stream(produce: Producer, on_end: Ending) -> AsyncIterator[bytes]:
+    """Stream what `produce(sink)` emits, then the last line it returns; then call `on_end`, always.
 
     A client that leaves cancels `produce` (what that means is the producer's: exec kills its command, attach
-    only detaches) and is recorded as `disconnected`.
+    only detaches). `on_end` runs also when `produce` never got to run (the client left at once): it ends the
+    operation (the service records it as `disconnected` if nothing else ended it).
     """
     queue: asyncio.Queue[bytes | None] = asyncio.Queue(QUEUE_DEPTH)
     sink = Sink(queue)
 
     async def run() -> None:
-        await queue.put(await produce(sink))
-        await queue.put(None)  # not on cancellation: only the reader below cancels, and it is gone then
+        try:
+            last = await produce(sink)
+        except Exception as exc:  # not CancelledError: only the reader below cancels, and it is gone then
+            last = _failure_line(exc)
+        await queue.put(last)
+        await queue.put(None)
 
     task = asyncio.create_task(run())
     try:
@@ -74,8 +91,15 @@ async def output_stream(produce: Producer, audit: Audited) -> AsyncIterator[byte
             yield item
     finally:
         if not task.done():
-            audit.outcome["disconnected"] = True
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        await audit.record()
+        await on_end()
+
+
+def _failure_line(exc: Exception) -> bytes:
+    """The last line for a producer that raised: a CorralError as it is, anything else as a logged server_error."""
+    if not isinstance(exc, CorralError):
+        logger.error("output stream failed", exc_info=exc)
+        exc = ServerError("internal error after the stream began; see the server log")
+    return line({"event": "error", "error": exc.to_dict()})

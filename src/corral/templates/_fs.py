@@ -12,10 +12,10 @@ import ctypes
 import errno
 import logging
 import os
-import secrets
 import subprocess
 from pathlib import Path
 
+from .._atomic import fsync_dir, write_atomic
 from .._exceptions import ServerError
 
 __all__ = [
@@ -113,29 +113,9 @@ def remove_tree(path: Path) -> None:
         raise ServerError(f"cannot delete {path}: {message}")
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def atomic_write(path: Path, data: bytes, *, mode: int = 0o644) -> None:
     """Replace `path` with `data` so that readers see the old content or the new, never a mix."""
-    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+    write_atomic(path, data, mode=mode)
 
 
 def syncfs(path: Path) -> None:

@@ -1,5 +1,5 @@
 """The local backend: sandboxes as OCI bundles run by runc or runsc on this host."""
 
-from ._backend import LocalBackend
+from ._backend import LocalBackend, LocalRecord
 
-__all__ = ["LocalBackend"]
+__all__ = ["LocalBackend", "LocalRecord"]

@@ -1,43 +1,58 @@
 """The local backend: each sandbox is an OCI bundle on this machine, run by runc (or runsc).
 
-Layout of one sandbox, under `<home>/sandboxes/<id>/`:
+Layout of one sandbox, under `<home>/sandboxes/<id>/` (this backend's own business; the engine keeps its state
+elsewhere and holds the record `create` returned):
 
-    backend.json   what we need to find it again (uid range, token, cgroup path); 0600
+    backend.json   the record again, for `sweep` to tear down what no engine remembers (runtime, uid range); 0600
     config.json    the OCI runtime spec (see `_bundle`)
     disk.img       the sandbox's disk: a sparse ext4 image of `limits.disk` bytes
     disk/          where it is loop-mounted: `upper/` and `work/` of the overlay
     rootfs/        the overlay: the template read-only below, `disk/upper` on top
-    agent.sock     the agent's listening socket (bound here, inherited by the agent as fd 3)
+    agent/         a read-only overlay of the agent's files (`<home>/agent/<digest>/`), bind-mounted at /.corral/agent
+    agent.sock     the agent's listening socket, root's, 0600. runc: bound here and inherited by the agent (stdin).
+                   runsc cannot pass it: the agent binds it in `run/` and `create` moves it here (still bound)
+    run/           runsc only, at /.corral/run: where the agent binds its socket; then root's, empty, 0555
+    egress/        a tiny tmpfs where the egress proxy listens for this sandbox (`proxy.sock`); only the sandbox
+                   user enters
     agent.log      the runtime's and the agent's stderr
+
+`agent/` and `egress/` are mounts of their own, not plain directories bind-mounted: the "root" field of the
+sandbox's /proc/self/mountinfo shows a bind mount's source path within its filesystem, and so would name the
+engine's home; the root of a filesystem of its own shows as `/`.
+
+Blocking work (disk images, mounts, removing a tree, installing the agent's files) runs in threads; the small
+metadata calls (a mkdir, a chown, a slot file, a cgroup file, /proc/meminfo) stay inline, each well under a
+millisecond.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import importlib.util
 import json
 import logging
 import os
-import py_compile
 import secrets
 import shutil
 import socket
-import subprocess
-import sys
+import stat
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, ClassVar
 
-from ..._exceptions import AgentError, ServerError
-from ...engine._agent_client import AgentClient
-from ...engine._models import SandboxSpec
+from ..._atomic import write_json_atomic
+from ..._exceptions import ConflictError, ServerError
 from ...templates import Template
-from .._base import Record
+from .._contract import JSON, AgentAddress, BackendCapacity, BackendRecord, UnixEndpoint
+from .._spec import Runtime, SandboxSpec
 from . import _cgroups, _disk, _preflight
+from ._agent_files import agent_layers, install_agent
 from ._bundle import AGENT_RUN_DIR, ID_RANGE, SANDBOX_UID, BundleParams, build_config
 from ._runtime import OCIRuntime
+from ._system import free_disk, meminfo
 
 logger = logging.getLogger("corral.backends.local")
 
@@ -46,54 +61,89 @@ MAX_SLOTS = 60_000
 # Machine-wide, not per home: two engines (a server and a test run) must never hand out the same uid range.
 SLOTS_DIR = Path("/run/corral/uid-slots")
 PREFLIGHT_TTL = 5.0
-AGENT_READY_TIMEOUT = {"runc": 15.0, "runsc": 60.0}
+AGENT_READY_TIMEOUT = {Runtime.RUNC: 15.0, Runtime.RUNSC: 60.0}
+SOCKET_POLL = 0.005  # runsc: how often `create` looks for the agent's socket
+ALIVE_POLL = 0.25  # and how often, meanwhile, whether the sandbox still runs
+# The egress socket's directory holds one socket: a few pages and inodes are plenty, and it is never on disk.
+EGRESS_TMPFS_SIZE = 16 * 1024
+EGRESS_TMPFS_INODES = 4
+
+
+@dataclass(frozen=True)
+class LocalRecord(BackendRecord):
+    """One local sandbox: its directory, runtime, uid range (slot), agent token and cgroup."""
+
+    dir: Path
+    runtime: Runtime
+    slot: int  # -1: none allocated yet
+    uid_base: int  # host uid of the sandbox's root
+    token: str
+    cgroups_path: str
+
+    def to_json(self) -> JSON:
+        return {"sandbox_id": self.sandbox_id, "dir": str(self.dir), "runtime": self.runtime.value,
+                "slot": self.slot, "uid_base": self.uid_base, "token": self.token,
+                "cgroups_path": self.cgroups_path}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> LocalRecord:
+        """`ValueError` unless `data` is what `to_json` made."""
+        try:
+            record = cls(sandbox_id=_typed(data, "sandbox_id", str), dir=Path(_typed(data, "dir", str)),
+                         runtime=Runtime(data["runtime"]), slot=_typed(data, "slot", int),
+                         uid_base=_typed(data, "uid_base", int), token=_typed(data, "token", str),
+                         cgroups_path=_typed(data, "cgroups_path", str))
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"not a local backend record: {exc!r}") from None
+        if not record.cgroups_path.startswith("/") or ".." in record.cgroups_path.split("/"):
+            raise ValueError(f"not a local backend record: cgroups path {record.cgroups_path!r}")
+        return record
 
 
 class LocalBackend:
+    """Sandboxes as OCI bundles on this host (runc, or runsc for gVisor); see docs/backends.md.
+
+    **Parameters:**
+    * **home** - the state directory: sandboxes under `sandboxes/`, runtime state under `runtime/`, disk images
+      under `cache/disks/`, the agent's files under `agent/`.
+    * **cgroup_parent** - the cgroup every sandbox's cgroup is made under (`/<parent>/<sandbox id>`).
+    """
+
     name = "local"
+    # Nothing of DESIGN.md's isolation is missing, under runc or runsc (docs/backends.md, `DeclaresLimitations`).
+    limitations: Mapping[str, str] = MappingProxyType({})
 
-    def __init__(self, home: Path, runtime: str = "runc", *, cgroup_parent: str = "corral") -> None:
-        self.home = home
+    def __init__(self, home: Path, *, cgroup_parent: str = "corral") -> None:
+        self.home = Path(home)
         self.cgroup_parent = cgroup_parent
-        self.runtime_name = runtime
-        self.sandboxes_dir = home / "sandboxes"
-        self.runtimes = {name: OCIRuntime(name, home / "runtime" / name) for name in ("runc", "runsc")}
-        self.disks = DiskImagesHolder.get(home / "cache" / "disks")
+        self.sandboxes_dir = self.home / "sandboxes"
+        self.runtimes = {rt: OCIRuntime(rt.value, self.home / "runtime" / rt.value) for rt in Runtime}
+        self.disks = DiskImagesHolder.get(self.home / "cache" / "disks")
         self._slots: set[int] = set()
-        self._checked: dict[str, float] = {}  # runtime -> when the preflight check last passed
+        self._checked: dict[Runtime, float] = {}  # runtime -> when the preflight check last passed
         self._agent_dir: Path | None = None
+        self._agent_lock = asyncio.Lock()
 
-    # -- contract ------------------------------------------------------------------------------------
+    # -- the contract ------------------------------------------------------------------------------
 
-    def check(self, runtime: str | None = None) -> None:
-        """Fail closed. A passing check is trusted for a few seconds (it reads a dozen files); a failing one
-        is never cached, so a fixed host is noticed at the next create."""
-        runtime = runtime or self.runtime_name
-        if time.monotonic() - self._checked.get(runtime, -PREFLIGHT_TTL) < PREFLIGHT_TTL:
-            return
-        _preflight.check(runtime, self.home)
-        self._checked[runtime] = time.monotonic()
+    async def check(self, spec: SandboxSpec) -> None:
+        self._preflight(spec.runtime)
 
-    async def create(self, sandbox_id: str, spec: SandboxSpec, template: Template) -> Record:
-        runtime = spec.runtime.value
-        self.check(runtime)
+    async def create(self, sandbox_id: str, spec: SandboxSpec, template: Template) -> LocalRecord:
+        self._preflight(spec.runtime)  # again: `create` is where isolation must not be missing
         sbdir = self.sandboxes_dir / sandbox_id
         self.sandboxes_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.sandboxes_dir, 0o711)  # noqa: S103 - traverse only: runc's init must reach the rootfs
-        sbdir.mkdir(mode=0o711)  # before the slot: a slot whose directory exists is never taken as stale
-        record: Record = {
-            "id": sandbox_id,
-            "dir": str(sbdir),
-            "runtime": runtime,
-            "slot": -1,
-            "uid_base": 0,
-            "token": secrets.token_urlsafe(32),
-            "cgroups_path": f"/{self.cgroup_parent}/{sandbox_id}",
-        }
+        try:
+            sbdir.mkdir(mode=0o711)  # before the slot: a slot whose directory exists is never taken as stale
+        except FileExistsError:
+            raise ConflictError(f"sandbox {sandbox_id} already exists on the local backend") from None
+        record = LocalRecord(sandbox_id=sandbox_id, dir=sbdir, runtime=spec.runtime, slot=-1, uid_base=0,
+                             token=secrets.token_urlsafe(32), cgroups_path=f"/{self.cgroup_parent}/{sandbox_id}")
         try:
             slot = self._alloc_slot(sbdir)
-            record.update(slot=slot, uid_base=UID_BASE + slot * ID_RANGE)
-            _write_private(sbdir / "backend.json", record)
+            record = replace(record, slot=slot, uid_base=UID_BASE + slot * ID_RANGE)
+            _write_state(sbdir / "backend.json", record.to_json())
             await self._build_root(record, spec, template)
             await self._start(record, spec)
         except BaseException:
@@ -102,173 +152,181 @@ class LocalBackend:
             raise
         return record
 
-    def egress_socket(self, record: Record) -> Path:
-        """Where the egress proxy must listen for this sandbox (the agent bridges 127.0.0.1:3128 to it)."""
-        return Path(record["dir"]) / "egress" / "proxy.sock"
+    def agent_address(self, record: BackendRecord) -> AgentAddress:
+        rec = _local(record)
+        return AgentAddress(UnixEndpoint(str(rec.dir / "agent.sock")), rec.token)
 
-    def agent(self, record: Record) -> AgentClient:
-        return AgentClient(_socket_path(record), record["token"], label=f"sandbox {record['id']}")
+    def ready_timeout(self, record: BackendRecord) -> float:
+        return AGENT_READY_TIMEOUT[_local(record).runtime]
 
-    async def pause(self, record: Record) -> None:
-        await self._runtime(record).pause(record["id"])
+    def egress_endpoint(self, record: BackendRecord) -> UnixEndpoint:
+        return UnixEndpoint(str(_local(record).dir / "egress" / "proxy.sock"))
 
-    async def resume(self, record: Record) -> None:
-        await self._runtime(record).resume(record["id"])
+    async def diagnostics(self, record: BackendRecord) -> str:
+        return _tail(_local(record).dir / "agent.log")  # inline: reads at most the last few KiB
 
-    async def alive(self, record: Record) -> bool:
-        state = await self._runtime(record).state(record["id"])
+    async def pause(self, record: BackendRecord) -> None:
+        rec = _local(record)
+        await self.runtimes[rec.runtime].pause(rec.sandbox_id)
+
+    async def resume(self, record: BackendRecord) -> None:
+        rec = _local(record)
+        await self.runtimes[rec.runtime].resume(rec.sandbox_id)
+
+    async def destroy(self, record: BackendRecord) -> None:
+        rec = _local(record)
+        runtime = self.runtimes[rec.runtime]
+        await runtime.kill(rec.sandbox_id)
+        await runtime.delete(rec.sandbox_id)
+        await _wait_cgroup_empty(rec.cgroups_path)
+        # The root before the disk that holds its upper layer.
+        await _disk.unmount_all([rec.dir / "rootfs", rec.dir / "disk", rec.dir / "agent", rec.dir / "egress"])
+        _cgroups.remove(rec.cgroups_path)
+        leftover = _disk.mounts_under(rec.dir)
+        if leftover:
+            raise ServerError(f"sandbox {rec.sandbox_id}: mounts still present after destroy: {leftover}")
+        await asyncio.to_thread(shutil.rmtree, rec.dir, True)
+        self._release_slot(rec.slot, rec.dir)
+
+    async def alive(self, record: BackendRecord) -> bool:
+        rec = _local(record)
+        state = await self.runtimes[rec.runtime].state(rec.sandbox_id)
         return state is not None and state.get("status") in ("running", "paused")
 
-    async def state(self, record: Record) -> str | None:
-        state = await self._runtime(record).state(record["id"])
-        return None if state is None else str(state.get("status"))
+    async def oom_kills(self, record: BackendRecord) -> int:
+        return _cgroups.oom_kills(_local(record).cgroups_path)
 
-    def oom_kills(self, record: Record) -> int:
-        return _cgroups.oom_kills(record["cgroups_path"])
+    def restore(self, data: JSON) -> LocalRecord:
+        record = LocalRecord.from_json(data)
+        # The directory is removed on destroy: it must be this backend's, whatever the file said.
+        if record.dir != self.sandboxes_dir / record.sandbox_id:
+            raise ValueError(f"sandbox {record.sandbox_id}'s directory {record.dir} is not under "
+                             f"{self.sandboxes_dir}")
+        return record
 
-    def memory_usage(self, record: Record) -> int:
-        return _cgroups.memory_usage(record["cgroups_path"])
-
-    async def destroy(self, record: Record) -> None:
-        sbdir = Path(record["dir"])
-        runtime = self._runtime(record)
-        await runtime.kill(record["id"])
-        await runtime.delete(record["id"])
-        await _wait_cgroup_empty(record["cgroups_path"])
-        await _disk.unmount(sbdir / "rootfs")
-        await _disk.unmount(sbdir / "disk")
-        _cgroups.remove(record["cgroups_path"])
-        leftover = _disk.mounts_under(sbdir)
-        if leftover:
-            raise ServerError(f"sandbox {record['id']}: mounts still present after destroy: {leftover}")
-        await asyncio.to_thread(shutil.rmtree, sbdir, True)
-        self._release_slot(int(record["slot"]), sbdir)
+    async def adopt(self, record: BackendRecord) -> None:
+        """Its uid range stays reserved. A runsc sandbox made before its agent's socket was moved out of the
+        sandbox's reach (its `run/agent.sock`) gets that done now: `agent_address` names the moved one."""
+        rec = _local(record)
+        self._slots.add(rec.slot)
+        bound = rec.dir / "run" / "agent.sock"
+        if rec.runtime == Runtime.RUNSC and os.path.lexists(bound) and not os.path.lexists(rec.dir / "agent.sock"):
+            _take_socket(bound, rec.dir / "agent.sock")
 
     async def sweep(self, known: set[str]) -> list[str]:
-        """Tear down every sandbox directory or runtime container that no live record claims."""
-        removed: list[str] = []
-        ids = set()
+        """Tear down every sandbox directory or runtime container that `known` does not name."""
+        ids: set[str] = set()
         if self.sandboxes_dir.exists():
             ids |= {p.name for p in self.sandboxes_dir.iterdir() if p.is_dir()}
         for rt in self.runtimes.values():
             if rt.state_root.exists():
                 ids |= {c["id"] for c in await rt.list()}
+        removed: list[str] = []
         for sid in sorted(ids - known):
             await self.destroy(self._orphan_record(sid))
             removed.append(sid)
         return removed
 
+    async def capacity(self) -> BackendCapacity:
+        total, available = meminfo()
+        return BackendCapacity(memory_total=total, memory_available=available, disk_free=free_disk(self.home),
+                               sandboxes_max=MAX_SLOTS)
+
     async def close(self) -> None:
         """Leave no empty cgroup parent behind; a parent that still holds sandboxes stays (rmdir refuses)."""
         _cgroups.remove_parent(f"/{self.cgroup_parent}/x")
 
-    def adopt(self, record: Record) -> None:
-        """Take back a sandbox found after a restart (its uid range stays reserved)."""
-        self._slots.add(int(record["slot"]))
+    # -- beyond the contract -------------------------------------------------------------------------
 
-    def load_record(self, sandbox_id: str) -> Record | None:
-        try:
-            record: Record = json.loads((self.sandboxes_dir / sandbox_id / "backend.json").read_text())
-        except (OSError, ValueError):
-            return None
-        return record
+    async def memory_usage(self, record: BackendRecord) -> int:
+        """Bytes the sandbox's cgroup charges now (the benchmarks report it)."""
+        return _cgroups.memory_usage(_local(record).cgroups_path)
 
     # -- building a sandbox ------------------------------------------------------------------------
 
-    async def _build_root(self, record: Record, spec: SandboxSpec, template: Template) -> None:
-        sbdir = Path(record["dir"])
+    def _preflight(self, runtime: Runtime) -> None:
+        """Fail closed. A passing check is trusted for a few seconds (it reads a dozen small files, inline); a
+        failing one is never cached, so a fixed host is noticed at the next create."""
+        if time.monotonic() - self._checked.get(runtime, -PREFLIGHT_TTL) < PREFLIGHT_TTL:
+            return
+        _preflight.check(runtime.value, self.home)
+        self._checked[runtime] = time.monotonic()
+
+    async def _build_root(self, record: LocalRecord, spec: SandboxSpec, template: Template) -> None:
+        sbdir = record.dir
         await self.disks.create(spec.limits.disk, sbdir / "disk.img")
         await _disk.mount_image(sbdir / "disk.img", sbdir / "disk")
         upper, work = sbdir / "disk" / "upper", sbdir / "disk" / "work"
-        _prepare_upper(upper, work, int(record["uid_base"]))
+        _prepare_upper(upper, work, record.uid_base)
         await _disk.mount_overlay(template.rootfs, upper, work, sbdir / "rootfs")
 
-    async def _start(self, record: Record, spec: SandboxSpec) -> None:
-        sbdir = Path(record["dir"])
-        runtime = self._runtime(record)
+    async def _start(self, record: LocalRecord, spec: SandboxSpec) -> None:
+        sbdir = record.dir
+        runtime = self.runtimes[record.runtime]
         run_dir = None if runtime.inherits_fds else sbdir / "run"
-        user_id = int(record["uid_base"]) + SANDBOX_UID
+        user_id = record.uid_base + SANDBOX_UID
         if run_dir is not None:
             run_dir.mkdir(mode=0o700)
             os.chown(run_dir, user_id, user_id)
         # The egress socket's directory: only the sandbox user (and root) may enter it, so no other host user
         # can borrow the sandbox's egress policy through a socket that must be connectable by the sandbox.
         egress_dir = sbdir / "egress"
-        egress_dir.mkdir(mode=0o700, exist_ok=True)
-        os.chown(egress_dir, user_id, user_id)
+        await _disk.in_thread(_mount_own_dirs, await self._agent_source(), sbdir / "agent", egress_dir, user_id)
         params = BundleParams(
-            sandbox_id=record["id"],
+            sandbox_id=record.sandbox_id,
             rootfs=sbdir / "rootfs",
-            agent_source=self._agent_source(),
-            host_uid_base=int(record["uid_base"]),
+            agent_source=sbdir / "agent",
+            host_uid_base=record.uid_base,
             limits=spec.limits,
-            token=record["token"],
-            cgroups_path=record["cgroups_path"],
+            token=record.token,
+            cgroups_path=record.cgroups_path,
             swap_limit=_cgroups.swap_accounting(),
             hostname="sandbox",
             agent_listen=None if run_dir is None else f"{AGENT_RUN_DIR}/agent.sock",
             agent_run_dir=run_dir,
             egress_dir=egress_dir,
         )
-        _write_private(sbdir / "config.json", build_config(params))
+        _write_state(sbdir / "config.json", build_config(params))
         if run_dir is not None:
-            await runtime.start(record["id"], sbdir, listen_fd=None, log=sbdir / "agent.log")
-            await self._wait_ready(record)
+            await runtime.start(record.sandbox_id, sbdir, listen_fd=None, log=sbdir / "agent.log")
+            await self._take_agent_socket(record)
             return
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             listener.bind(str(sbdir / "agent.sock"))
             os.chmod(sbdir / "agent.sock", 0o600)
             listener.listen(128)
-            await self._runtime(record).start(record["id"], sbdir, listen_fd=listener.fileno(),
-                                              log=sbdir / "agent.log")
+            await runtime.start(record.sandbox_id, sbdir, listen_fd=listener.fileno(), log=sbdir / "agent.log")
         finally:
             listener.close()  # the agent holds its own copy now; if it dies, connects fail at once
-        await self._wait_ready(record)
 
-    async def _wait_ready(self, record: Record) -> None:
-        deadline = time.monotonic() + AGENT_READY_TIMEOUT[record["runtime"]]
-        client = self.agent(record)
-        while True:
-            try:
-                await asyncio.wait_for(client.ping(), max(0.1, deadline - time.monotonic()))
-                return
-            except (AgentError, TimeoutError) as exc:
-                # An inherited socket answers at once or never; a socket the agent binds itself appears later.
-                if self._runtime(record).inherits_fds or time.monotonic() >= deadline:
-                    log = _tail(Path(record["dir"]) / "agent.log")
-                    raise ServerError(f"sandbox {record['id']} started but its agent did not answer: {log}") from exc
-                await asyncio.sleep(0.02)
+    async def _take_agent_socket(self, record: LocalRecord) -> None:
+        """runsc: wait for the agent to bind its socket in `run/`, then take it out of the sandbox's reach."""
+        bound = record.dir / "run" / "agent.sock"
+        start = time.monotonic()
+        timeout = AGENT_READY_TIMEOUT[record.runtime]
+        next_alive = start + ALIVE_POLL
+        while not os.path.lexists(bound):
+            now = time.monotonic()
+            stopped = now >= next_alive and not await self.alive(record)
+            if stopped or now - start > timeout:
+                what = "it stopped" if stopped else f"its agent did not bind its socket within {timeout:g}s"
+                raise ServerError(f"sandbox {record.sandbox_id} started but {what}: "
+                                  f"{await self.diagnostics(record)}", details={"sandbox_id": record.sandbox_id})
+            if now >= next_alive:
+                next_alive = now + ALIVE_POLL
+            await asyncio.sleep(SOCKET_POLL)
+        _take_socket(bound, record.dir / "agent.sock")
 
-    def _agent_source(self) -> Path:
-        """A private, stable copy of the agent package: mounted read-only into every sandbox."""
+    async def _agent_source(self) -> Path:
+        """The agent's files, installed once per process in a thread (copies and a C compile)."""
         if self._agent_dir is None:
-            src = Path(__file__).resolve().parents[2] / "agent"
-            files = sorted([*src.glob("*.py"), src / "spawn.c"])
-            content = b"".join(p.name.encode() + p.read_bytes() for p in files)
-            # The bytecode made below belongs to this interpreter's version: part of the identity too.
-            digest = hashlib.sha256(content + sys.version.encode()).hexdigest()[:16]
-            dest = self.home / "agent" / digest / "agent"
-            if not dest.exists():
-                tmp = dest.parent / f".tmp{os.getpid()}"
-                shutil.rmtree(tmp, ignore_errors=True)
-                tmp.mkdir(parents=True)
-                for p in files:
-                    shutil.copy2(p, tmp / p.name)
-                    os.chmod(tmp / p.name, 0o644)
-                _build_spawn_shim(tmp)
-                _precompile(tmp)
-                os.chmod(tmp, 0o755)  # noqa: S103 - read-only code, readable by the sandbox user
-                os.replace(tmp, dest)
-            for parent in (self.home, self.home / "agent", dest.parent):
-                os.chmod(parent, os.stat(parent).st_mode | 0o711)  # noqa: S103 - traverse only
-            self._agent_dir = dest
+            async with self._agent_lock:
+                if self._agent_dir is None:
+                    self._agent_dir = await asyncio.to_thread(install_agent, self.home)
         return self._agent_dir
 
     # -- helpers -------------------------------------------------------------------------------------
-
-    def _runtime(self, record: Record) -> OCIRuntime:
-        return self.runtimes[record.get("runtime", "runc")]
 
     def _alloc_slot(self, sbdir: Path) -> int:
         SLOTS_DIR.mkdir(parents=True, exist_ok=True)
@@ -301,12 +359,38 @@ class LocalBackend:
         except OSError:
             pass
 
-    def _orphan_record(self, sandbox_id: str) -> Record:
-        record = self.load_record(sandbox_id)
-        if record is not None:
-            return record
-        return {"id": sandbox_id, "dir": str(self.sandboxes_dir / sandbox_id), "runtime": "runc", "slot": -1,
-                "uid_base": 0, "token": "", "cgroups_path": f"/{self.cgroup_parent}/{sandbox_id}"}
+    def _orphan_record(self, sandbox_id: str) -> LocalRecord:
+        """What is known of a sandbox no engine remembers: its own backend.json, else the defaults."""
+        with contextlib.suppress(OSError, ValueError):
+            return self.restore(_read_json(self.sandboxes_dir / sandbox_id / "backend.json"))
+        return LocalRecord(sandbox_id=sandbox_id, dir=self.sandboxes_dir / sandbox_id, runtime=Runtime.RUNC,
+                           slot=-1, uid_base=0, token="", cgroups_path=f"/{self.cgroup_parent}/{sandbox_id}")
+
+
+def _local(record: BackendRecord) -> LocalRecord:
+    if not isinstance(record, LocalRecord):
+        raise TypeError(f"the local backend was given a {type(record).__name__}, not one of its own records")
+    return record
+
+
+def _typed(data: Mapping[str, Any], key: str, kind: type[Any]) -> Any:
+    value = data[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise TypeError(f"{key} is a {type(value).__name__}, not a {kind.__name__}")
+    return value
+
+
+def _read_json(path: Path) -> JSON:
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} does not hold a JSON object")
+    return data
+
+
+def _write_state(path: Path, obj: Any) -> None:
+    # Not durable (no fsync): a machine crash takes the sandbox's processes with it, so these files need only
+    # never be torn; `sweep` copes with one lost or stale.
+    write_json_atomic(path, obj, durable=False)
 
 
 class DiskImagesHolder:
@@ -377,48 +461,34 @@ def _prepare_upper(upper: Path, work: Path, uid_base: int) -> None:
     os.chmod(resolv, 0o644)
 
 
-def _build_spawn_shim(agent_dir: Path) -> None:
-    """Compile the agent's static spawn helper (see agent/spawn.c); without a compiler the agent does without."""
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        logger.warning("agent.no_spawn_shim", extra={"reason": "no C compiler on the host; commands start slower"})
-        return
-    out = agent_dir / "corral-spawn"
-    proc = subprocess.run([cc, "-static", "-Os", "-s", "-o", str(out), str(agent_dir / "spawn.c")],
-                          capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        logger.warning("agent.no_spawn_shim", extra={"reason": proc.stderr.strip()[-500:]})
-        out.unlink(missing_ok=True)
-        return
-    os.chmod(out, 0o755)  # noqa: S103 - the sandbox user executes it
+def _mount_own_dirs(agent_files: Path, agent: Path, egress: Path, user_id: int) -> None:
+    """The sandbox's `agent/` and `egress/` (see the module's docstring), in one thread."""
+    _disk.mount_readonly_layers(agent_layers(agent_files), agent)
+    _disk.mount_tmpfs(egress, size=EGRESS_TMPFS_SIZE, inodes=EGRESS_TMPFS_INODES, mode=0o700, owner=user_id)
 
 
-def _precompile(agent_dir: Path) -> None:
-    """Bytecode for the agent, made once here: the sandbox mounts it read-only, so the agent could never
-    cache its own, and compiling it on every start costs every sandbox's start ~15 ms. Unchecked hashes:
-    the files never change under a given digest. A template whose Python differs simply ignores them."""
-    for source in agent_dir.glob("*.py"):
-        py_compile.compile(str(source), cfile=importlib.util.cache_from_source(str(source)), doraise=True,
-                           invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
-    for path in [agent_dir / "__pycache__", *agent_dir.glob("__pycache__/*")]:
-        os.chmod(path, 0o755 if path.is_dir() else 0o644)
-
-
-def _socket_path(record: Record) -> Path:
-    sbdir = Path(record["dir"])
-    return sbdir / "run" / "agent.sock" if record.get("runtime") == "runsc" else sbdir / "agent.sock"
-
-
-def _write_private(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(obj))  # not json.dump: it streams through the slow pure-Python encoder
-    os.replace(tmp, path)
+def _take_socket(bound: Path, dest: Path) -> None:
+    """Move the socket the agent bound in `run/` (writable by the sandbox, which sees it at /.corral/run) to
+    `dest` in the sandbox's root-only directory, root's and 0600. It stays bound and listening: a Unix socket is
+    reached through its inode, whatever its name. Then `run/` becomes root's, empty and 0555, so the sandbox can
+    write nothing there (it stays mounted: it is on the host's disk, outside the sandbox's quota) and cannot plant
+    a socket of its own where the engine would connect. The same as the Docker backend does with its `run/`."""
+    os.rename(bound, dest)
+    if not stat.S_ISSOCK(os.lstat(dest).st_mode):  # the agent alone ran so far; anything else is not ours
+        dest.unlink()
+        raise ServerError(f"{bound} is not the agent's socket")
+    os.chown(dest, 0, 0, follow_symlinks=False)
+    os.chmod(dest, 0o600)
+    run_dir = bound.parent
+    os.chown(run_dir, 0, 0)
+    os.chmod(run_dir, 0o555)  # noqa: S103 - read-only to the sandbox: it stays mounted there
 
 
 def _tail(path: Path, limit: int = 1500) -> str:
     try:
-        return path.read_text(errors="replace")[-limit:].strip() or "(agent log empty)"
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - limit))
+            text = f.read().decode(errors="replace").strip()
     except OSError:
         return "(no agent log)"
+    return text or "(agent log empty)"

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...engine._models import Limits
+from .._spec import Limits
 from ._seccomp import seccomp_profile
 
 SANDBOX_UID = 1000

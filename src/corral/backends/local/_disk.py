@@ -8,18 +8,22 @@ A full image gives ENOSPC inside the sandbox and never touches the host's free s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import errno
 import fcntl
 import os
 import shutil
 import struct
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TypeVar
 
 from ..._exceptions import RuntimeUnavailableError, ServerError
 from ._system import run
 
 FICLONE = 0x40049409
+T = TypeVar("T")
 
 
 class DiskImages:
@@ -81,7 +85,7 @@ def sparse_copy(src: Path, dest: Path) -> None:
 class _Mounts:
     """mount(2), umount2(2) and loop devices through libc: a `mount` process per call costs ~10 ms."""
 
-    MS_NOSUID, MS_NODEV = 0x2, 0x4
+    MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
     MNT_DETACH = 0x2
     LOOP_CTL_GET_FREE, LOOP_CONFIGURE = 0x4C82, 0x4C0A
     LO_FLAGS_AUTOCLEAR = 4
@@ -132,6 +136,7 @@ class _Mounts:
 
 
 _mounts = _Mounts()
+_PROC_FDS = os.path.isdir("/proc/self/fd")  # where overlay layers can be named by descriptor (see mount_overlay)
 
 
 def _mount_image_sync(image: Path, target: Path) -> None:
@@ -144,42 +149,150 @@ def _mount_image_sync(image: Path, target: Path) -> None:
         os.close(fd)  # mounted: the filesystem holds the device now; unmounted or failed: it detaches
 
 
+async def in_thread(fn: Callable[..., T], *args: object) -> T:
+    """`asyncio.to_thread`, but a cancelled caller still waits for the thread to finish (a few ms of syscalls).
+
+    Otherwise a create cancelled during a mount runs its cleanup while the thread is still mounting, and the
+    mount lands after the cleanup looked for it: a leaked mount.
+    """
+    task = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancelled = True  # keep waiting for the thread, then pass the cancellation on
+        except BaseException:  # the thread's own failure: task.result() below raises it
+            break
+    if cancelled:
+        if not task.cancelled():
+            task.exception()  # retrieved: the cancellation is what the caller gets
+        raise asyncio.CancelledError
+    return task.result()
+
+
 async def mount_image(image: Path, target: Path) -> None:
     try:
-        await asyncio.to_thread(_mount_image_sync, image, target)
+        await in_thread(_mount_image_sync, image, target)
     except OSError as exc:
         raise ServerError(f"mounting the sandbox disk failed: {exc}") from exc
 
 
 async def mount_overlay(lower: Path, upper: Path, work: Path, target: Path) -> None:
-    target.mkdir(parents=True, exist_ok=True)
-    opts = f"lowerdir={lower},upperdir={upper},workdir={work}"
     try:
-        await asyncio.to_thread(_mounts.mount, "overlay", str(target), "overlay", 0, opts)
+        await in_thread(_mount_overlay_sync, lower, upper, work, target)
     except OSError as exc:
         raise ServerError(f"mounting the overlay root failed: {exc}") from exc
 
 
+def mount_readonly_layers(layers: list[Path], target: Path) -> None:
+    """A read-only overlay of `layers` (top first, at least two) on `target`: the same files as a bind mount of
+    the top one, but the root of a filesystem of its own. Blocking: call it in a thread.
+
+    A bind mount shows its source's path inside its filesystem as the "root" field of /proc/self/mountinfo, in
+    the sandbox too, and no mount option hides it; a mount of its own shows `/`. The layers are named by
+    descriptor, as in `mount_overlay`, so that the options name no host path either. (overlayfs wants two
+    layers when it has no upper one.)
+    """
+    target.mkdir(exist_ok=True)
+    flags = _Mounts.MS_RDONLY | _Mounts.MS_NOSUID | _Mounts.MS_NODEV
+    if not _PROC_FDS:
+        _mounts.mount("overlay", str(target), "overlay", flags, "lowerdir=" + ":".join(map(str, layers)))
+        return
+    fds: list[int] = []
+    try:
+        for layer in layers:
+            fds.append(os.open(layer, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
+        _mounts.mount("overlay", str(target), "overlay", flags,
+                      "lowerdir=" + ":".join(f"/proc/self/fd/{fd}" for fd in fds))
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def mount_tmpfs(target: Path, *, size: int, inodes: int, mode: int, owner: int) -> None:
+    """A small tmpfs on `target` (made if missing), its root `mode` and owned by `owner` (uid and gid): a directory
+    that is the root of its own filesystem, capped, never on the host's disk. Blocking: call it in a thread.
+
+    Owned by a chown after the mount, not by `uid=`/`gid=` options, which mountinfo would show (host uids of the
+    sandbox's range) to the sandbox.
+    """
+    target.mkdir(mode=0o700, exist_ok=True)
+    _mounts.mount("tmpfs", str(target), "tmpfs", _Mounts.MS_NOSUID | _Mounts.MS_NODEV | _Mounts.MS_NOEXEC,
+                  f"size={size},nr_inodes={inodes},mode={mode:o}")
+    try:
+        os.chown(target, owner, owner)
+    except OSError:
+        with contextlib.suppress(OSError):
+            _mounts.umount(str(target), _Mounts.MNT_DETACH)
+        raise
+
+
+def _mount_overlay_sync(lower: Path, upper: Path, work: Path, target: Path) -> None:
+    """Mount the overlay with its layers named by descriptor, so that its options name no host path.
+
+    overlayfs shows its options as given, in /proc/mounts and /proc/self/mountinfo of the host and of the
+    sandbox alike: `lowerdir=/var/lib/corral/templates/...` would tell sandbox code where Corral keeps its state.
+    `/proc/self/fd/N` of an O_PATH descriptor resolves to the same directory and is shown as just that, on every
+    kernel (before 6.5 overlayfs kept the whole option string, since then each layer as given). The new mount
+    API is no help here: layers passed to fsconfig(2) as descriptors are shown resolved to their host paths
+    (checked on 6.18). The descriptors matter only while mount(2) resolves them. Without /proc: plain paths.
+    """
+    target.mkdir(parents=True, exist_ok=True)
+    if not _PROC_FDS:
+        _mounts.mount("overlay", str(target), "overlay", 0, _overlay_options(str(lower), str(upper), str(work)))
+        return
+    fds: list[int] = []
+    try:
+        for layer in (lower, upper, work):
+            fds.append(os.open(layer, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
+        low, up, wk = (f"/proc/self/fd/{fd}" for fd in fds)
+        _mounts.mount("overlay", str(target), "overlay", 0, _overlay_options(low, up, wk))
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _overlay_options(lower: str, upper: str, work: str) -> str:
+    return f"lowerdir={lower},upperdir={upper},workdir={work}"
+
+
 async def unmount(target: Path) -> None:
     """Unmount `target` if it is a mount point (lazily if busy); loop devices detach themselves (autoclear)."""
-    if not is_mounted(target):
-        return
+    await unmount_all([target])
+
+
+async def unmount_all(targets: Iterable[Path]) -> None:
+    """Unmount those of `targets` that are mount points, in the order given (lazily if busy), in one thread
+    and reading the mount table once."""
     try:
-        await asyncio.to_thread(_mounts.umount, str(target))
-    except OSError:
+        await in_thread(_unmount_all_sync, list(targets))
+    except OSError as exc:
+        raise ServerError(f"unmounting {exc.filename or 'a sandbox mount'} failed: {exc}") from exc
+
+
+def _unmount_all_sync(targets: list[Path]) -> None:
+    points = _mount_points()
+    for target in targets:
+        if os.fspath(target) not in points:
+            continue
         try:
-            await asyncio.to_thread(_mounts.umount, str(target), _Mounts.MNT_DETACH)
-        except OSError as exc:
-            raise ServerError(f"unmounting {target} failed: {exc}") from exc
+            _mounts.umount(str(target))
+        except OSError:
+            try:
+                _mounts.umount(str(target), _Mounts.MNT_DETACH)
+            except OSError as exc:
+                exc.filename = str(target)
+                raise
 
 
 def is_mounted(path: Path) -> bool:
-    wanted = os.fspath(path)
+    return os.fspath(path) in _mount_points()
+
+
+def _mount_points() -> set[str]:
     with open("/proc/self/mountinfo") as f:
-        for line in f:
-            if _unescape(line.split()[4]) == wanted:
-                return True
-    return False
+        return {_unescape(line.split()[4]) for line in f}
 
 
 def mounts_under(prefix: Path) -> list[str]:
@@ -207,5 +320,5 @@ def require_tools() -> list[str]:
     return missing
 
 
-__all__ = ["DiskImages", "RuntimeUnavailableError", "is_mounted", "mount_image", "mount_overlay",
-           "mounts_under", "require_tools", "unmount"]
+__all__ = ["DiskImages", "RuntimeUnavailableError", "in_thread", "is_mounted", "mount_image", "mount_overlay",
+           "mount_readonly_layers", "mount_tmpfs", "mounts_under", "require_tools", "unmount", "unmount_all"]

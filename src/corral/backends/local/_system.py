@@ -1,9 +1,12 @@
-"""Running host tools (runc, mount, mkfs): the subprocess boundary, where its errors become ours."""
+"""The host: running its tools (runc, mount, mkfs) at the subprocess boundary, where their errors become ours;
+and reading its free memory and disk (what `LocalBackend.capacity` reports)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Sequence
+from pathlib import Path
 
 from ..._exceptions import RuntimeUnavailableError, ServerError
 
@@ -34,3 +37,25 @@ async def run(argv: Sequence[str], *, what: str, timeout: float = 60.0, check: b
     if check and code != 0:
         raise ServerError(f"{what} failed: {' '.join(argv[:3])}... exited {code}: {text[-2000:]}")
     return code, text
+
+
+def meminfo() -> tuple[int, int]:
+    """(MemTotal, MemAvailable) in bytes."""
+    fields: dict[str, int] = {}
+    with open("/proc/meminfo", encoding="ascii") as f:
+        for line in f:
+            name, _, rest = line.partition(":")
+            if name in ("MemTotal", "MemAvailable"):
+                fields[name] = int(rest.split()[0]) * 1024
+    return fields["MemTotal"], fields.get("MemAvailable", fields["MemTotal"])
+
+
+def free_disk(path: Path) -> int:
+    """Bytes free to unprivileged users on the filesystem that holds `path` (or, before it exists, its parent)."""
+    for candidate in (path, *path.parents):
+        try:
+            st = os.statvfs(candidate)
+        except FileNotFoundError:
+            continue
+        return st.f_bavail * st.f_frsize
+    raise FileNotFoundError(path)

@@ -129,6 +129,23 @@ else:
         print("present, connect failed:", e.strerror)
 """
 
+# Where Corral's agent binds its own socket when the runtime cannot hand it one made outside (runsc, the Docker
+# backend; `corral.backends.local._bundle.AGENT_RUN_DIR`): bound inside the sandbox's network namespace, so its
+# /proc/net/unix lists it, though the backend has moved the file out of the sandbox's reach (Docker) or the
+# agent refuses every request without the sandbox's token (runsc). It is the sandbox's own agent, not a host
+# socket: the probe leaves out exactly this path, and nothing else.
+AGENT_SOCKET = "/.corral/run/agent.sock"
+
+# Every Unix socket bound to a name (a path, or an abstract `@name`) in the sandbox's network namespace, but the
+# agent's own. A host socket shows up here when the sandbox shares a network namespace with the host (abstract
+# sockets, such as containerd-shim's, are then reachable whatever the mounts say).
+PROC_NET_UNIX_PROBE = r"""
+import sys
+rows = open('/proc/net/unix').read().splitlines()[1:]
+names = [r.split(None, 7)[7] for r in rows if len(r.split(None, 7)) == 8]
+print(sorted(set(n for n in names if n != sys.argv[1])))
+"""
+
 HOST_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock", "/run/containerd/containerd.sock",
                 "/run/dbus/system_bus_socket", "/run/systemd/private", "/run/corral", "/run/runc", "/var/lib/corral")
 
@@ -142,9 +159,8 @@ def _host_sockets() -> Iterator[Task]:
                 (Exec("find /run /var/run /tmp /workspace /home -xdev -type s 2>/dev/null | head -5; echo end",
                       checks=(said("end\n", mode="privilege_escalation"),)),), 1)
     yield _task("host_sockets", "proc-net-unix", "no Unix socket bound to a path in the sandbox's network namespace",
-                (Exec(py("rows = open('/proc/net/unix').read().splitlines()[1:]\n"
-                         "print([r.split()[-1] for r in rows if len(r.split()) >= 8])"),
-                      checks=(said("[]\n", mode="privilege_escalation"),)),), 1)
+                (Exec(py(PROC_NET_UNIX_PROBE, AGENT_SOCKET), checks=(said("[]\n", mode="privilege_escalation"),)),),
+                1)
 
 
 # -- 3, 4, 5: user, capabilities, setuid ------------------------------------------------------------------------

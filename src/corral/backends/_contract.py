@@ -1,0 +1,224 @@
+"""The backend contract: what a runtime must do to host Corral sandboxes (docs/backends.md).
+
+A backend turns a `SandboxSpec` and a template into a running, isolated sandbox whose agent can be reached, and
+takes it down again. Everything that happens *inside* a sandbox (exec, files, code, PTY) goes through the agent
+protocol and is the same for every backend: a backend owns the lifecycle, the isolation, and the way to reach
+the agent (`AgentAddress`), nothing else.
+
+This module is a leaf: it imports the spec, the template type and the error tree, never the engine or an
+implementation. The engine loads an implementation by name (`load_backend`), so `corral serve --backend docker`
+needs the Docker SDK and `--backend local` does not.
+
+What the engine does around the contract (so a backend does not): it chooses the sandbox id, keeps its own state
+(spec, times, the backend's record as `to_json()`), waits for the agent to answer after `create` (up to
+`ready_timeout`, quoting `diagnostics` if it never does), attaches the egress proxy to `egress_endpoint`, turns a
+SIGKILL plus a moved `oom_kills` counter into an OOM outcome, and destroys what `create` made if anything after it
+fails.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Protocol, runtime_checkable
+
+from .._exceptions import RuntimeUnavailableError
+from ..templates import Template
+from ._spec import Runtime, SandboxSpec
+
+__all__ = [
+    "BACKEND_NAMES",
+    "AgentAddress",
+    "Backend",
+    "BackendCapacity",
+    "BackendRecord",
+    "DeclaresLimitations",
+    "Endpoint",
+    "TCPEndpoint",
+    "UnixEndpoint",
+    "backend_limitations",
+    "backend_runtimes",
+    "load_backend",
+    "runtime_limitation",
+]
+
+JSON = dict[str, Any]  # JSON-serialisable: what `BackendRecord.to_json` returns and `Backend.restore` takes
+
+
+@dataclass(frozen=True)
+class UnixEndpoint:
+    """A Unix socket on the engine's host (the local and Docker backends)."""
+
+    path: str
+
+
+@dataclass(frozen=True)
+class TCPEndpoint:
+    """A TCP address the engine can reach (a Pod's IP on the Kubernetes backend)."""
+
+    host: str
+    port: int
+
+
+Endpoint = UnixEndpoint | TCPEndpoint
+
+
+@dataclass(frozen=True)
+class AgentAddress:
+    """How to reach one sandbox's agent: where, and the per-sandbox token every request must carry."""
+
+    endpoint: Endpoint
+    token: str
+
+
+@dataclass(frozen=True)
+class BackendRecord(ABC):
+    """What a backend needs to find one of its sandboxes again, also after a restart of the engine.
+
+    Each backend subclasses it with its own typed fields; the engine stores `to_json()` and gives it back to
+    `Backend.restore`. It holds no secrets beyond the agent token, which lives with the sandbox anyway.
+    """
+
+    sandbox_id: str
+
+    @abstractmethod
+    def to_json(self) -> JSON: ...
+
+
+@dataclass(frozen=True)
+class BackendCapacity:
+    """What the place sandboxes run in can still take, as the backend sees it (None: no figure).
+
+    The engine's `Capacity` policy turns these into refusals (503 with Retry-After) before anything starts.
+    """
+
+    memory_total: int | None = None  # bytes of memory sandboxes share (a machine's, a cluster's allocatable)
+    memory_available: int | None = None  # bytes that could be given now without swapping or evicting
+    disk_free: int | None = None  # bytes free where sandbox disks grow
+    sandboxes_max: int | None = None  # a hard count the backend itself imposes (slots, node pod limits)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A runtime for sandboxes. Every method is async and safe to call concurrently for different sandboxes.
+
+    Errors: a backend raises `CorralError` subclasses only, foreign errors mapped at its boundary with
+    `raise ... from`: `RuntimeUnavailableError` when isolation cannot be had (fail closed, say what is missing and
+    how to fix it), `ConflictError` for a state that forbids the operation, `ServerError` for the rest.
+    """
+
+    name: str
+
+    async def check(self, spec: SandboxSpec) -> None:
+        """Raise `RuntimeUnavailableError` naming whatever isolation `spec` needs and this host lacks."""
+
+    async def create(self, sandbox_id: str, spec: SandboxSpec, template: Template) -> BackendRecord:
+        """Start the sandbox with every protection of docs/backends.md and return its record.
+
+        On return the sandbox runs; its agent may still be starting (the engine waits for it). On failure,
+        including cancellation, nothing of the sandbox is left.
+        """
+
+    def agent_address(self, record: BackendRecord) -> AgentAddress:
+        """Where the engine reaches the agent. Fixed for the sandbox's life: the engine may keep it."""
+
+    def ready_timeout(self, record: BackendRecord) -> float:
+        """Seconds the engine waits after `create` for the agent's first answer before giving up."""
+
+    def egress_endpoint(self, record: BackendRecord) -> UnixEndpoint:
+        """Where the egress proxy must listen for this sandbox: the agent bridges 127.0.0.1:3128 to it."""
+
+    async def diagnostics(self, record: BackendRecord) -> str:
+        """A short text on why a sandbox may have failed (the end of its runtime's and agent's log)."""
+
+    async def pause(self, record: BackendRecord) -> None:
+        """Freeze every process of the sandbox in place (memory kept)."""
+
+    async def resume(self, record: BackendRecord) -> None: ...
+
+    async def destroy(self, record: BackendRecord) -> None:
+        """Stop the sandbox and remove every trace of it (processes, mounts, cgroups, containers, files).
+
+        Idempotent: destroying what is already gone succeeds."""
+
+    async def alive(self, record: BackendRecord) -> bool:
+        """Whether the sandbox still runs (or is paused)."""
+
+    async def oom_kills(self, record: BackendRecord) -> int:
+        """How many processes the OOM killer has killed in the sandbox so far (0 if the runtime cannot tell)."""
+
+    def restore(self, data: JSON) -> BackendRecord:
+        """The record from its `to_json()`; `ValueError` if `data` is not one of this backend's records."""
+
+    async def adopt(self, record: BackendRecord) -> None:
+        """Take back a sandbox found alive after a restart (reserve what it holds, such as its uid range)."""
+
+    async def sweep(self, known: set[str]) -> list[str]:
+        """Remove this backend's sandboxes whose ids are not in `known` (half-created, orphaned); their ids."""
+
+    async def capacity(self) -> BackendCapacity: ...
+
+    async def close(self) -> None:
+        """Release what the backend holds for all sandboxes (not the sandboxes: they outlive the engine)."""
+
+
+@runtime_checkable
+class DeclaresLimitations(Protocol):
+    """Optional beside `Backend`: what of DESIGN.md's isolation this backend cannot give, each with its reason.
+
+    Keys are stable names (docs/backends.md): `user_namespace`, `agent_socket`, and `runtime_<name>` for each
+    `Runtime` it cannot run. A backend that gives everything declares nothing, or an empty mapping. `corral
+    check` reads it (through `GET /v1/info`) to mark what cannot hold as not applicable, with the reason.
+    """
+
+    limitations: Mapping[str, str]
+
+
+def backend_limitations(backend: object) -> Mapping[str, str]:
+    """What `backend` declares it cannot give (`DeclaresLimitations`); empty when it declares nothing."""
+    found = backend.limitations if isinstance(backend, DeclaresLimitations) else {}
+    return MappingProxyType(dict(found))
+
+
+def runtime_limitation(runtime: Runtime) -> str:
+    """The `limitations` key of a runtime a backend cannot run (`runtime_runsc`)."""
+    return f"runtime_{runtime.value}"
+
+
+def backend_runtimes(backend: object) -> tuple[Runtime, ...]:
+    """The runtimes `backend` can run: every `Runtime` it does not declare a limitation of."""
+    limits = backend_limitations(backend)
+    return tuple(rt for rt in Runtime if runtime_limitation(rt) not in limits)
+
+
+# name -> (module, class, the extra that brings its dependencies)
+_BACKENDS: dict[str, tuple[str, str, str]] = {
+    "local": ("corral.backends.local", "LocalBackend", "server"),
+    "docker": ("corral.backends.docker", "DockerBackend", "docker"),
+}
+BACKEND_NAMES: tuple[str, ...] = tuple(_BACKENDS)
+
+
+class _Factory(Protocol):
+    def __call__(self, home: Path, **options: Any) -> Backend: ...
+
+
+def load_backend(name: str, home: Path, **options: Any) -> Backend:
+    """The backend called `name`, imported only now: its dependencies are needed only when it is chosen."""
+    try:
+        module_name, class_name, extra = _BACKENDS[name]
+    except KeyError:
+        raise RuntimeUnavailableError(f"no backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}",
+                                      details={"backend": name}) from None
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise RuntimeUnavailableError(f"the {name} backend needs {exc.name!r}: install corral[{extra}]",
+                                      details={"backend": name, "missing": exc.name}) from exc
+    factory: _Factory = getattr(module, class_name)
+    return factory(home, **options)
+

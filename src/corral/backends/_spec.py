@@ -1,0 +1,201 @@
+"""What a sandbox is asked to be: template, runtime, limits, timeout, environment, egress policy, file roots.
+
+A leaf shared by every layer that handles a spec (the service, the engine, the store, each backend): pydantic
+models, because they validate what users send and say what is wrong. `SandboxState` is the one lifecycle enum.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .._exceptions import CorralError
+from .._sizes import parse_size
+from ..egress._policy import EgressPolicy
+
+__all__ = ["DEFAULT_FILE_ROOTS", "Limits", "Runtime", "SandboxSpec", "SandboxState", "parse_size"]
+
+DEFAULT_FILE_ROOTS = ("/workspace", "/home/user", "/tmp")
+# Kernel interfaces and Corral's own agent directory are never file-API roots: the sandbox's root user could
+# otherwise be driven through the API into places its own processes only reach with care.
+_FORBIDDEN_ROOTS = ("/proc", "/sys", "/dev", "/.corral")
+_MAX_FILE_ROOTS = 16
+
+
+class Runtime(StrEnum):
+    RUNC = "runc"
+    RUNSC = "runsc"
+
+
+_TMPFS_RESERVE = 32 * 1024**2  # memory kept for processes when /tmp and /dev/shm are full
+
+
+class Limits(BaseModel):
+    """Resource limits of one sandbox. Sizes take bytes or strings like `512M`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    memory: int = 512 * 1024**2
+    cpus: float = 1.0
+    pids: int = 256
+    disk: int = 1024**3
+    open_files: int = 4096
+    tmp: int = 256 * 1024**2  # /tmp tmpfs; counts against memory
+    shm: int = 64 * 1024**2  # /dev/shm tmpfs; counts against memory
+
+    @field_validator("memory", "disk", "tmp", "shm", mode="before")
+    @classmethod
+    def _size(cls, value: Any, info: Any) -> int:
+        return parse_size(value, info.field_name)
+
+    @field_validator("memory")
+    @classmethod
+    def _memory_floor(cls, value: int) -> int:
+        if value < 32 * 1024**2:
+            raise ValueError("memory must be at least 32M (the in-sandbox agent needs about 12M)")
+        return value
+
+    @field_validator("disk")
+    @classmethod
+    def _disk_floor(cls, value: int) -> int:
+        if value < 16 * 1024**2:
+            raise ValueError("disk must be at least 16M")
+        return value
+
+    @field_validator("cpus")
+    @classmethod
+    def _cpus(cls, value: float) -> float:
+        if not 0.01 <= value <= 1024:
+            raise ValueError("cpus must be between 0.01 and 1024")
+        return value
+
+    @field_validator("pids")
+    @classmethod
+    def _pids(cls, value: int) -> int:
+        if not 16 <= value <= 1_000_000:
+            raise ValueError("pids must be between 16 and 1000000")
+        return value
+
+    @field_validator("open_files")
+    @classmethod
+    def _open_files(cls, value: int) -> int:
+        if not 64 <= value <= 1_048_576:
+            raise ValueError("open_files must be between 64 and 1048576")
+        return value
+
+    @model_validator(mode="after")
+    def _tmpfs_fit_in_memory(self) -> Limits:
+        # /tmp and /dev/shm are tmpfs, whose pages are charged to the sandbox's memory and which the OOM killer
+        # cannot free: a /tmp as big as the memory limit, once full, leaves nothing for the agent, which is
+        # killed (found by the eval corpus: 200 MiB into /tmp under memory=128M). So both must fit in memory
+        # less a reserve; sizes left at their defaults shrink to fit, sizes given that do not fit are refused.
+        budget = self.memory - min(_TMPFS_RESERVE, self.memory // 2)
+        if self.tmp + self.shm <= budget:
+            return self
+        given = self.model_fields_set
+        if {"tmp", "shm"} <= given:
+            raise ValueError(f"tmp ({self.tmp >> 20}M) and shm ({self.shm >> 20}M) together must be at most "
+                             f"{budget >> 20}M: tmpfs pages count against memory ({self.memory >> 20}M), which "
+                             f"keeps {min(_TMPFS_RESERVE, self.memory // 2) >> 20}M for processes")
+        if "tmp" in given:
+            tmp, shm = self.tmp, min(self.shm, budget // 4, budget - self.tmp)
+        else:
+            shm = self.shm if "shm" in given else min(self.shm, budget // 4)
+            tmp = min(self.tmp, budget - shm)
+        if tmp < 1 << 20 or shm < 1 << 20 or tmp + shm > budget:
+            what = "tmp" if "tmp" in given else "shm"
+            raise ValueError(f"{what} ({getattr(self, what) >> 20}M) leaves no room in memory "
+                             f"({self.memory >> 20}M) for the other tmpfs and for processes: lower it or raise "
+                             f"memory")
+        object.__setattr__(self, "tmp", tmp)  # frozen model: fixing up its own defaults while validating
+        object.__setattr__(self, "shm", shm)
+        return self
+
+
+class SandboxSpec(BaseModel):
+    """What to create: template, runtime, limits, timeout (TTL, seconds), env and metadata."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    template: str = "default"
+    runtime: Runtime = Runtime.RUNC
+    limits: Limits = Field(default_factory=Limits)
+    timeout: Annotated[float, Field(gt=0, le=7 * 24 * 3600)] = 300.0
+    env: dict[str, str] = Field(default_factory=dict)
+    metadata: dict[str, str] = Field(default_factory=dict)
+    # Where file operations may go: paths outside these directories, `..` escapes and symlinks leading out
+    # are refused inside the sandbox. None: anywhere (the engine's trusted callers); the API always sets them.
+    file_roots: tuple[str, ...] | None = None
+    # Egress policy (docs/egress.md): "none", "internet" or a list of rules; `network_private` are the exact
+    # private ip:port pairs the tenant's operator allowed. Enforced by the egress proxy, when the engine has one.
+    network: str | tuple[str, ...] = "none"
+    network_private: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _network(self) -> SandboxSpec:
+        try:
+            self.egress_policy()
+        except CorralError as exc:  # a ValueError is what pydantic turns into a validation error
+            raise ValueError(exc.message) from None
+        return self
+
+    def egress_policy(self) -> EgressPolicy:
+        # The policy language lives with the proxy that enforces it.
+        return EgressPolicy.parse(self.network if isinstance(self.network, str) else list(self.network),
+                                  private=list(self.network_private))
+
+    @field_validator("file_roots")
+    @classmethod
+    def _file_roots(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if value is None:
+            return None
+        if not value:
+            raise ValueError("file_roots must name at least one directory (omit it for the defaults)")
+        if len(value) > _MAX_FILE_ROOTS:
+            raise ValueError(f"file_roots takes at most {_MAX_FILE_ROOTS} directories")
+        return tuple(dict.fromkeys(_file_root(root) for root in value))
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, val in value.items():
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                raise ValueError(f"environment variable name {key!r} is not valid")
+            if "\x00" in val:
+                raise ValueError(f"environment variable {key} contains a NUL byte")
+        return value
+
+    def pool_key(self) -> tuple[str, str, Limits]:
+        """Sandboxes that agree on this can be served from the same warm pool."""
+        return (self.template, self.runtime.value, self.limits)
+
+
+def _file_root(root: str) -> str:
+    if "\x00" in root:
+        raise ValueError("a file root contains a NUL byte")
+    if not root.startswith("/"):
+        raise ValueError(f"file root {root!r} is not an absolute path")
+    if posixpath.normpath(root) != root.rstrip("/") or "//" in root:
+        raise ValueError(f"file root {root!r} is not a normalized path (no '..', '.', or '//')")
+    root = root.rstrip("/")
+    if not root:
+        raise ValueError("'/' cannot be a file root: name the directories the file API may touch")
+    for forbidden in _FORBIDDEN_ROOTS:
+        if root == forbidden or root.startswith(forbidden + "/"):
+            raise ValueError(f"file root {root!r} is inside {forbidden}, which the file API never touches")
+    return root
+
+
+class SandboxState(StrEnum):
+    """The one lifecycle enum: the store records it for tenants, the engine for what runs on its node."""
+
+    CREATING = "creating"  # quota reserved, the backend is creating it
+    RUNNING = "running"
+    PAUSED = "paused"
+    DESTROYED = "destroyed"
+    FAILED = "failed"  # creation failed; it never ran
+    STOPPED = "destroyed"  # an alias of DESTROYED, the engine's older name

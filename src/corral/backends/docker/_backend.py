@@ -1,0 +1,409 @@
+"""The Docker backend: each sandbox is a Docker container, hardened as the local backend's bundles are.
+
+`corral serve --backend docker` runs the same templates, through a Docker daemon on this machine (the official
+SDK, `corral[docker]`): each template is imported once as an image (`_image`), each sandbox is one container
+(`_container` has its whole configuration and what Docker cannot give), and everything inside a sandbox goes
+through the same agent protocol as on every backend.
+
+Layout of one sandbox, under `<home>/docker/<id>/` (this backend's own; the engine keeps its state elsewhere):
+
+    disk.img    the sandbox's disk: a sparse ext4 image of `limits.disk` bytes
+    disk/       where it is loop-mounted: `workspace/`, `home/`, `var-tmp/`, bind-mounted into the container
+    run/        bind-mounted at /.corral/run, where the agent binds its socket when it starts
+    agent.sock  that socket, moved here by `create` (root's, 0600): out of the sandbox's reach
+    egress/     bind-mounted read-only at /.corral/egress: the egress proxy's `proxy.sock` for this sandbox
+
+Docker cannot hand the agent a listening socket made on the host (the local backend's way with runc), so the
+agent binds one in `run/`, as under runsc. As soon as it is there, `create` moves it out of the bind-mounted
+directory (a Unix socket stays bound to its inode, whatever its name) and makes `run/` root's: nothing inside the
+sandbox can then connect to the agent, nor fill the host's disk through `run/`.
+
+The container is named `corral-<home key>-<sandbox id>` and labelled `corral.home=<home>`,
+`corral.sandbox=<id>` and `corral.backend=docker` (plus the operator's own `labels`): `sweep` finds by label
+whatever no engine remembers, and a container whose create was interrupted is still found by its name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import re
+import secrets
+import shutil
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from ..._exceptions import ConflictError, RuntimeUnavailableError, ServerError
+from ...templates import Template
+from .._contract import JSON, AgentAddress, BackendCapacity, BackendRecord, UnixEndpoint
+from .._spec import Runtime, SandboxSpec
+from ..local import _cgroups, _disk
+from ..local._agent_files import install_agent
+from ..local._bundle import SANDBOX_UID
+from ..local._system import free_disk, meminfo
+from ._api import DEFAULT_BASE_URL, START_HINT, DockerAPI
+from ._container import ContainerParams, container_config
+from ._image import Images
+from ._volume import mount_disk, prepare_disk, unmount_disk, write_resolv_conf
+
+__all__ = ["LIMITATIONS", "DockerBackend", "DockerRecord"]
+
+PREFLIGHT_TTL = 5.0
+AGENT_READY_TIMEOUT = 15.0
+LABEL_HOME, LABEL_SANDBOX, LABEL_BACKEND = "corral.home", "corral.sandbox", "corral.backend"
+_LOG_TAIL = 40
+_SOCKET_POLL = 0.005  # seconds between looks for the agent's socket (it appears ~50 ms after the start)
+_SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
+_ALIVE_POLL = 0.5  # seconds between asking the daemon whether a container whose agent is slow still runs
+_PAUSE_ATTEMPTS = 6  # tries at freezing a sandbox whose processes keep forking (see `pause`)
+
+# What this backend cannot give that the local one does, each with its reason: for `corral check` and the docs.
+LIMITATIONS: dict[str, str] = {
+    "user_namespace": (
+        "no per-sandbox user namespace: Docker offers only the daemon-wide userns-remap (all containers in one "
+        "shifted uid range; this backend refuses such a daemon), so the sandbox user is uid 1000 of the host "
+        "too, with no capabilities, no_new_privs and the seccomp profile; a host process running as uid 1000 "
+        "could signal sandbox processes (and trace them where kernel.yama.ptrace_scope is 0): keep uid 1000 "
+        "free of other use on a Docker backend host. The sandbox's files on the host stay out of its reach "
+        "(under a root-only directory)"),
+    "agent_socket": (
+        "the agent's socket is bound inside the sandbox's network namespace (Docker cannot hand a container a "
+        "socket made outside), so the sandbox's /proc/net/unix names it (/.corral/run/agent.sock); the file is "
+        "moved out of the sandbox's mounts the moment it exists, so nothing inside can connect to it"),
+    "runtime_runsc": (
+        "no gVisor: the Docker backend runs runc only (runsc would have to be registered as a Docker runtime "
+        "with --host-uds for the agent's socket); use the local backend for runtime=runsc"),
+}
+
+
+@dataclass(frozen=True)
+class DockerRecord(BackendRecord):
+    """One Docker sandbox: its container (by name; the id once made), its directory and its agent token."""
+
+    name: str
+    dir: Path
+    token: str
+    container_id: str = ""
+    cgroup: str = ""  # the memory cgroup of the container, relative to the hierarchy ("" until it runs)
+
+    def to_json(self) -> JSON:
+        return {"backend": "docker", "sandbox_id": self.sandbox_id, "name": self.name, "dir": str(self.dir),
+                "token": self.token, "container_id": self.container_id, "cgroup": self.cgroup}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> DockerRecord:
+        """`ValueError` unless `data` is what `to_json` made."""
+        if not isinstance(data, Mapping) or data.get("backend") != "docker":
+            raise ValueError("not a Docker backend record")
+        try:
+            fields = {key: data[key] for key in ("sandbox_id", "name", "dir", "token", "container_id", "cgroup")}
+        except KeyError as exc:
+            raise ValueError(f"not a Docker backend record: {exc!r} is missing") from None
+        if not all(isinstance(value, str) for value in fields.values()):
+            raise ValueError("not a Docker backend record: every field is a string")
+        if fields["cgroup"] and (not fields["cgroup"].startswith("/") or ".." in fields["cgroup"].split("/")):
+            raise ValueError(f"not a Docker backend record: cgroup {fields['cgroup']!r}")
+        return cls(sandbox_id=fields["sandbox_id"], name=fields["name"], dir=Path(fields["dir"]),
+                   token=fields["token"], container_id=fields["container_id"], cgroup=fields["cgroup"])
+
+
+class DockerBackend:
+    """Sandboxes as hardened Docker containers on this machine's daemon; see docs/backends.md.
+
+    **Parameters:**
+    * **home** - the state directory: sandboxes under `docker/`, disk images under `cache/disks/`, the agent's
+      files under `agent/`.
+    * **base_url** - the daemon's API (default `unix:///var/run/docker.sock`). It must run on this machine:
+      sandboxes bind-mount directories and loop-mounted disks of `home`.
+    * **labels** - more labels for every container (`corral.home`, `corral.sandbox` and `corral.backend` are
+      the backend's own).
+    """
+
+    name = "docker"
+    limitations: Mapping[str, str] = MappingProxyType(LIMITATIONS)  # `DeclaresLimitations` (docs/backends.md)
+
+    def __init__(self, home: Path, *, base_url: str = DEFAULT_BASE_URL,
+                 labels: Mapping[str, str] | None = None) -> None:
+        self.home = Path(home)
+        self.dir = self.home / "docker"
+        self.api = DockerAPI(base_url)
+        self.images = Images(self.api)
+        extra = dict(labels or {})
+        if own := extra.keys() & {LABEL_HOME, LABEL_SANDBOX, LABEL_BACKEND}:
+            raise ValueError(f"labels {sorted(own)} belong to the Docker backend")
+        self.labels = {**extra, LABEL_HOME: str(self.home), LABEL_BACKEND: "docker"}
+        # Container names are daemon-wide: a short key of the home keeps two homes' sandboxes apart.
+        self._home_key = hashlib.sha256(str(self.home).encode()).hexdigest()[:8]
+        self._checked = -PREFLIGHT_TTL
+        self._swap_limit = False
+        self._agent_dir: Path | None = None
+        self._agent_lock = asyncio.Lock()
+
+    # -- the contract ------------------------------------------------------------------------------
+
+    async def check(self, spec: SandboxSpec) -> None:
+        await self._preflight(spec)
+
+    async def create(self, sandbox_id: str, spec: SandboxSpec, template: Template) -> DockerRecord:
+        await self._preflight(spec)  # again: `create` is where isolation must not be missing
+        # Root's only: Docker resolves bind-mount sources as root, so no host user needs to enter. That matters
+        # here more than on the local backend: the sandbox user is uid 1000 of the host too, and must not be
+        # able to reach, from outside, its disk, the agent's socket or the egress proxy's.
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.dir, 0o700)
+        sbdir = self.dir / sandbox_id
+        try:
+            sbdir.mkdir(mode=0o700)
+        except FileExistsError:
+            raise ConflictError(f"sandbox {sandbox_id} already exists on the Docker backend") from None
+        record = DockerRecord(sandbox_id=sandbox_id, name=self._container_name(sandbox_id), dir=sbdir,
+                              token=secrets.token_urlsafe(32))
+        try:
+            image = await self.images.ensure(template)
+            agent_dir = await self._agent_source()
+            await mount_disk(self.home / "cache" / "disks", spec.limits.disk, sbdir / "disk.img", sbdir / "disk")
+            await asyncio.to_thread(prepare_disk, sbdir / "disk", template.rootfs)
+            for sub in ("run", "egress"):
+                # The sandbox user's, inside: it binds the agent's socket and connects to the proxy's.
+                (sbdir / sub).mkdir(mode=0o700)
+                os.chown(sbdir / sub, SANDBOX_UID, SANDBOX_UID)
+            params = ContainerParams(
+                sandbox_id=sandbox_id, image=image, limits=spec.limits, token=record.token, agent_source=agent_dir,
+                run_dir=sbdir / "run", egress_dir=sbdir / "egress", disk=sbdir / "disk",
+                resolv_conf=self.dir / "resolv.conf", swap_limit=self._swap_limit,
+                labels={**self.labels, LABEL_SANDBOX: sandbox_id})
+            container_id = await self.api.create(record.name, container_config(params))
+            record = replace(record, container_id=container_id)
+            await self.api.start(record.name)
+            record = replace(record, cgroup=await self._memory_cgroup(record))
+            await self._take_agent_socket(record)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.destroy(record))
+            raise
+        return record
+
+    def agent_address(self, record: BackendRecord) -> AgentAddress:
+        rec = _docker(record)
+        return AgentAddress(UnixEndpoint(str(rec.dir / "agent.sock")), rec.token)
+
+    def ready_timeout(self, record: BackendRecord) -> float:
+        return AGENT_READY_TIMEOUT
+
+    def egress_endpoint(self, record: BackendRecord) -> UnixEndpoint:
+        return UnixEndpoint(str(_docker(record).dir / "egress" / "proxy.sock"))
+
+    async def diagnostics(self, record: BackendRecord) -> str:
+        rec = _docker(record)
+        found = await self.api.inspect(rec.name)
+        if found is None:
+            return f"container {rec.name} does not exist"
+        state = found.get("State") or {}
+        summary = (f"container {rec.name} is {state.get('Status')} (exit code {state.get('ExitCode')}, "
+                   f"OOM-killed {state.get('OOMKilled')}{', error ' + state['Error'] if state.get('Error') else ''})")
+        log = (await self.api.logs(rec.name, _LOG_TAIL)).decode(errors="replace").strip()
+        return f"{summary}; its log: {log[-1500:] or '(empty)'}"
+
+    async def pause(self, record: BackendRecord) -> None:
+        # As on the local backend (the same runc, the same cgroup v1 freezer): a tree that keeps forking makes
+        # runc give up ("unable to freeze") and thaw it again, which the daemon answered as a bare 500. Found by
+        # the eval corpus (long_running.pause/while-forking on --backend docker): the next try usually lands
+        # between forks, so retry briefly, then answer the retryable 409 of docs/api.md.
+        rec = _docker(record)
+        text = ""
+        for attempt in range(_PAUSE_ATTEMPTS):
+            try:
+                await self.api.pause(rec.name)
+                return
+            except ServerError as exc:
+                if "unable to freeze" not in exc.message:
+                    raise
+                text = exc.message
+            await asyncio.sleep(0.05 * (attempt + 1))
+        raise ConflictError(
+            f"sandbox {rec.sandbox_id} could not be paused: its processes kept changing while the cgroup freezer "
+            f"tried to stop them ({_PAUSE_ATTEMPTS} attempts: {text[-300:]}); it is still running, try again",
+            details={"retryable": True})
+
+    async def resume(self, record: BackendRecord) -> None:
+        await self.api.unpause(_docker(record).name)
+
+    async def destroy(self, record: BackendRecord) -> None:
+        rec = _docker(record)
+        await self.api.remove(rec.name)
+        await unmount_disk(rec.dir / "disk")
+        leftover = _disk.mounts_under(rec.dir)
+        if leftover:
+            raise ServerError(f"sandbox {rec.sandbox_id}: mounts still present after destroy: {leftover}")
+        await asyncio.to_thread(shutil.rmtree, rec.dir, True)
+
+    async def alive(self, record: BackendRecord) -> bool:
+        found = await self.api.inspect(_docker(record).name)
+        return found is not None and (found.get("State") or {}).get("Status") in ("running", "paused")
+
+    async def oom_kills(self, record: BackendRecord) -> int:
+        rec = _docker(record)
+        return _cgroups.oom_kills(rec.cgroup) if rec.cgroup else 0
+
+    def restore(self, data: JSON) -> DockerRecord:
+        record = DockerRecord.from_json(data)
+        # The directory is removed and the container killed on destroy: both must be this backend's.
+        if record.dir != self.dir / record.sandbox_id:
+            raise ValueError(f"sandbox {record.sandbox_id}'s directory {record.dir} is not under {self.dir}")
+        if record.name != self._container_name(record.sandbox_id):
+            raise ValueError(f"sandbox {record.sandbox_id}'s container {record.name!r} is not this home's")
+        return record
+
+    async def adopt(self, record: BackendRecord) -> None:
+        """Nothing to reserve: the container, its disk and its sockets are all named by the record."""
+        _docker(record)
+
+    async def sweep(self, known: set[str]) -> list[str]:
+        """Remove every container of this home, and every sandbox directory, that `known` does not name."""
+        ids = {(c.get("Labels") or {}).get(LABEL_SANDBOX, "") for c in await self.api.containers(self._home_labels())}
+        if self.dir.is_dir():
+            ids |= {p.name for p in self.dir.iterdir() if p.is_dir()}
+        removed: list[str] = []
+        # A label names a directory to remove: only a plain name may (whoever can label containers is root anyway).
+        for sid in sorted(i for i in ids - known if _SAFE_ID.fullmatch(i)):
+            await self.destroy(DockerRecord(sandbox_id=sid, name=self._container_name(sid), dir=self.dir / sid,
+                                            token=""))
+            removed.append(sid)
+        return removed
+
+    async def capacity(self) -> BackendCapacity:
+        total, available = meminfo()
+        return BackendCapacity(memory_total=total, memory_available=available, disk_free=free_disk(self.home))
+
+    async def close(self) -> None:
+        await self.api.close()
+
+    # -- beyond the contract -------------------------------------------------------------------------
+
+    async def memory_usage(self, record: BackendRecord) -> int:
+        """Bytes the sandbox's cgroup charges now (the benchmarks report it)."""
+        rec = _docker(record)
+        return _cgroups.memory_usage(rec.cgroup) if rec.cgroup else 0
+
+    async def containers(self) -> list[dict[str, Any]]:
+        """This home's containers as the daemon lists them (for tests and operators)."""
+        return await self.api.containers(self._home_labels())
+
+    # -- helpers -------------------------------------------------------------------------------------
+
+    def _container_name(self, sandbox_id: str) -> str:
+        return f"corral-{self._home_key}-{sandbox_id}"
+
+    def _home_labels(self) -> dict[str, str]:
+        return {LABEL_HOME: str(self.home), LABEL_BACKEND: "docker"}
+
+    async def _preflight(self, spec: SandboxSpec) -> None:
+        """Fail closed, naming what is missing. A passing check is trusted for a few seconds (it asks the
+        daemon); a failing one is never cached, so a fixed host is noticed at the next create."""
+        if spec.runtime != Runtime.RUNC:
+            raise RuntimeUnavailableError(f"runtime {spec.runtime.value!r} is not available on the Docker backend: "
+                                          f"{LIMITATIONS['runtime_runsc']}", details={"runtime": spec.runtime.value})
+        if time.monotonic() - self._checked < PREFLIGHT_TTL:
+            return
+        problems = _host_problems()
+        info: dict[str, Any] = {}
+        try:
+            info = await self.api.info()
+        except RuntimeUnavailableError as exc:
+            problems.append(exc.message)
+        problems += _daemon_problems(info) if info else []
+        if problems:
+            raise RuntimeUnavailableError("cannot create sandboxes safely on the Docker backend, so none will be "
+                                          "created: " + "; ".join(problems), details={"problems": problems})
+        self._swap_limit = bool(info.get("SwapLimit"))
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_resolv_conf(self.dir / "resolv.conf")
+        self._checked = time.monotonic()
+
+    async def _agent_source(self) -> Path:
+        async with self._agent_lock:
+            if self._agent_dir is None:
+                self._agent_dir = await asyncio.to_thread(install_agent, self.home)
+        return self._agent_dir
+
+    async def _take_agent_socket(self, record: DockerRecord) -> None:
+        """Wait for the agent to bind its socket in `run/`, then move it out of the sandbox's reach."""
+        bound, sock = record.dir / "run" / "agent.sock", record.dir / "agent.sock"
+        start = time.monotonic()
+        next_alive = start + _ALIVE_POLL
+        while not bound.exists():
+            now = time.monotonic()
+            stopped = now >= next_alive and not await self.alive(record)
+            if stopped or now - start > AGENT_READY_TIMEOUT:
+                what = "it stopped" if stopped else f"its agent did not bind its socket within {AGENT_READY_TIMEOUT:g}s"
+                raise ServerError(f"sandbox {record.sandbox_id} started but {what}: {await self.diagnostics(record)}",
+                                  details={"sandbox_id": record.sandbox_id})
+            next_alive = now + _ALIVE_POLL if now >= next_alive else next_alive
+            await asyncio.sleep(_SOCKET_POLL)
+        os.rename(bound, sock)
+        os.chown(sock, 0, 0)
+        os.chmod(sock, 0o600)
+        os.chown(record.dir / "run", 0, 0)
+        os.chmod(record.dir / "run", 0o555)  # noqa: S103 - read-only to the sandbox: it stays mounted there
+
+    async def _memory_cgroup(self, record: DockerRecord) -> str:
+        """The container's memory cgroup, read from its PID 1 on the host (whatever the cgroup driver)."""
+        found = await self.api.inspect(record.name) or {}
+        pid = (found.get("State") or {}).get("Pid") or 0
+        if not pid:
+            return ""
+        try:
+            lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        except OSError:
+            return ""
+        v2 = ""
+        for line in lines:
+            _, controllers, path = line.split(":", 2)
+            if "memory" in controllers.split(","):
+                return path
+            if controllers == "":
+                v2 = path
+        return v2 if _cgroups.is_v2() else ""
+
+
+def _docker(record: BackendRecord) -> DockerRecord:
+    if not isinstance(record, DockerRecord):
+        raise TypeError(f"the Docker backend was given a {type(record).__name__}, not one of its own records")
+    return record
+
+
+def _host_problems() -> list[str]:
+    found: list[str] = []
+    if os.geteuid() != 0:
+        found.append("Corral's Docker backend must run as root (it loop-mounts each sandbox's disk)")
+    found += [f"missing: {m}" for m in _disk.require_tools()]
+    return found
+
+
+def _daemon_problems(info: Mapping[str, Any]) -> list[str]:
+    """What the daemon lacks for the isolation `_container` asks for (Docker would otherwise start the container
+    with less, and only warn)."""
+    found: list[str] = []
+    options = " ".join(info.get("SecurityOptions") or [])
+    if info.get("OSType") != "linux":
+        found.append(f"the Docker daemon runs {info.get('OSType')!r} containers, not Linux ones")
+    if "name=seccomp" not in options:
+        found.append("the Docker daemon has no seccomp support (build it with seccomp, or use the local backend)")
+    if "name=userns" in options or "name=rootless" in options:
+        found.append("the Docker daemon remaps users daemon-wide (userns-remap) or runs rootless: the Docker "
+                     "backend needs the sandbox user to be uid 1000 of the host (turn userns-remap off, or use "
+                     "the local backend, which gives each sandbox its own user namespace)")
+    for key, what in (("MemoryLimit", "memory"), ("PidsLimit", "pids"), ("CpuCfsQuota", "CPU quota")):
+        if not info.get(key):
+            found.append(f"the Docker daemon cannot apply {what} limits (enable that cgroup controller)")
+    if "runc" not in (info.get("Runtimes") or {}):
+        found.append("the Docker daemon has no `runc` runtime")
+    if not found and not info:
+        found.append(f"the Docker daemon is not reachable; {START_HINT}")
+    return found

@@ -1,0 +1,90 @@
+"""What the server runs sandboxes on, as `GET /v1/info` tells it, and what that means for the checklist.
+
+A backend that cannot give part of the isolation says so, key by key with the reason (docs/backends.md). Each key
+`corral check` knows becomes an N/A part of the items it touches (`LIMITATION_ITEMS`), beside whatever else those
+items still prove; a key it does not know is printed with the report. Runtimes are item 31's own: its function
+asks for a gVisor sandbox wherever the server offers runsc, and says why not where it does not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import httpx
+
+from .._exceptions import CorralError
+from ._context import REQUEST_TIMEOUT, CheckContext, Deployment, Target, clip, run_ok
+from ._model import ItemFailed, NotApplicable, Verdict
+
+__all__ = ["LIMITATION_ITEMS", "fetch_deployment", "item_31_gvisor", "limitation_verdicts", "unknown_limitations"]
+
+# A backend limitation's key -> the items it leaves partly unprovable (docs/backends.md). `runtime_<name>` keys
+# are not here: item 31's function reads the server's runtimes itself.
+LIMITATION_ITEMS: Mapping[str, tuple[int, ...]] = {
+    "user_namespace": (3,),  # uid 1000 inside is uid 1000 of the host too: the host-side half of "non-root"
+    "agent_socket": (1,),  # the agent's own socket is listed in the sandbox's /proc/net/unix (unreachable)
+}
+_RUNTIME_KEY = "runtime_"
+
+
+def unknown_limitations(deployment: Deployment) -> list[str]:
+    """The limitations no item shows: printed with the report instead, never dropped."""
+    return [f"the {deployment.backend} backend: {key}: {reason}" for key, reason in
+            sorted(deployment.limitations.items()) if key not in LIMITATION_ITEMS and not key.startswith(_RUNTIME_KEY)]
+
+
+async def fetch_deployment(target: Target) -> Deployment:
+    """The server's answer to `GET /v1/info` (with the admin's key). A server that predates the route (404) ran
+    the local backend, the only one there was then."""
+    async with httpx.AsyncClient(base_url=target.url.rstrip("/"), transport=target.transport,
+                                 timeout=REQUEST_TIMEOUT,
+                                 headers={"Authorization": f"Bearer {target.admin_key}"}) as http:
+        r = await http.get("/v1/info")
+    if r.status_code == 404:
+        return Deployment()
+    if r.status_code != 200:
+        raise CorralError(f"asking the server for its backend (GET /v1/info) answered {r.status_code}: "
+                          f"{clip(r.text)}", details={"status": r.status_code})
+    try:
+        body = r.json()
+        return Deployment(backend=str(body["backend"]), runtimes=tuple(str(x) for x in body["runtimes"]),
+                          limitations={str(k): str(v) for k, v in dict(body["limitations"]).items()})
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorralError(f"GET /v1/info answered no backend: {clip(r.text)}") from exc
+
+
+def limitation_verdicts(deployment: Deployment, items: set[int]) -> dict[int, list[Verdict]]:
+    """An N/A part, with the backend's reason, for each of `items` a limitation of the deployment touches."""
+    found: dict[int, list[Verdict]] = {}
+    for key, reason in sorted(deployment.limitations.items()):
+        for number in LIMITATION_ITEMS.get(key, ()):
+            if number in items:
+                found.setdefault(number, []).append(Verdict("N/A", f"the {deployment.backend} backend: {reason}"))
+    return found
+
+
+GVISOR_PROBE = "dmesg 2>&1 | head -1; uname -r"
+
+
+async def item_31_gvisor(ctx: CheckContext) -> str:
+    """Item 31's gVisor half (the corpus's tasks prove the runc half): where the server offers runsc, a runsc
+    sandbox reports gVisor's kernel, not the host's."""
+    deployment = ctx.deployment
+    if "runsc" not in deployment.runtimes:
+        reason = deployment.limitations.get(f"{_RUNTIME_KEY}runsc", "it offers no runsc runtime")
+        raise NotApplicable(f"gVisor on the {deployment.backend} backend: {reason}")
+    try:
+        async with ctx.sandbox(runtime="runsc") as sb:
+            r = await run_ok(sb, GVISOR_PROBE, timeout=60, what="dmesg and uname in a runsc sandbox")
+    except CorralError as exc:
+        if exc.code != "runtime_unavailable":
+            raise
+        raise NotApplicable(f"gVisor: the server refuses runsc sandboxes (it fails closed): "
+                            f"{clip(exc.message, 300)}") from exc
+    lines = [*r.stdout_bytes.decode(errors="replace").splitlines(), "", ""]
+    if "gVisor" not in lines[0]:
+        raise ItemFailed(f"a sandbox created with runtime=runsc does not run on gVisor: its kernel log begins "
+                         f"{clip(lines[0], 120)!r}, its kernel is {clip(lines[1], 60)!r}",
+                         fix="install gVisor's runsc where the server runs (`apt-get install runsc`) and do not "
+                             "alias it to runc")
+    return f"a runsc sandbox runs on gVisor ({clip(lines[0], 80)}; kernel {clip(lines[1], 40)})"

@@ -1,0 +1,19 @@
+"""`GET /v1/info`: the server's backend, its runtimes and what it cannot give; see `corral.service.Info`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from ._auth import CurrentPrincipal
+from ._context import service
+from ._routing import AuditedRoute
+
+router = APIRouter(prefix="/v1", route_class=AuditedRoute)
+
+
+@router.get("/info")
+async def info(request: Request, principal: CurrentPrincipal) -> dict[str, Any]:
+    found = await service(request).info.get(principal)
+    return {"backend": found.backend, "runtimes": list(found.runtimes), "limitations": dict(found.limitations)}

@@ -1,0 +1,55 @@
+"""The service layer: one method per operation, called by every front end (docs/architecture.md)."""
+
+from ._accounts import Keys, Tenants
+from ._audit import AuditFilter, AuditTrail
+from ._audited import Audited
+from ._code import Cell, Code, CodeStream, ResultCallback
+from ._commands import Command, Commands, CommandStream, exec_outcome
+from ._files import Files
+from ._info import Info, ServerInfo
+from ._outcome import RETRY_AFTER_DETAIL, STATUS_BY_CODE, outcome_of, status_for
+from ._processes import AttachStream, Processes, parse_signal
+from ._pty import Pty, PtyRequest, Terminal
+from ._sandboxes import CreateSandbox, KillReport, Sandboxes, check_network, file_roots
+from ._service import REQUEST_INVALID, ClientInfo, Service, StartupHook
+from ._streamed import OutputCallback, Streamed
+
+__all__ = [
+    "REQUEST_INVALID",
+    "RETRY_AFTER_DETAIL",
+    "STATUS_BY_CODE",
+    "AttachStream",
+    "AuditFilter",
+    "AuditTrail",
+    "Audited",
+    "Cell",
+    "ClientInfo",
+    "Code",
+    "CodeStream",
+    "Command",
+    "CommandStream",
+    "Commands",
+    "CreateSandbox",
+    "Files",
+    "Info",
+    "Keys",
+    "KillReport",
+    "OutputCallback",
+    "Processes",
+    "Pty",
+    "PtyRequest",
+    "ResultCallback",
+    "Sandboxes",
+    "ServerInfo",
+    "Service",
+    "StartupHook",
+    "Streamed",
+    "Tenants",
+    "Terminal",
+    "check_network",
+    "exec_outcome",
+    "file_roots",
+    "outcome_of",
+    "parse_signal",
+    "status_for",
+]

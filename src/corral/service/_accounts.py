@@ -1,0 +1,90 @@
+"""Tenants and API keys (admins), through the service: authorized, audited, one method per operation."""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from .._exceptions import InvalidRequestError, NotFoundError
+from ..control import Action, ApiKey, NewApiKey, Principal, Tenant, authorize
+
+if TYPE_CHECKING:
+    from ._service import Service
+
+__all__ = ["Keys", "Tenants"]
+
+
+class Tenants:
+    def __init__(self, service: Service) -> None:
+        self._svc = service
+
+    async def create(self, principal: Principal, name: str) -> Tenant:
+        async with self._svc.audited(principal, "tenant.create", name[:256], params={"name": name}, status=201):
+            authorize(principal, Action.TENANT_CREATE)
+            return await self._svc.store.create_tenant(name)
+
+    async def list(self, principal: Principal) -> builtins.list[Tenant]:
+        async with self._svc.audited(principal, "tenant.list", None):
+            authorize(principal, Action.TENANT_READ)
+            return await self._svc.store.list_tenants()
+
+    async def update(self, principal: Principal, name_or_id: str, *, quotas: dict[str, Any] | None = None,
+                     disabled: bool | None = None, params: dict[str, Any] | None = None) -> Tenant:
+        """Change some quotas (a key left out keeps its value; None removes the limit) and/or disable it."""
+        async with self._svc.audited(principal, "tenant.update", name_or_id[:256], params=params) as audit:
+            authorize(principal, Action.TENANT_UPDATE)
+            tenant = await self.find(name_or_id)
+            audit.target = tenant.id
+            if disabled and tenant.id == principal.tenant_id:
+                # The caller's own keys would stop working: nobody could undo it through the API.
+                raise InvalidRequestError("refusing to disable the caller's own tenant",
+                                          details={"tenant": tenant.name})
+            if quotas is not None:
+                tenant = await self._svc.store.set_quotas(tenant.id, dataclasses.replace(tenant.quotas, **quotas))
+            if disabled is not None:
+                tenant = await self._svc.store.set_tenant_disabled(tenant.id, disabled)
+            return tenant
+
+    async def find(self, name_or_id: str) -> Tenant:
+        """By name, else by id (no authorization: callers have checked the role)."""
+        try:
+            return await self._svc.store.tenant_by_name(name_or_id)
+        except NotFoundError:
+            pass
+        try:
+            return await self._svc.store.get_tenant(name_or_id)
+        except NotFoundError:
+            raise NotFoundError(f"no tenant {name_or_id!r}", details={"tenant": name_or_id}) from None
+
+
+class Keys:
+    def __init__(self, service: Service) -> None:
+        self._svc = service
+
+    async def list(self, principal: Principal, tenant: str | None = None
+                   ) -> builtins.list[tuple[ApiKey, str | None]]:
+        """Keys (of one tenant, or all) with their tenant's name; secrets are not stored, so cannot leak."""
+        async with self._svc.audited(principal, "key.list", None, params={"tenant": tenant}):
+            authorize(principal, Action.KEY_READ)
+            found = await self._svc.tenants.find(tenant) if tenant else None
+            keys = await self._svc.store.list_keys(found.id if found else None)
+            names = {t.id: t.name for t in ([found] if found else await self._svc.store.list_tenants())}
+            return [(k, names.get(k.tenant_id)) for k in keys]
+
+    async def create(self, principal: Principal, tenant: str, role: str, name: str = "") -> tuple[NewApiKey, Tenant]:
+        params = {"tenant": tenant, "role": role, "name": name}
+        async with self._svc.audited(principal, "key.create", None, params=params, status=201) as audit:
+            authorize(principal, Action.KEY_CREATE)
+            try:
+                found = await self._svc.store.tenant_by_name(tenant)
+            except NotFoundError as exc:
+                raise InvalidRequestError(exc.message, details={"tenant": tenant}) from None
+            new = await self._svc.store.create_key(found.id, role, name)
+            audit.target = new.info.id
+            return new, found
+
+    async def revoke(self, principal: Principal, key_id: str) -> None:
+        async with self._svc.audited(principal, "key.revoke", key_id[:256], status=204):
+            authorize(principal, Action.KEY_REVOKE)
+            await self._svc.store.revoke_key(key_id)

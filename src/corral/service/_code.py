@@ -1,0 +1,124 @@
+"""The code interpreter: run a cell in a stateful session (for its result, or streamed), and list, interrupt,
+restart and close sessions (docs/code.md). Audited as `code.run` with the code verbatim, and `code.<operation>`.
+
+A cell that raises, times out or is OOM-killed is not an error: those are fields of the result (the record
+names the exception the cell raised).
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..control import Action, Principal
+from ..engine import CodeResult, CodeSession, RichResult
+from ._audited import Audited
+from ._streamed import OutputCallback, Streamed, refusals
+
+if TYPE_CHECKING:
+    from ._service import Service
+
+__all__ = ["Cell", "Code", "CodeStream", "ResultCallback"]
+
+ResultCallback = Callable[[RichResult], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A cell to run. `session` None: the language's default session (the engine names it); `stdin` is the
+    program's stdin, for compiled languages."""
+
+    code: str
+    language: str = "python"
+    session: str | None = None
+    timeout: float | None = None
+    stdin: bytes | None = None
+
+    def audit_params(self) -> dict[str, Any]:
+        return {"code": self.code, "language": self.language, "session": self.session, "timeout": self.timeout,
+                **({} if self.stdin is None else {"stdin": True})}
+
+
+def _outcome(result: CodeResult) -> dict[str, Any]:
+    outcome: dict[str, Any] = {"timed_out": result.timed_out, "oom_killed": result.oom_killed,
+                               "session_restarted": result.session_restarted}
+    if result.error is not None:
+        outcome["exception"] = result.error.name  # the cell raised: not an error of the request
+    return outcome
+
+
+class CodeStream(Streamed[CodeResult]):
+    """A cell authorized on a sandbox the engine has, not started yet: `run` starts it, handing over output
+    and each rich result as they are produced. Cancelling `run` cancels the engine's call."""
+
+    def __init__(self, service: Service, audit: Audited, sandbox_id: str, cell: Cell) -> None:
+        super().__init__(audit)
+        self._svc = service
+        self._sandbox_id = sandbox_id
+        self._cell = cell
+
+    async def run(self, on_stdout: OutputCallback | None = None, on_stderr: OutputCallback | None = None,
+                  on_result: ResultCallback | None = None) -> CodeResult:
+        return await self._run(lambda: _run_code(self._svc, self._sandbox_id, self._cell, on_stdout=on_stdout,
+                                                 on_stderr=on_stderr, on_result=on_result), _outcome)
+
+
+class Code:
+    def __init__(self, service: Service) -> None:
+        self._svc = service
+
+    async def run(self, principal: Principal, sandbox_id: str, cell: Cell) -> CodeResult:
+        async with self._audited(principal, sandbox_id, cell, stream=False) as audit:
+            await self._authorized(principal, sandbox_id)
+            result = await _run_code(self._svc, sandbox_id, cell)
+            audit.outcome.update(_outcome(result))
+        return result
+
+    async def stream(self, principal: Principal, sandbox_id: str, cell: Cell) -> CodeStream:
+        """The cell begun: authorized, on a sandbox the engine has (a lost one is an error here, before any
+        output, not a stream that breaks)."""
+        async with refusals(self._audited(principal, sandbox_id, cell, stream=True)) as audit:
+            await self._authorized(principal, sandbox_id)
+            self._svc.engine.info(sandbox_id)
+        return CodeStream(self._svc, audit, sandbox_id, cell)
+
+    async def sessions(self, principal: Principal, sandbox_id: str) -> builtins.list[CodeSession]:
+        async with self._svc.audited(principal, "code.sessions", sandbox_id) as audit:
+            await self._authorized(principal, sandbox_id)
+            found = await self._svc.engine.code_sessions(sandbox_id)
+            audit.outcome["count"] = len(found)
+        return found
+
+    async def interrupt(self, principal: Principal, sandbox_id: str, session: str) -> None:
+        async with self._session_op(principal, "code.interrupt", sandbox_id, session):
+            await self._authorized(principal, sandbox_id)
+            await self._svc.engine.interrupt_code(sandbox_id, session)
+
+    async def restart(self, principal: Principal, sandbox_id: str, session: str) -> None:
+        async with self._session_op(principal, "code.restart", sandbox_id, session):
+            await self._authorized(principal, sandbox_id)
+            await self._svc.engine.restart_code(sandbox_id, session)
+
+    async def close(self, principal: Principal, sandbox_id: str, session: str) -> None:
+        async with self._session_op(principal, "code.close", sandbox_id, session):
+            await self._authorized(principal, sandbox_id)
+            await self._svc.engine.close_code(sandbox_id, session)
+
+    async def _authorized(self, principal: Principal, sandbox_id: str) -> None:
+        # Ownership first: another tenant's sandbox is a 404 before anything about its sessions is looked at.
+        await self._svc.sandboxes.authorized(principal, sandbox_id, Action.SANDBOX_EXEC)
+
+    def _audited(self, principal: Principal, sandbox_id: str, cell: Cell, *, stream: bool) -> Audited:
+        return self._svc.audited(principal, "code.run", sandbox_id, params={**cell.audit_params(), "stream": stream})
+
+    def _session_op(self, principal: Principal, action: str, sandbox_id: str, session: str) -> Audited:
+        return self._svc.audited(principal, action, sandbox_id, params={"session": session}, status=204)
+
+
+async def _run_code(svc: Service, sandbox_id: str, cell: Cell, **callbacks: Any) -> CodeResult:
+    # Only what was given: the engine picks each language's default session.
+    given: dict[str, Any] = {k: v for k, v in (("session", cell.session), ("stdin", cell.stdin)) if v is not None}
+    return await svc.engine.run_code(sandbox_id, cell.code, language=cell.language, timeout=cell.timeout,
+                                     **given, **callbacks)

@@ -1,0 +1,89 @@
+"""Commands: run one in a sandbox for its result, or streamed, its output handed over as it is produced.
+
+Audited as `sandbox.exec` with the command verbatim and the names (never the values) of its environment; the
+outcome carries how it ended. Neither a non-zero exit, nor a timeout, nor an OOM kill is an error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..control import Action, Principal
+from ..engine import ExecResult
+from ._audited import Audited
+from ._streamed import OutputCallback, Streamed, refusals
+
+if TYPE_CHECKING:
+    from ._service import Service
+
+__all__ = ["Command", "CommandStream", "Commands", "exec_outcome"]
+
+
+@dataclass(frozen=True)
+class Command:
+    """What to run: a shell string (`bash -lc`) or an argv list, and how."""
+
+    cmd: str | list[str]
+    cwd: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    timeout: float | None = None
+    max_output: int | None = None
+    stdin: bytes | None = None
+
+    def audit_params(self) -> dict[str, Any]:
+        return {"cmd": self.cmd, "cwd": self.cwd, "env_names": sorted(self.env), "timeout": self.timeout,
+                "max_output": self.max_output, "stdin_size": None if self.stdin is None else len(self.stdin)}
+
+
+def exec_outcome(result: ExecResult) -> dict[str, Any]:
+    """How a command ended, for its audit record."""
+    return {"exit_code": result.exit_code, "signal": result.signal, "timed_out": result.timed_out,
+            "oom_killed": result.oom_killed, "truncated": result.truncated}
+
+
+class CommandStream(Streamed[ExecResult]):
+    """A command authorized on a sandbox the engine has, not started yet: `run` starts it. Cancelling `run`
+    kills the command's process tree."""
+
+    def __init__(self, service: Service, audit: Audited, sandbox_id: str, command: Command) -> None:
+        super().__init__(audit)
+        self._svc = service
+        self._sandbox_id = sandbox_id
+        self._command = command
+
+    async def run(self, on_stdout: OutputCallback | None = None,
+                  on_stderr: OutputCallback | None = None) -> ExecResult:
+        return await self._run(lambda: _exec(self._svc, self._sandbox_id, self._command, on_stdout, on_stderr),
+                               exec_outcome)
+
+
+class Commands:
+    def __init__(self, service: Service) -> None:
+        self._svc = service
+
+    async def run(self, principal: Principal, sandbox_id: str, command: Command) -> ExecResult:
+        async with self._audited(principal, sandbox_id, command, stream=False) as audit:
+            await self._svc.sandboxes.authorized(principal, sandbox_id, Action.SANDBOX_EXEC)
+            result = await _exec(self._svc, sandbox_id, command)
+            audit.outcome.update(exec_outcome(result))
+        return result
+
+    async def stream(self, principal: Principal, sandbox_id: str, command: Command) -> CommandStream:
+        """The command begun: authorized, on a sandbox the engine has (a lost one is an error here, before
+        any output, not a stream that breaks)."""
+        async with refusals(self._audited(principal, sandbox_id, command, stream=True)) as audit:
+            await self._svc.sandboxes.authorized(principal, sandbox_id, Action.SANDBOX_EXEC)
+            self._svc.engine.info(sandbox_id)
+        return CommandStream(self._svc, audit, sandbox_id, command)
+
+    def _audited(self, principal: Principal, sandbox_id: str, command: Command, *, stream: bool) -> Audited:
+        return self._svc.audited(principal, "sandbox.exec", sandbox_id,
+                                 params={**command.audit_params(), "stream": stream})
+
+
+async def _exec(svc: Service, sandbox_id: str, command: Command, on_stdout: OutputCallback | None = None,
+                on_stderr: OutputCallback | None = None) -> ExecResult:
+    return await svc.engine.exec(sandbox_id, command.cmd, cwd=command.cwd, env=command.env or None,
+                                 stdin=command.stdin, timeout=command.timeout, max_output=command.max_output,
+                                 on_stdout=on_stdout, on_stderr=on_stderr)

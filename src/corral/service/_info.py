@@ -1,0 +1,37 @@
+"""What this server runs sandboxes on: its backend, the runtimes it can run, and what of the isolation it cannot
+give, each with the reason (`GET /v1/info`; `corral check` marks those items not applicable, saying why).
+
+Any valid key may read it (it names no tenant's data); it is not audited, as `/v1/health` is not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..backends._contract import backend_limitations, backend_runtimes
+from ..control import Principal
+
+if TYPE_CHECKING:
+    from ._service import Service
+
+__all__ = ["Info", "ServerInfo"]
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    backend: str  # the backend's name (`corral serve --backend`)
+    runtimes: tuple[str, ...]  # the runtimes a sandbox may ask for here
+    limitations: Mapping[str, str]  # key -> reason (docs/backends.md); empty when nothing is missing
+
+
+class Info:
+    def __init__(self, service: Service) -> None:
+        self._svc = service
+
+    async def get(self, principal: Principal) -> ServerInfo:
+        """The server's backend as its engine has it; `principal` is any authenticated caller."""
+        backend = self._svc.engine.backend
+        return ServerInfo(backend=backend.name, runtimes=tuple(rt.value for rt in backend_runtimes(backend)),
+                          limitations=backend_limitations(backend))

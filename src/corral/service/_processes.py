@@ -1,0 +1,166 @@
+"""Background processes: start, list, get, send stdin, kill, wait for, and attach to one.
+
+A background process belongs to its sandbox, not to the call that started it: it ends by itself, at its own
+timeout, when killed, or with the sandbox. Ending an attach (or any other call) never kills it. Every
+operation is audited as `process.<operation>` on the sandbox, with the process's id in its params.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import signal as signals
+from collections.abc import AsyncIterable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from .._exceptions import InvalidRequestError, NotFoundError
+from ..control import Action, Principal
+from ..engine import ExecResult, ProcessInfo
+from ..engine import Processes as EngineProcesses
+from ._audited import Audited
+from ._commands import Command, exec_outcome
+from ._streamed import OutputCallback, Streamed, refusals
+
+if TYPE_CHECKING:
+    from ._service import Service
+
+__all__ = ["AttachStream", "Processes", "parse_signal"]
+
+_STDIN_BATCH = 1024 * 1024  # bytes gathered into one write to the sandbox
+
+
+def parse_signal(value: int | str | None) -> int | None:
+    """A signal number from `15`, `"TERM"` or `"SIGTERM"`; None means SIGKILL to the whole process tree."""
+    if value is None:
+        return None
+    try:
+        if isinstance(value, int):
+            return int(signals.Signals(value))
+        name = value.upper()
+        return int(signals.Signals[name if name.startswith("SIG") else f"SIG{name}"])
+    except (KeyError, ValueError):
+        raise InvalidRequestError(f"unknown signal {value!r}; use a number or a name like 'SIGTERM'") from None
+
+
+class AttachStream(Streamed[ExecResult | None]):
+    """An attach to a process known to exist: `run` hands over the kept output so far, then every new byte, and
+    returns the result, or None when `timeout` passed first. Cancelling `run` only detaches."""
+
+    def __init__(self, audit: Audited, processes: EngineProcesses, process_id: str, timeout: float | None) -> None:
+        super().__init__(audit)
+        self._processes = processes
+        self._process_id = process_id
+        self._timeout = timeout
+
+    async def run(self, on_stdout: OutputCallback | None = None,
+                  on_stderr: OutputCallback | None = None) -> ExecResult | None:
+        return await self._run(lambda: self._follow(on_stdout, on_stderr), _ended_outcome)
+
+    async def _follow(self, on_stdout: OutputCallback | None, on_stderr: OutputCallback | None) -> ExecResult | None:
+        try:
+            async with asyncio.timeout(self._timeout):
+                return await self._processes.attach(self._process_id, on_stdout, on_stderr)
+        except TimeoutError:
+            return None
+
+
+def _ended_outcome(result: ExecResult | None) -> dict[str, Any]:
+    return {"running": True} if result is None else exec_outcome(result)
+
+
+class Processes:
+    def __init__(self, service: Service) -> None:
+        self._svc = service
+
+    async def start(self, principal: Principal, sandbox_id: str, command: Command, *,
+                    keep_stdin: bool = False) -> ProcessInfo:
+        """Start `command` in the background. Its stdin is `command.stdin` then EOF, or stays open for
+        `send_stdin` with `keep_stdin` (after `command.stdin`, if any); else it is /dev/null."""
+        params = {**command.audit_params(), "stdin": keep_stdin}
+        async with self._svc.audited(principal, "process.start", sandbox_id, params=params, status=201) as audit:
+            processes = await self._processes(principal, sandbox_id)
+            info = await processes.start(command.cmd, cwd=command.cwd, env=command.env or None,
+                                         timeout=command.timeout, max_output=command.max_output,
+                                         stdin=keep_stdin or command.stdin is not None)
+            audit.outcome.update({"process": info.id, "pid": info.pid})
+            if command.stdin is not None:
+                await processes.send_stdin(info.id, command.stdin, eof=not keep_stdin)
+        return ProcessInfo(id=info.id, pid=info.pid, argv=info.argv, running=True,
+                           started_at=datetime.now(UTC).timestamp())
+
+    async def list(self, principal: Principal, sandbox_id: str) -> builtins.list[ProcessInfo]:
+        async with self._svc.audited(principal, "process.list", sandbox_id) as audit:
+            found = await (await self._processes(principal, sandbox_id)).list()
+            audit.outcome["count"] = len(found)
+        return found
+
+    async def get(self, principal: Principal, sandbox_id: str, process_id: str) -> ProcessInfo:
+        async with self._svc.audited(principal, "process.get", sandbox_id, params={"process": process_id}):
+            return await _find(await self._processes(principal, sandbox_id), process_id)
+
+    async def send_stdin(self, principal: Principal, sandbox_id: str, process_id: str,
+                         data: bytes | AsyncIterable[bytes], *, eof: bool = False) -> int:
+        """Write `data` (bytes, or chunks as they arrive) to the process's stdin; the bytes written. A process
+        started without `keep_stdin` refuses it (ConflictError)."""
+        params: dict[str, Any] = {"process": process_id, "eof": eof}
+        async with self._svc.audited(principal, "process.stdin", sandbox_id, params=params) as audit:
+            processes = await self._processes(principal, sandbox_id)
+            sent = 0
+            batch = bytearray()
+            async for chunk in _chunks(data):
+                batch += chunk
+                if len(batch) >= _STDIN_BATCH:
+                    await processes.send_stdin(process_id, bytes(batch))
+                    sent += len(batch)
+                    batch.clear()
+            await processes.send_stdin(process_id, bytes(batch), eof=eof)
+            sent += len(batch)
+            audit.params["size"] = sent
+        return sent
+
+    async def kill(self, principal: Principal, sandbox_id: str, process_id: str,
+                   signal: int | str | None = None) -> None:
+        """Send `signal` (a number or a name) to the process; None: SIGKILL to its whole tree."""
+        params: dict[str, Any] = {"process": process_id, "signal": signal}
+        async with self._svc.audited(principal, "process.kill", sandbox_id, params=params, status=204):
+            processes = await self._processes(principal, sandbox_id)
+            await processes.kill(process_id, parse_signal(signal))
+
+    async def wait(self, principal: Principal, sandbox_id: str, process_id: str,
+                   timeout: float | None = None) -> ExecResult | None:
+        """The process's result once it ends; None if it still runs after `timeout` seconds."""
+        params: dict[str, Any] = {"process": process_id, "timeout": timeout}
+        async with self._svc.audited(principal, "process.wait", sandbox_id, params=params) as audit:
+            result = await (await self._processes(principal, sandbox_id)).wait(process_id, timeout)
+            audit.outcome.update(_ended_outcome(result))
+        return result
+
+    async def attach(self, principal: Principal, sandbox_id: str, process_id: str,
+                     timeout: float | None = None) -> AttachStream:
+        """The attach begun: an unknown process is refused here (NotFoundError), before any output."""
+        params: dict[str, Any] = {"process": process_id, "timeout": timeout}
+        async with refusals(self._svc.audited(principal, "process.attach", sandbox_id, params=params)) as audit:
+            processes = await self._processes(principal, sandbox_id)
+            await _find(processes, process_id)
+        return AttachStream(audit, processes, process_id, timeout)
+
+    async def _processes(self, principal: Principal, sandbox_id: str) -> EngineProcesses:
+        # Ownership first: another tenant's sandbox is a 404 before anything about its processes is looked at.
+        await self._svc.sandboxes.authorized(principal, sandbox_id, Action.SANDBOX_EXEC)
+        return self._svc.engine.get(sandbox_id).processes
+
+
+async def _find(processes: EngineProcesses, process_id: str) -> ProcessInfo:
+    for info in await processes.list():
+        if info.id == process_id:
+            return info
+    raise NotFoundError(f"no process with id {process_id!r} in this sandbox")
+
+
+async def _chunks(data: bytes | AsyncIterable[bytes]) -> AsyncIterable[bytes]:
+    if isinstance(data, bytes):
+        yield data
+    else:
+        async for chunk in data:
+            yield chunk

@@ -1,0 +1,267 @@
+"""Sandboxes: create, list, get, kill, timeout, network, pause, resume, and the operator kill switch.
+
+Each method authorizes, audits, checks quotas (the store) and capacity (the engine), and orchestrates store and
+engine with the compensations a failure needs: a sandbox the engine made never outlives its record, and a
+record whose sandbox could not be made stops counting against the tenant's quotas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import secrets
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
+
+from .._exceptions import (
+    ConflictError,
+    CorralError,
+    InvalidRequestError,
+    NotFoundError,
+    QuotaExceededError,
+    SandboxTimeoutError,
+)
+from ..backends import DEFAULT_FILE_ROOTS, Limits, SandboxSpec, SandboxState
+from ..control import Action, Principal, Role, SandboxRecord, TenantEgress, authorize
+from ..egress import EgressPolicy
+from ._outcome import RETRY_AFTER_DETAIL
+
+if TYPE_CHECKING:
+    from ._service import Service
+
+__all__ = ["CreateSandbox", "KillReport", "Sandboxes", "check_network", "file_roots"]
+
+# Quotas on totals free up when the tenant's sandboxes end; per-sandbox maxima never do.
+_TOTAL_QUOTAS = frozenset({"max_sandboxes", "max_memory_bytes", "max_cpus"})
+_RETRY_AFTER_MAX = 300
+_PARALLEL_DESTROYS = 8  # runc deletes are mostly waiting on the kernel; a few at once is faster
+
+
+class CreateSandbox(BaseModel):
+    """What a tenant asks for; every front end builds one (the REST API takes it as its body as it is)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    template: str = "default"
+    runtime: str = "runc"
+    timeout: float = 300
+    network: str | list[str] = "none"  # docs/egress.md: "none", "internet" or a list of rules
+    limits: dict[str, Any] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    metadata: dict[str, str] = Field(default_factory=dict)
+    file_roots: list[str] | None = None  # None: DEFAULT_FILE_ROOTS
+
+    def audit_params(self) -> dict[str, Any]:
+        params = self.model_dump(mode="json", exclude={"env"})
+        params["env_names"] = sorted(self.env)  # values often carry secrets
+        return params
+
+
+@dataclass(frozen=True)
+class KillReport:
+    killed: list[str]
+    failed: dict[str, str] = field(default_factory=dict)
+    revoked: bool = False
+
+
+def file_roots(record: SandboxRecord) -> list[str]:
+    """The directories the file API may touch in this sandbox."""
+    roots = record.spec.file_roots
+    return list(roots) if roots else list(DEFAULT_FILE_ROOTS)
+
+
+def check_network(network: str | list[str], egress: TenantEgress) -> str | list[str]:
+    """The policy in its normal form, if it is well-formed and within the tenant's ceiling."""
+    policy = EgressPolicy.parse(network, private=egress.private)  # InvalidRequestError says what is wrong
+    # The tenant's private pairs belong to its ceiling by definition; PermissionDeniedError names any excess.
+    policy.within(EgressPolicy.parse(egress.ceiling, private=egress.private))
+    return policy.to_wire()
+
+
+class Sandboxes:
+    def __init__(self, service: Service) -> None:
+        self._svc = service
+
+    # -- lifecycle -----------------------------------------------------------------------------------------
+
+    async def create(self, principal: Principal, request: CreateSandbox) -> SandboxRecord:
+        svc = self._svc
+        sandbox_id = f"sb-{secrets.token_hex(8)}"
+        async with svc.audited(principal, "sandbox.create", sandbox_id, params=request.audit_params(),
+                               status=201):
+            spec = self._spec(request, await svc.store.tenant_egress(principal.tenant_id))
+            record = await self._reserve(principal, spec, sandbox_id)
+            try:
+                await svc.engine.create(spec, sandbox_id=record.id)
+            except BaseException:
+                await svc.store.mark_destroyed(record.id, failed=True)
+                raise
+            return await self._mark_running(record.id)
+
+    def _spec(self, request: CreateSandbox, egress: TenantEgress) -> SandboxSpec:
+        network = check_network(request.network, egress)
+        try:
+            spec = SandboxSpec(template=request.template, runtime=request.runtime,  # type: ignore[arg-type]
+                               timeout=request.timeout, limits=Limits(**request.limits), env=request.env,
+                               metadata=request.metadata,
+                               file_roots=DEFAULT_FILE_ROOTS if request.file_roots is None
+                               else tuple(request.file_roots),
+                               network=network if isinstance(network, str) else tuple(network),
+                               network_private=tuple(egress.private))
+        except pydantic.ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'spec'}: {e['msg']}"
+                                 for e in exc.errors())
+            raise InvalidRequestError(f"invalid sandbox spec: {problems}") from None
+        try:
+            self._svc.engine.templates.get(spec.template)
+        except NotFoundError as exc:
+            raise InvalidRequestError(exc.message, details={"template": spec.template}) from None
+        return spec
+
+    async def _reserve(self, principal: Principal, spec: SandboxSpec, sandbox_id: str) -> SandboxRecord:
+        try:
+            return await self._svc.store.reserve_sandbox(principal, spec, sandbox_id=sandbox_id)
+        except QuotaExceededError as exc:
+            if exc.details.get("limit") in _TOTAL_QUOTAS:
+                exc.details[RETRY_AFTER_DETAIL] = await self._retry_after(principal.tenant_id)
+            raise
+
+    async def _retry_after(self, tenant_id: str) -> int:
+        """Seconds until the tenant's first sandbox expires: the earliest a total quota can free up by itself."""
+        live = await self._svc.store.list_sandboxes(tenant_id)
+        if not live:
+            return 1
+        wait = (min(r.expires_at for r in live) - datetime.now(UTC)).total_seconds()
+        return max(1, min(_RETRY_AFTER_MAX, int(wait) + 1))
+
+    async def _mark_running(self, sandbox_id: str) -> SandboxRecord:
+        """Record the new sandbox as running, unless the kill switch ended it while the engine was creating it."""
+        try:
+            return await self._svc.store.mark_running(sandbox_id)
+        except BaseException as exc:
+            await self.destroy(sandbox_id)  # what the engine made must not outlive its record
+            if isinstance(exc, NotFoundError):
+                raise ConflictError(f"sandbox {sandbox_id} was stopped (kill switch) while it was being created",
+                                    details={"sandbox_id": sandbox_id}) from None
+            raise
+
+    async def list(self, principal: Principal, metadata: dict[str, str] | None = None) -> list[SandboxRecord]:
+        wanted = metadata or {}
+        async with self._svc.audited(principal, "sandbox.list", None, params={"metadata": wanted}) as audit:
+            authorize(principal, Action.SANDBOX_READ, principal.tenant_id)
+            records = await self._svc.store.list_sandboxes(principal.tenant_id, metadata=wanted)
+            audit.outcome["count"] = len(records)
+        return records
+
+    async def get(self, principal: Principal, sandbox_id: str) -> SandboxRecord:
+        async with self._svc.audited(principal, "sandbox.get", sandbox_id):
+            return await self.authorized(principal, sandbox_id, Action.SANDBOX_READ)
+
+    async def kill(self, principal: Principal, sandbox_id: str) -> None:
+        async with self._svc.audited(principal, "sandbox.kill", sandbox_id, status=204):
+            await self.authorized(principal, sandbox_id, Action.SANDBOX_KILL)
+            await self.destroy(sandbox_id)
+
+    async def set_timeout(self, principal: Principal, sandbox_id: str, seconds: float) -> SandboxRecord:
+        async with self._svc.audited(principal, "sandbox.timeout", sandbox_id, params={"timeout": seconds}):
+            await self.authorized(principal, sandbox_id, Action.SANDBOX_UPDATE)
+            record = await self._svc.store.set_sandbox_timeout(sandbox_id, seconds)
+            self._svc.engine.set_timeout(sandbox_id, seconds)
+            return record
+
+    async def set_network(self, principal: Principal, sandbox_id: str,
+                          network: str | builtins.list[str]) -> SandboxRecord:
+        """Change a live sandbox's egress policy: new connections follow it at once; open ones keep going."""
+        async with self._svc.audited(principal, "sandbox.network", sandbox_id, params={"network": network}):
+            record = await self.authorized(principal, sandbox_id, Action.SANDBOX_UPDATE)
+            egress = await self._svc.store.tenant_egress(record.tenant_id)
+            normal = check_network(network, egress)
+            self._svc.engine.set_network(sandbox_id, normal, private=egress.private)
+            return await self._svc.store.set_sandbox_network(sandbox_id, normal)
+
+    async def pause(self, principal: Principal, sandbox_id: str) -> SandboxRecord:
+        async with self._svc.audited(principal, "sandbox.pause", sandbox_id):
+            await self.authorized(principal, sandbox_id, Action.SANDBOX_UPDATE)
+            await self._svc.engine.pause(sandbox_id)
+            return await self._svc.store.set_sandbox_state(sandbox_id, SandboxState.PAUSED)
+
+    async def resume(self, principal: Principal, sandbox_id: str) -> SandboxRecord:
+        async with self._svc.audited(principal, "sandbox.resume", sandbox_id):
+            await self.authorized(principal, sandbox_id, Action.SANDBOX_UPDATE)
+            await self._svc.engine.resume(sandbox_id)
+            return await self._svc.store.set_sandbox_state(sandbox_id, SandboxState.RUNNING)
+
+    # -- shared by the other services ----------------------------------------------------------------------
+
+    async def authorized(self, principal: Principal, sandbox_id: str, action: Action) -> SandboxRecord:
+        """The sandbox if `principal` may do `action` on it; another tenant's is as unknown as a missing one."""
+        return await self._svc.store.sandbox_for(principal, sandbox_id, action)
+
+    async def destroy(self, sandbox_id: str) -> None:
+        """Destroy in the engine (gone already is fine) and record it."""
+        try:
+            await self._svc.engine.destroy(sandbox_id)
+        except (NotFoundError, SandboxTimeoutError):
+            pass
+        await self._svc.store.mark_destroyed(sandbox_id)
+
+    # -- the operator kill switch --------------------------------------------------------------------------
+
+    async def kill_all(self, principal: Principal, *, tenant: str | None = None, key: str | None = None,
+                       revoke: bool = False) -> KillReport:
+        """Stop every sandbox of a tenant, or of one API key (revoked first with `revoke`), at once.
+
+        A sandbox still being created is marked destroyed here; its create then finds it gone and destroys what
+        the engine made, so nothing started before the switch survives it.
+        """
+        if (tenant is None) == (key is None):
+            raise InvalidRequestError("name exactly one of 'tenant' or 'key'")
+        if revoke and key is None:
+            raise InvalidRequestError("'revoke' applies to a key; disable a tenant instead")
+        target = f"key:{key}" if key is not None else f"tenant:{tenant}"
+        params = {"tenant": tenant, "key": key, "revoke": revoke}
+        async with self._svc.audited(principal, "sandbox.kill_all", target[:256], params=params) as audit:
+            if key is not None:
+                tenant_id = await self._key_tenant_id(principal, key)
+                if revoke:
+                    await self._svc.store.revoke_key(key)  # first, so no new sandbox slips in behind the sweep
+                records = await self._svc.store.list_sandboxes(tenant_id, key_id=key)
+            else:
+                assert tenant is not None
+                tenant_id = (await self._svc.visible_tenant(principal, tenant, Action.SANDBOX_KILL_ALL)).id
+                records = await self._svc.store.list_sandboxes(tenant_id)
+            report = await self._destroy_all([r.id for r in records], revoked=revoke)
+            # A sandbox the engine failed to stop is reported, not hidden behind an error that loses the others.
+            audit.outcome.update(killed=report.killed, failed=report.failed, revoked=revoke)
+        return report
+
+    async def _key_tenant_id(self, principal: Principal, key_id: str) -> str:
+        """The key's tenant; another tenant's key is as unknown to an operator as a key that never existed."""
+        authorize(principal, Action.SANDBOX_KILL_ALL, None if principal.role is Role.ADMIN else principal.tenant_id)
+        try:
+            key = await self._svc.store.get_key(key_id)
+        except NotFoundError:
+            key = None
+        if key is None or (principal.role is not Role.ADMIN and key.tenant_id != principal.tenant_id):
+            raise NotFoundError(f"no API key {key_id!r}", details={"key": key_id})
+        return key.tenant_id
+
+    async def _destroy_all(self, sandbox_ids: builtins.list[str], *, revoked: bool) -> KillReport:
+        gate = asyncio.Semaphore(_PARALLEL_DESTROYS)
+        failed: dict[str, str] = {}
+
+        async def one(sandbox_id: str) -> None:
+            async with gate:
+                try:
+                    await self.destroy(sandbox_id)
+                except CorralError as exc:
+                    failed[sandbox_id] = f"{exc.code}: {exc.message}"
+
+        await asyncio.gather(*(one(s) for s in sandbox_ids))
+        return KillReport([s for s in sandbox_ids if s not in failed], failed, revoked)
+
+

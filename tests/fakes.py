@@ -1,0 +1,186 @@
+"""Fakes for unit tests of the layers above the backends (no runtime, no built template needed).
+
+`FakeBackend` implements the backend contract in memory: each "sandbox" is a name in a `World` (which outlives
+an engine, like real sandboxes do), and its agent is a tiny asyncio Unix server speaking
+`corral/agent/protocol.py`, enough for `ping`. `FakeTemplates` serves every name as a template.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from corral import NotFoundError, ServerError
+from corral.agent import protocol
+from corral.backends import AgentAddress, BackendCapacity, BackendRecord, SandboxSpec, UnixEndpoint
+from corral.templates import Template
+
+__all__ = ["FakeBackend", "FakeRecord", "FakeTemplates", "World", "fake_record"]
+
+
+
+
+@dataclass(frozen=True)
+class FakeRecord(BackendRecord):
+    socket: str
+    token: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sandbox_id": self.sandbox_id, "socket": self.socket, "token": self.token}
+
+
+@dataclass
+class World:
+    """What outlives an engine (and its backend object): the sandboxes and their agents."""
+
+    dir: Path
+    running: set[str] = field(default_factory=set)
+    agents: dict[str, asyncio.Server] = field(default_factory=dict)
+
+
+async def _agent(token: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """One request per connection, as the real agent: check the token, answer `ping`."""
+    try:
+        kind, length = protocol.parse_header(await reader.readexactly(protocol.HEADER.size))
+        request = protocol.decode_json(await reader.readexactly(length))
+        if kind != protocol.REQUEST or request.get("token") != token:
+            reply = protocol.encode_json(protocol.ERROR, {"code": "unauthenticated", "details": {},
+                                                          "message": "the agent token is missing or wrong"})
+        elif request.get("op") == "ping":
+            reply = protocol.encode_json(protocol.EVENT, {"event": "pong", "version": protocol.VERSION})
+        else:
+            reply = protocol.encode_json(protocol.ERROR, {"code": "invalid_request", "details": {},
+                                                          "message": f"the fake agent has no {request.get('op')}"})
+        writer.write(reply)
+        await writer.drain()
+    finally:
+        writer.close()
+
+
+class FakeBackend:
+    """The contract, in memory. `agent_delay`: seconds before the agent answers (None: never)."""
+
+    name = "fake"
+
+    def __init__(self, home: Path, world: World | None = None, *, agent_delay: float | None = 0.0,
+                 ready_timeout: float = 5.0, fail_create: bool = False,
+                 capacity: BackendCapacity | None = None) -> None:
+        self.home = home
+        self.world = world or World(home)
+        self.agent_delay = agent_delay
+        self.timeout = ready_timeout
+        self.fail_create = fail_create
+        self.figures = capacity or BackendCapacity()
+        self.fail_destroy = False
+        self.calls: list[tuple[str, str]] = []
+        self._starting: set[asyncio.Task[None]] = set()
+
+    async def check(self, spec: SandboxSpec) -> None:
+        self.calls.append(("check", spec.template))
+
+    async def create(self, sandbox_id: str, spec: SandboxSpec, template: Template) -> FakeRecord:
+        self.calls.append(("create", sandbox_id))
+        if self.fail_create:
+            raise ServerError("the fake runtime refused")
+        record = FakeRecord(sandbox_id, str(self.world.dir / f"{sandbox_id}.sock"), secrets.token_hex(8))
+        self.world.running.add(sandbox_id)
+        if self.agent_delay is not None:
+            task = asyncio.create_task(self._serve(record, self.agent_delay))
+            self._starting.add(task)
+            task.add_done_callback(self._starting.discard)
+        return record
+
+    async def _serve(self, record: FakeRecord, delay: float) -> None:
+        await asyncio.sleep(delay)
+        if record.sandbox_id in self.world.running:
+            self.world.agents[record.sandbox_id] = await asyncio.start_unix_server(
+                lambda r, w: _agent(record.token, r, w), path=record.socket)
+
+    def agent_address(self, record: BackendRecord) -> AgentAddress:
+        rec = fake_record(record)
+        return AgentAddress(UnixEndpoint(rec.socket), rec.token)
+
+    def ready_timeout(self, record: BackendRecord) -> float:
+        return self.timeout
+
+    def egress_endpoint(self, record: BackendRecord) -> UnixEndpoint:
+        return UnixEndpoint(str(self.world.dir / f"{record.sandbox_id}.egress"))
+
+    async def diagnostics(self, record: BackendRecord) -> str:
+        return f"the fake log of {record.sandbox_id}"
+
+    async def pause(self, record: BackendRecord) -> None:
+        self.calls.append(("pause", record.sandbox_id))
+
+    async def resume(self, record: BackendRecord) -> None:
+        self.calls.append(("resume", record.sandbox_id))
+
+    async def destroy(self, record: BackendRecord) -> None:
+        self.calls.append(("destroy", record.sandbox_id))
+        if self.fail_destroy:
+            raise ServerError("the fake runtime cannot destroy it now")
+        await self.world_remove(record.sandbox_id)
+
+    async def world_remove(self, sandbox_id: str) -> None:
+        self.world.running.discard(sandbox_id)
+        server = self.world.agents.pop(sandbox_id, None)
+        if server is not None:
+            server.close()
+            await server.wait_closed()
+        (self.world.dir / f"{sandbox_id}.sock").unlink(missing_ok=True)
+
+    async def alive(self, record: BackendRecord) -> bool:
+        self.calls.append(("alive", record.sandbox_id))
+        return record.sandbox_id in self.world.running
+
+    async def oom_kills(self, record: BackendRecord) -> int:
+        return 0
+
+    def restore(self, data: dict[str, Any]) -> FakeRecord:
+        if set(data) != {"sandbox_id", "socket", "token"}:
+            raise ValueError(f"not a fake record: {data!r}")
+        self.calls.append(("restore", data["sandbox_id"]))
+        return FakeRecord(**data)
+
+    async def adopt(self, record: BackendRecord) -> None:
+        self.calls.append(("adopt", record.sandbox_id))
+
+    async def sweep(self, known: set[str]) -> list[str]:
+        self.calls.append(("sweep", ",".join(sorted(known))))
+        gone = sorted(self.world.running - known)
+        for sid in gone:
+            await self.world_remove(sid)
+        return gone
+
+    async def capacity(self) -> BackendCapacity:
+        self.calls.append(("capacity", ""))
+        return self.figures
+
+    async def close(self) -> None:
+        for task in self._starting:
+            task.cancel()
+
+    def called(self, what: str) -> list[str]:
+        return [arg for name, arg in self.calls if name == what]
+
+
+def fake_record(record: BackendRecord) -> FakeRecord:
+    assert isinstance(record, FakeRecord)
+    return record
+
+
+@dataclass
+class FakeTemplates:
+    """Every name is a template, except those in `missing`."""
+
+    missing: set[str] = field(default_factory=set)
+
+    def get(self, name: str) -> Template:
+        if name in self.missing:
+            raise NotFoundError(f"no template {name!r}")
+        return Template(name=name, digest="fake", rootfs=Path("/nonexistent"), env={"FROM_TEMPLATE": "1"},
+                        created_at=datetime.now(UTC), size_bytes=0, source="debootstrap", spec={})

@@ -1,0 +1,187 @@
+"""The package's layering holds: no import cycles (also through imports inside functions), and each layer
+imports only the layers below it (docs/architecture.md)."""
+
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PACKAGE = SRC / "corral"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> list[str]:
+    if node.level:
+        base = module.split(".") if is_package else module.split(".")[:-1]
+        base = base[: len(base) - (node.level - 1)]
+        target = ".".join([*base, node.module] if node.module else base)
+    else:
+        target = node.module or ""
+    if not target.startswith("corral"):
+        return []
+    # `from .x import y` may name a submodule y: count it when that module exists.
+    found = [target]
+    for alias in node.names:
+        candidate = f"{target}.{alias.name}"
+        if (SRC / candidate.replace(".", "/")).with_suffix(".py").exists() or \
+                (SRC / candidate.replace(".", "/") / "__init__.py").exists():
+            found.append(candidate)
+    return found
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+@functools.cache
+def import_graph() -> dict[str, set[str]]:
+    """module -> corral modules it imports when run (imports under `if TYPE_CHECKING:` excluded)."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = _module_name(path)
+        tree = ast.parse(path.read_text())
+        edges: set[str] = set()
+        skip: set[int] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and _is_type_checking(node):
+                skip |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.ImportFrom):
+                edges |= set(_resolve(module, path.name == "__init__.py", node))
+            elif isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names if a.name.startswith("corral")}
+        # A module's own packages are being imported already when it runs: an edge back to them is no cycle.
+        graph[module] = {e for e in edges if e != module and e not in _parents(module)}
+    return graph
+
+
+def _parents(module: str) -> list[str]:
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _closure(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Importing a module runs its packages' __init__ first: add those edges."""
+    full = {m: set(e) for m, e in graph.items()}
+    for module, edges in graph.items():
+        for target in list(edges):
+            # The packages that contain `module` are being imported already: no edge back to them.
+            mine = set(_parents(module))
+            full[module] |= {p for p in _parents(target) if p in graph and p != module and p not in mine}
+    return full
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+
+    def visit(v: str) -> None:
+        nonlocal counter
+        index[v] = low[v] = counter
+        counter += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    def layer(module: str) -> str:
+        parts = module.split(".")
+        return ".".join(parts[:2]) if len(parts) > 1 else module
+
+    out: dict[str, set[str]] = {}
+    for module, edges in graph.items():
+        out.setdefault(layer(module), set()).update(layer(e) for e in edges if layer(e) != layer(module))
+    return out
+
+
+def test_no_import_cycles_between_modules() -> None:
+    found = cycles(_closure(import_graph()))
+    assert not found, f"import cycles: {found}"
+
+
+def test_no_import_cycles_between_packages() -> None:
+    found = cycles(_package_graph(import_graph()))
+    assert not found, f"package-level import cycles: {found}"
+
+
+# Each layer and what it must never import (directly or through imports inside functions).
+FORBIDDEN = {
+    "corral._sdk": {"corral.server", "corral.service", "corral.engine", "corral.backends", "corral.control",
+                    "corral.templates", "corral.egress", "corral.agent"},
+    "corral.engine": {"corral.server", "corral.service", "corral.control", "corral.backends.local",
+                      "corral.backends.docker"},
+    "corral.backends": {"corral.server", "corral.service", "corral.control", "corral.engine"},
+    "corral.control": {"corral.server", "corral.service", "corral.engine"},
+    "corral.service": {"corral.server", "corral.cli", "corral.backends.local", "corral.backends.docker"},
+    "corral.egress": {"corral.server", "corral.service", "corral.engine", "corral.control"},
+    "corral.templates": {"corral.server", "corral.service", "corral.engine", "corral.control"},
+    "corral.agent": {"corral"},  # runs inside the sandbox: standard library and itself only
+}
+
+
+@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
+def test_layer_imports_only_what_is_below_it(layer: str) -> None:
+    graph = import_graph()
+    bad = []
+    for module, edges in graph.items():
+        if module != layer and not module.startswith(layer + "."):
+            continue
+        for target in edges:
+            if target.startswith("corral.agent") and layer == "corral.agent":
+                continue
+            for forbidden in FORBIDDEN[layer]:
+                if target == forbidden or target.startswith(forbidden + "."):
+                    if layer == "corral.agent" and target.startswith("corral.agent"):
+                        continue
+                    bad.append(f"{module} imports {target}")
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_the_graph_sees_imports() -> None:
+    """The checks above are only as good as the graph: it must see known edges, also inside functions."""
+    graph = import_graph()
+    assert "corral.service._service" in graph["corral.server._app"] or "corral.service" in graph["corral.server._app"]
+    assert "corral._exceptions" in graph["corral.engine._engine"]
+    assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
