@@ -495,11 +495,12 @@ async def test_fail_closed_is_not_applicable_on_a_backend_it_cannot_take_the_run
     assert verdict.status == "N/A" and "the server runs the kubernetes backend" in verdict.detail, verdict.detail
 
 
-DOCKER_INFO = {"backend": "docker", "runtimes": ["runc"], "limitations": {
+DOCKER_LIMITATIONS = {
     "user_namespace": "no per-sandbox user namespace: uid 1000 of the host too",
     "agent_socket": "the agent's socket is listed in /proc/net/unix",
     "runtime_runsc": "no gVisor: the Docker backend runs runc only",
-    "time_travel": "a limitation this check has never heard of"}}
+    "time_travel": "a limitation this check has never heard of"}
+DOCKER_INFO: dict[str, Any] = {"backend": "docker", "runtimes": ["runc"], "limitations": DOCKER_LIMITATIONS}
 
 
 @pytest.mark.anyio
@@ -512,7 +513,7 @@ async def test_what_the_backend_cannot_give_is_not_applicable_with_its_reason() 
     found = {i.number: i for i in report.items}
     assert report.backend == "docker" and report.exit_code == 0, report.to_json()
     assert found[3].status == "N/A"
-    assert found[3].detail == f"the docker backend: {DOCKER_INFO['limitations']['user_namespace']}"
+    assert found[3].detail == f"the docker backend: {DOCKER_LIMITATIONS['user_namespace']}"
     assert found[1].status == "N/A" and "/proc/net/unix" in found[1].detail
     assert found[31].status == "N/A" and "gVisor on the docker backend: no gVisor: the Docker backend runs runc only" \
         in found[31].detail
@@ -525,7 +526,7 @@ async def test_what_the_backend_cannot_give_is_not_applicable_with_its_reason() 
 def test_a_limitation_beside_a_passing_task_keeps_the_pass_and_names_what_was_not_proved() -> None:
     from corral.check._backend import limitation_verdicts
 
-    deployment = Deployment("docker", ("runc",), DOCKER_INFO["limitations"])
+    deployment = Deployment("docker", ("runc",), DOCKER_LIMITATIONS)
     extra = limitation_verdicts(deployment, {1, 3})
     item = combine(3, [*task_verdicts([_task("security.non_root/id-u", "pass", (3,))])[3], *extra[3]])
     assert item.status == "PASS"
@@ -537,15 +538,15 @@ def test_a_limitation_beside_a_passing_task_keeps_the_pass_and_names_what_was_no
 
 @pytest.mark.anyio
 async def test_the_deployment_is_read_from_the_server_and_an_older_server_is_the_local_backend() -> None:
-    from corral import CorralError
+    from corral import AuthenticationError
     from corral.check._backend import fetch_deployment
 
     older = await fetch_deployment(Target(URL, ADMIN, transport=FakeCorral().transport()))
     assert older == Deployment("local", ("runc", "runsc"), {})
     docker = await fetch_deployment(Target(URL, ADMIN, transport=FakeCorral(info=DOCKER_INFO).transport()))
     assert (docker.backend, docker.runtimes, dict(docker.limitations)) == ("docker", ("runc",),
-                                                                          DOCKER_INFO["limitations"])
-    with pytest.raises(CorralError, match=r"\(GET /v1/info\) answered 401"):
+                                                                          DOCKER_LIMITATIONS)
+    with pytest.raises(AuthenticationError, match=r"\(GET /v1/info\) answered 401: unauthenticated"):
         await fetch_deployment(Target(URL, "wrong-key", transport=FakeCorral().transport()))
 
 
@@ -553,7 +554,7 @@ async def test_the_deployment_is_read_from_the_server_and_an_older_server_is_the
 async def test_gvisor_is_not_applicable_where_the_server_offers_no_runsc() -> None:
     from corral.check._backend import item_31_gvisor
 
-    deployment = Deployment("docker", ("runc",), DOCKER_INFO["limitations"])
+    deployment = Deployment("docker", ("runc",), DOCKER_LIMITATIONS)
     verdict = await _verdict(item_31_gvisor, _context(FakeCorral(), deployment))
     assert verdict.status == "N/A" and "runs runc only" in verdict.detail
     bare = await _verdict(item_31_gvisor, _context(FakeCorral(), Deployment("other", ("runc",))))

@@ -51,7 +51,7 @@ from corral.backends.local import LocalBackend
 from corral.backends.local._bundle import MASKED_PATHS, READONLY_PATHS
 from corral.egress import EgressEvent, EgressProxy
 from corral.engine import Engine
-from corral.eval import load_corpus
+from corral.eval import Exec, load_corpus
 from corral.eval.corpus import security
 from corral.templates import Template
 
@@ -237,7 +237,9 @@ async def test_the_proc_net_unix_task_passes_the_agents_own_socket_but_not_anoth
     # namespace, so security.host_sockets/proc-net-unix failed on Corral's own agent. The task leaves out
     # exactly that path; any other named socket, as a host's would be in a shared namespace, still fails it.
     task = next(t for t in load_corpus() if t.id == "security.host_sockets/proc-net-unix")
-    cmd = task.steps[0].cmd  # type: ignore[union-attr]
+    step = task.steps[0]
+    assert isinstance(step, Exec) and isinstance(step.cmd, tuple)
+    cmd = list(step.cmd)
     assert security.AGENT_SOCKET == AGENT_SOCKET  # the corpus names the path the backends bind
     async with await engine.create(spec()) as sb:
         own = await sb.exec(["grep", "-c", AGENT_SOCKET, "/proc/net/unix"])

@@ -7,8 +7,10 @@ and tests/test_check.py do on the local backend. Skipped, saying why, only when 
 are removed at its end, unless CORRAL_TEST_KEEP_DOCKER_IMAGES=1 (importing the default template takes about a
 minute, the polyglot one two).
 
-Wall time here (2 CPUs, images already imported): the full 150-task sample takes about two minutes on Docker, as on
-the local backend, so CI runs the same sample; the checklist about as long as on the local backend.
+Wall time here (2 CPUs, images already imported): the full 150-task sample takes about 150 s on Docker (sandbox
+creates are not its bottleneck), so CI runs the same seeded sample as on the local backend, not a smaller one; the
+whole checklist 140 to 230 s (117 s on the local backend). A fresh CI machine imports the two template images
+once, about two minutes, before the first task's budget starts.
 """
 
 from __future__ import annotations

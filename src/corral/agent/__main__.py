@@ -26,8 +26,8 @@ def main() -> None:
     path = os.environ.pop("CORRAL_AGENT_LISTEN", "")
     if path:
         # The runtime could not pass us a socket (runsc): bind our own, 0600 from the start (the umask applies
-        # to bind), and again by name in case the runtime's file system ignores the umask. The host moves it out
-        # of the sandbox's reach as soon as it appears (so a failing chmod is no reason to stop).
+        # to bind), and again by name in case the runtime's file system ignores the umask. Once it accepts
+        # connections the host moves it out of the sandbox's reach and makes it root's, 0600, whatever we did.
         listener = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         umask = os.umask(0o177)
         try:

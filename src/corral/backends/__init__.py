@@ -10,10 +10,14 @@ from ._contract import (
     Backend,
     BackendCapacity,
     BackendRecord,
+    DeclaresLimitations,
     Endpoint,
     TCPEndpoint,
     UnixEndpoint,
+    backend_limitations,
+    backend_runtimes,
     load_backend,
+    runtime_limitation,
 )
 from ._spec import DEFAULT_FILE_ROOTS, Limits, Runtime, SandboxSpec, SandboxState, parse_size
 
@@ -24,6 +28,7 @@ __all__ = [
     "Backend",
     "BackendCapacity",
     "BackendRecord",
+    "DeclaresLimitations",
     "Endpoint",
     "Limits",
     "Runtime",
@@ -31,6 +36,9 @@ __all__ = [
     "SandboxState",
     "TCPEndpoint",
     "UnixEndpoint",
+    "backend_limitations",
+    "backend_runtimes",
     "load_backend",
     "parse_size",
+    "runtime_limitation",
 ]

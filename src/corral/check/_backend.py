@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import httpx
 
-from .._exceptions import CorralError
+from .._exceptions import CorralError, error_from_code
 from ._context import REQUEST_TIMEOUT, CheckContext, Deployment, Target, clip, run_ok
 from ._model import ItemFailed, NotApplicable, Verdict
 
@@ -43,14 +43,23 @@ async def fetch_deployment(target: Target) -> Deployment:
     if r.status_code == 404:
         return Deployment()
     if r.status_code != 200:
-        raise CorralError(f"asking the server for its backend (GET /v1/info) answered {r.status_code}: "
-                          f"{clip(r.text)}", details={"status": r.status_code})
+        error = _error_of(r)
+        raise error_from_code(error.get("code", "server_error"), f"asking the server for its backend (GET /v1/info) "
+                              f"answered {r.status_code}: {error.get('message') or clip(r.text)}")
     try:
         body = r.json()
         return Deployment(backend=str(body["backend"]), runtimes=tuple(str(x) for x in body["runtimes"]),
                           limitations={str(k): str(v) for k, v in dict(body["limitations"]).items()})
     except (ValueError, KeyError, TypeError) as exc:
         raise CorralError(f"GET /v1/info answered no backend: {clip(r.text)}") from exc
+
+
+def _error_of(r: httpx.Response) -> dict[str, str]:
+    try:
+        error = r.json()["error"]
+        return {"code": str(error["code"]), "message": str(error["message"])}
+    except (ValueError, KeyError, TypeError):
+        return {}
 
 
 def limitation_verdicts(deployment: Deployment, items: set[int]) -> dict[int, list[Verdict]]:

@@ -19,7 +19,7 @@ import secrets
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import ExitStack, asynccontextmanager
+from contextlib import ExitStack, asynccontextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
@@ -92,16 +92,11 @@ async def run_check(target: Target, options: CheckOptions | None = None, *, prog
 async def _first_sandbox(ctx: CheckContext) -> None:
     """Start and kill one sandbox of the template before any probe's clock runs. A failure is left to the
     probes, which report it item by item."""
-    try:
+    with suppress(CorralError, httpx.HTTPError):
         sb = await AsyncSandbox.create(ctx.target.template, api_key=ctx.keys["developer"], base_url=ctx.url,
                                        transport=ctx.target.transport, timeout=SANDBOX_TTL,
                                        metadata={"corral-check": ctx.tenant}, request_timeout=FIRST_SANDBOX_TIMEOUT)
-    except (CorralError, httpx.HTTPError):
-        return
-    try:
         await sb.kill()
-    except (CorralError, httpx.HTTPError):
-        return
 
 
 async def _run_all(ctx: CheckContext, tasks: Sequence[Task], probes: Sequence[Probe], options: CheckOptions,

@@ -74,7 +74,9 @@ class AgentClient:
         self.label = label
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        limit = 2 * protocol.MAX_FRAME
+        # The reader stops taking from the socket past twice this much buffered (readexactly of a bigger frame
+        # still works): one chunk keeps a download's buffered bytes near 2 MiB instead of 16 MiB of server memory.
+        limit = protocol.CHUNK
         if isinstance(self.endpoint, UnixEndpoint):
             return await asyncio.open_unix_connection(self.endpoint.path, limit=limit)
         # A Unix connect fails at once; a TCP one to an address that went away may hang for minutes.

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..backends._contract import backend_limitations, backend_runtimes
+from ..backends import backend_limitations, backend_runtimes
 from ..control import Principal
 
 if TYPE_CHECKING:

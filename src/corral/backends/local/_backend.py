@@ -180,7 +180,11 @@ class LocalBackend:
         await runtime.delete(rec.sandbox_id)
         await _wait_cgroup_empty(rec.cgroups_path)
         # The root before the disk that holds its upper layer.
-        await _disk.unmount_all([rec.dir / "rootfs", rec.dir / "disk", rec.dir / "agent", rec.dir / "egress"])
+        unmounted = await _disk.unmount_all([rec.dir / "rootfs", rec.dir / "disk", rec.dir / "agent",
+                                             rec.dir / "egress"])
+        disk = unmounted.get(rec.dir / "disk")
+        if disk is not None and not await _disk.wait_loop_detached(disk, rec.dir / "disk.img"):
+            logger.warning("sandbox.loop_device_kept", extra={"sandbox": rec.sandbox_id, "device": disk})
         _cgroups.remove(rec.cgroups_path)
         leftover = _disk.mounts_under(rec.dir)
         if leftover:
@@ -211,7 +215,10 @@ class LocalBackend:
         self._slots.add(rec.slot)
         bound = rec.dir / "run" / "agent.sock"
         if rec.runtime == Runtime.RUNSC and os.path.lexists(bound) and not os.path.lexists(rec.dir / "agent.sock"):
-            _take_socket(bound, rec.dir / "agent.sock")
+            try:
+                _take_socket(bound, rec.dir / "agent.sock")
+            except (OSError, ServerError) as exc:  # its agent is unreachable then; the engine still starts
+                logger.warning("sandbox.agent_socket_not_taken", extra={"sandbox": rec.sandbox_id, "error": str(exc)})
 
     async def sweep(self, known: set[str]) -> list[str]:
         """Tear down every sandbox directory or runtime container that `known` does not name."""
@@ -288,7 +295,8 @@ class LocalBackend:
         )
         _write_state(sbdir / "config.json", build_config(params))
         if run_dir is not None:
-            await runtime.start(record.sandbox_id, sbdir, listen_fd=None, log=sbdir / "agent.log")
+            # Not left running when cancelled: `destroy` would not find the container it is still making.
+            await _disk.finish_first(runtime.start(record.sandbox_id, sbdir, listen_fd=None, log=sbdir / "agent.log"))
             await self._take_agent_socket(record)
             return
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -296,21 +304,26 @@ class LocalBackend:
             listener.bind(str(sbdir / "agent.sock"))
             os.chmod(sbdir / "agent.sock", 0o600)
             listener.listen(128)
-            await runtime.start(record.sandbox_id, sbdir, listen_fd=listener.fileno(), log=sbdir / "agent.log")
+            await _disk.finish_first(runtime.start(record.sandbox_id, sbdir, listen_fd=listener.fileno(),
+                                                   log=sbdir / "agent.log"))
         finally:
             listener.close()  # the agent holds its own copy now; if it dies, connects fail at once
 
     async def _take_agent_socket(self, record: LocalRecord) -> None:
-        """runsc: wait for the agent to bind its socket in `run/`, then take it out of the sandbox's reach."""
+        """runsc: wait for the agent to listen on its socket in `run/`, then take it out of the sandbox's reach.
+
+        Listening, not just bound: gVisor creates the host socket file and then still looks it up by name to
+        finish the agent's bind(2), which fails (ENOENT, and the agent dies) if the file was moved meanwhile.
+        """
         bound = record.dir / "run" / "agent.sock"
         start = time.monotonic()
         timeout = AGENT_READY_TIMEOUT[record.runtime]
         next_alive = start + ALIVE_POLL
-        while not os.path.lexists(bound):
+        while not _listening(bound):
             now = time.monotonic()
             stopped = now >= next_alive and not await self.alive(record)
             if stopped or now - start > timeout:
-                what = "it stopped" if stopped else f"its agent did not bind its socket within {timeout:g}s"
+                what = "it stopped" if stopped else f"its agent did not listen on its socket within {timeout:g}s"
                 raise ServerError(f"sandbox {record.sandbox_id} started but {what}: "
                                   f"{await self.diagnostics(record)}", details={"sandbox_id": record.sandbox_id})
             if now >= next_alive:
@@ -465,6 +478,22 @@ def _mount_own_dirs(agent_files: Path, agent: Path, egress: Path, user_id: int) 
     """The sandbox's `agent/` and `egress/` (see the module's docstring), in one thread."""
     _disk.mount_readonly_layers(agent_layers(agent_files), agent)
     _disk.mount_tmpfs(egress, size=EGRESS_TMPFS_SIZE, inodes=EGRESS_TMPFS_INODES, mode=0o700, owner=user_id)
+
+
+def _listening(path: Path) -> bool:
+    """Whether a socket at `path` accepts connections (a non-blocking connect, closed at once: the agent takes a
+    connection that sends nothing as a client that left)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.setblocking(False)
+    try:
+        probe.connect(str(path))
+    except BlockingIOError:
+        return True  # listening, its backlog full for the moment
+    except OSError:
+        return False  # not there yet (ENOENT), or bound but not listening (ECONNREFUSED)
+    finally:
+        probe.close()
+    return True
 
 
 def _take_socket(bound: Path, dest: Path) -> None:

@@ -30,7 +30,7 @@ READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys"]
 class BundleParams:
     sandbox_id: str
     rootfs: Path
-    agent_source: Path  # the host directory of the agent package, bind-mounted read-only
+    agent_source: Path  # the host directory of the agent package, bind-mounted read-only (local: a mount of its own)
     host_uid_base: int
     limits: Limits
     token: str

@@ -3,6 +3,9 @@
 A full image gives ENOSPC inside the sandbox and never touches the host's free space beyond its size.
 `mkfs` per create is slow, so each size is formatted once into a cached golden image and copied sparsely
 (holes stay holes: a fresh 1 GiB image costs a few MiB of real disk).
+
+And the other mounts of a sandbox, all through libc: its overlay root, the read-only overlay of the agent's
+files, the tiny tmpfs of its egress socket, and their unmounting.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ import fcntl
 import os
 import shutil
 import struct
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
@@ -155,14 +159,22 @@ async def in_thread(fn: Callable[..., T], *args: object) -> T:
     Otherwise a create cancelled during a mount runs its cleanup while the thread is still mounting, and the
     mount lands after the cleanup looked for it: a leaked mount.
     """
-    task = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    return await finish_first(asyncio.to_thread(fn, *args))
+
+
+async def finish_first(aw: Awaitable[T]) -> T:
+    """Await `aw`; if the caller is cancelled meanwhile, let `aw` finish first, then raise the cancellation.
+
+    For steps whose effects cleanup must see: a mount being made, a runtime creating a container.
+    """
+    task = asyncio.ensure_future(aw)
     cancelled = False
     while not task.done():
         try:
             await asyncio.shield(task)
         except asyncio.CancelledError:
-            cancelled = True  # keep waiting for the thread, then pass the cancellation on
-        except BaseException:  # the thread's own failure: task.result() below raises it
+            cancelled = True  # keep waiting for it, then pass the cancellation on
+        except BaseException:  # its own failure: task.result() below raises it
             break
     if cancelled:
         if not task.cancelled():
@@ -262,19 +274,20 @@ async def unmount(target: Path) -> None:
     await unmount_all([target])
 
 
-async def unmount_all(targets: Iterable[Path]) -> None:
+async def unmount_all(targets: Iterable[Path]) -> dict[Path, str]:
     """Unmount those of `targets` that are mount points, in the order given (lazily if busy), in one thread
-    and reading the mount table once."""
+    and reading the mount table once. Returns the source (a device, say) of each one unmounted."""
     try:
-        await in_thread(_unmount_all_sync, list(targets))
+        return await in_thread(_unmount_all_sync, list(targets))
     except OSError as exc:
         raise ServerError(f"unmounting {exc.filename or 'a sandbox mount'} failed: {exc}") from exc
 
 
-def _unmount_all_sync(targets: list[Path]) -> None:
-    points = _mount_points()
+def _unmount_all_sync(targets: list[Path]) -> dict[Path, str]:
+    sources = _mount_sources()
+    done: dict[Path, str] = {}
     for target in targets:
-        if os.fspath(target) not in points:
+        if os.fspath(target) not in sources:
             continue
         try:
             _mounts.umount(str(target))
@@ -284,15 +297,48 @@ def _unmount_all_sync(targets: list[Path]) -> None:
             except OSError as exc:
                 exc.filename = str(target)
                 raise
+        done[target] = sources[os.fspath(target)]
+    return done
+
+
+async def wait_loop_detached(device: str, image: Path, timeout: float = 5.0) -> bool:
+    """Wait until the loop device `device` (`/dev/loopN`) no longer serves `image`; False if it still does after
+    `timeout` seconds.
+
+    Autoclear detaches a loop device at its last close, which may come a while after the unmount (under load,
+    seen up to ~1.5 s here): whoever else had the device open (a `losetup -a`, a probe) closes it later. Until
+    then the device is a trace of the sandbox. Reads one sysfs file per poll, inline.
+    """
+    name = device.removeprefix("/dev/")
+    if not name.startswith("loop"):
+        return True
+    backing = Path("/sys/block") / name / "loop" / "backing_file"
+    wanted = {os.fspath(image), f"{os.fspath(image)} (deleted)"}
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if backing.read_text().rstrip("\n") not in wanted:
+                return True  # detached, and already serving another image
+        except OSError:
+            return True  # detached
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.005)
 
 
 def is_mounted(path: Path) -> bool:
-    return os.fspath(path) in _mount_points()
+    return os.fspath(path) in _mount_sources()
 
 
-def _mount_points() -> set[str]:
+def _mount_sources() -> dict[str, str]:
+    """Every mount point of this mount namespace and its source."""
+    found: dict[str, str] = {}
     with open("/proc/self/mountinfo") as f:
-        return {_unescape(line.split()[4]) for line in f}
+        for line in f:
+            fields = line.split()
+            sep = fields.index("-", 6)  # after the optional fields: filesystem type, source, super options
+            found[_unescape(fields[4])] = _unescape(fields[sep + 2])
+    return found
 
 
 def mounts_under(prefix: Path) -> list[str]:
@@ -320,5 +366,6 @@ def require_tools() -> list[str]:
     return missing
 
 
-__all__ = ["DiskImages", "RuntimeUnavailableError", "in_thread", "is_mounted", "mount_image", "mount_overlay",
-           "mount_readonly_layers", "mount_tmpfs", "mounts_under", "require_tools", "unmount", "unmount_all"]
+__all__ = ["DiskImages", "RuntimeUnavailableError", "finish_first", "in_thread", "is_mounted", "mount_image",
+           "mount_overlay", "mount_readonly_layers", "mount_tmpfs", "mounts_under", "require_tools", "unmount",
+           "unmount_all", "wait_loop_detached"]
