@@ -7,27 +7,15 @@ import urllib.parse
 from fastapi import Request
 
 from .._exceptions import InvalidRequestError
-from ..control import Action, Principal, Tenant
-from ..service import Audited, Service
+from ..service import Service
 
-__all__ = ["Audited", "Services", "query_param", "request_path", "sandbox_path", "service", "services",
-           "visible_tenant"]
+__all__ = ["query_param", "query_prefixed", "request_path", "sandbox_path", "service"]
 
 WORKSPACE = "/workspace"
-
-Services = Service  # the older name, while routes move to one service method each
-
 
 def service(request: Request) -> Service:
     found: Service = request.app.state.corral
     return found
-
-
-services = service
-
-
-async def visible_tenant(svc: Service, principal: Principal, name_or_id: str, action: Action) -> Tenant:
-    return await svc.visible_tenant(principal, name_or_id, action)
 
 
 def query_param(request: Request, name: str) -> str | None:
