@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.backends.local import LocalBackend, LocalRecord
-from corral.engine import Engine, SandboxSpec
+from corral.engine import Engine, SandboxHandle, SandboxSpec
 from corral.templates import TemplateStore
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
@@ -41,6 +41,31 @@ def summary(samples: list[float]) -> dict[str, float]:
     return {"n": len(ms), "p50_ms": round(statistics.median(ms), 2), "p95_ms": round(p95, 2),
             "min_ms": round(ms[0], 2), "max_ms": round(ms[-1], 2)}
 
+
+
+async def _lifecycle(engine: Engine, spec: SandboxSpec, n: int, progress: Progress, label: str,
+                     results: dict[str, Any]) -> SandboxHandle:
+    """Create + first exec and destroy `n` times, then exec round trips on one sandbox, which is returned (the
+    caller measures more on it and destroys it). The same loop for every backend, so their figures compare."""
+    create_exec, destroy = [], []
+    for i in range(n):
+        t = time.perf_counter()
+        sb = await engine.create(spec)
+        await sb.exec(["true"])
+        create_exec.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        await sb.destroy()
+        destroy.append(time.perf_counter() - t)
+        progress(f"{label}create + first exec", i + 1, n)
+    results["create_to_first_exec"] = summary(create_exec)
+    results["destroy"] = summary(destroy)
+    sb = await engine.create(spec)
+    await sb.exec(["true"])
+    results["exec_true_argv"] = summary(await _timed(n * 5, lambda: _ok(sb.exec(["true"])),
+                                                     f"{label}exec true", progress))
+    results["exec_true_shell"] = summary(await _timed(n * 2, lambda: _ok(sb.exec("true")),
+                                                      f"{label}exec bash -lc true", progress))
+    return sb
 
 async def _timed(n: int, fn: Callable[[], Awaitable[None]], what: str, progress: Progress) -> list[float]:
     out = []
@@ -97,25 +122,7 @@ async def run(*, home: Path, template_home: Path, template: str = "default", n: 
         warm = await engine.create(spec)
         await warm.destroy()
 
-        create_exec, destroy = [], []
-        for i in range(n):
-            t = time.perf_counter()
-            sb = await engine.create(spec)
-            await sb.exec(["true"])
-            create_exec.append(time.perf_counter() - t)
-            t = time.perf_counter()
-            await sb.destroy()
-            destroy.append(time.perf_counter() - t)
-            progress("create + first exec", i + 1, n)
-        results["create_to_first_exec"] = summary(create_exec)
-        results["destroy"] = summary(destroy)
-
-        sb = await engine.create(spec)
-        await sb.exec(["true"])
-        results["exec_true_argv"] = summary(await _timed(n * 5, lambda: _ok(sb.exec(["true"])),
-                                                         "exec true", progress))
-        results["exec_true_shell"] = summary(await _timed(n * 2, lambda: _ok(sb.exec("true")),
-                                                          "exec bash -lc true", progress))
+        sb = await _lifecycle(engine, spec, n, progress, "", results)
         results["idle"] = await _idle(engine, sb.id)
         await sb.destroy()
 
@@ -235,25 +242,7 @@ async def docker_section(home: Path, store: TemplateStore, spec: SandboxSpec, n:
     try:
         warm = await engine.create(spec)  # the golden disk image and the agent's files, made once
         await warm.destroy()
-        create_exec, destroy = [], []
-        for i in range(n):
-            t = time.perf_counter()
-            sb = await engine.create(spec)
-            await sb.exec(["true"])
-            create_exec.append(time.perf_counter() - t)
-            t = time.perf_counter()
-            await sb.destroy()
-            destroy.append(time.perf_counter() - t)
-            progress("docker: create + first exec", i + 1, n)
-        results["create_to_first_exec"] = summary(create_exec)
-        results["destroy"] = summary(destroy)
-
-        sb = await engine.create(spec)
-        await sb.exec(["true"])
-        results["exec_true_argv"] = summary(await _timed(n * 5, lambda: _ok(sb.exec(["true"])),
-                                                         "docker: exec true", progress))
-        results["exec_true_shell"] = summary(await _timed(n * 2, lambda: _ok(sb.exec("true")),
-                                                          "docker: exec bash -lc true", progress))
+        sb = await _lifecycle(engine, spec, n, progress, "docker: ", results)
         await asyncio.sleep(1.0)
         record = engine._sandboxes[sb.id].record
         assert isinstance(record, DockerRecord)
