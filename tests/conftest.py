@@ -107,6 +107,8 @@ def leaks(home: Path) -> list[str]:
     sandboxes = home / "sandboxes"
     ids = {p.name for p in sandboxes.iterdir()} if sandboxes.exists() else set()
     found += [f"sandbox directory {i}" for i in ids]
+    layers = home / "layers"  # snapshot layers: each goes with its last snapshot or sandbox
+    found += [f"snapshot layer {p.name}" for p in layers.iterdir()] if layers.exists() else []
     cg = Path("/sys/fs/cgroup")
     for d in [cg / CGROUP_PARENT, *cg.glob(f"*/{CGROUP_PARENT}")]:
         if d.is_dir():

@@ -16,7 +16,7 @@ from typing import Any
 
 from corral import NotFoundError, ServerError
 from corral.agent import protocol
-from corral.backends import AgentAddress, BackendCapacity, BackendRecord, SandboxSpec, UnixEndpoint
+from corral.backends import AgentAddress, BackendCapacity, BackendRecord, SandboxSpec, SnapshotArtifact, UnixEndpoint
 from corral.templates import Template
 
 __all__ = ["FakeBackend", "FakeRecord", "FakeTemplates", "World", "fake_record"]
@@ -40,18 +40,35 @@ class World:
     dir: Path
     running: set[str] = field(default_factory=set)
     agents: dict[str, asyncio.Server] = field(default_factory=dict)
+    stopped: set[str] = field(default_factory=set)  # paused to disk
+    snapshots: dict[str, str] = field(default_factory=dict)  # snapshot id -> the sandbox it was taken of
+    volumes: dict[str, int] = field(default_factory=dict)  # volume id -> size
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    kind, length = protocol.parse_header(await reader.readexactly(protocol.HEADER.size))
+    return kind, await reader.readexactly(length)
 
 
 async def _agent(token: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """One request per connection, as the real agent: check the token, answer `ping`."""
+    """One request per connection, as the real agent: check the token, answer `ping`; an empty /tmp for the
+    archive calls a pause to disk makes (`tar_get` sends no entry, `tar_put` takes and drops the bytes)."""
     try:
-        kind, length = protocol.parse_header(await reader.readexactly(protocol.HEADER.size))
-        request = protocol.decode_json(await reader.readexactly(length))
+        kind, payload = await _read_frame(reader)
+        request = protocol.decode_json(payload)
         if kind != protocol.REQUEST or request.get("token") != token:
             reply = protocol.encode_json(protocol.ERROR, {"code": "unauthenticated", "details": {},
                                                           "message": "the agent token is missing or wrong"})
         elif request.get("op") == "ping":
             reply = protocol.encode_json(protocol.EVENT, {"event": "pong", "version": protocol.VERSION})
+        elif request.get("op") == "tar_get":
+            reply = (protocol.encode_json(protocol.EVENT, {"event": "archive"}) + protocol.encode(protocol.DATA_END)
+                     + protocol.encode_json(protocol.EVENT, {"event": "done"}))
+        elif request.get("op") == "tar_put":
+            writer.write(protocol.encode_json(protocol.EVENT, {"event": "ready"}))
+            while (await _read_frame(reader))[0] != protocol.DATA_END:
+                pass
+            reply = protocol.encode_json(protocol.EVENT, {"event": "done", "entries": 0})
         else:
             reply = protocol.encode_json(protocol.ERROR, {"code": "invalid_request", "details": {},
                                                           "message": f"the fake agent has no {request.get('op')}"})
@@ -82,17 +99,56 @@ class FakeBackend:
     async def check(self, spec: SandboxSpec) -> None:
         self.calls.append(("check", spec.template))
 
-    async def create(self, sandbox_id: str, spec: SandboxSpec, template: Template) -> FakeRecord:
+    async def create(self, sandbox_id: str, spec: SandboxSpec, template: Template,
+                     source: SnapshotArtifact | None = None) -> FakeRecord:
         self.calls.append(("create", sandbox_id))
+        if source is not None and source.snapshot_id not in self.world.snapshots:
+            raise NotFoundError(f"no fake snapshot {source.snapshot_id}")
+        if missing := [v for v in spec.volumes.values() if v not in self.world.volumes]:
+            raise NotFoundError(f"no fake volume {missing[0]}")
         if self.fail_create:
             raise ServerError("the fake runtime refused")
         record = FakeRecord(sandbox_id, str(self.world.dir / f"{sandbox_id}.sock"), secrets.token_hex(8))
-        self.world.running.add(sandbox_id)
+        self._run(record)
+        return record
+
+    def _run(self, record: FakeRecord) -> None:
+        self.world.running.add(record.sandbox_id)
         if self.agent_delay is not None:
             task = asyncio.create_task(self._serve(record, self.agent_delay))
             self._starting.add(task)
             task.add_done_callback(self._starting.discard)
-        return record
+
+    async def stop(self, record: BackendRecord) -> None:
+        self.calls.append(("stop", record.sandbox_id))
+        await self.world_remove(record.sandbox_id)
+        self.world.stopped.add(record.sandbox_id)
+
+    async def boot(self, record: BackendRecord, spec: SandboxSpec) -> FakeRecord:
+        self.calls.append(("boot", record.sandbox_id))
+        rec = fake_record(record)
+        self.world.stopped.discard(rec.sandbox_id)
+        self._run(rec)
+        return rec
+
+    async def snapshot(self, record: BackendRecord, snapshot_id: str) -> SnapshotArtifact:
+        self.calls.append(("snapshot", record.sandbox_id))
+        self.world.snapshots[snapshot_id] = record.sandbox_id
+        return SnapshotArtifact(snapshot_id=snapshot_id, template="fake", size_bytes=4096,
+                                data={"of": record.sandbox_id})
+
+    async def delete_snapshot(self, snapshot: SnapshotArtifact) -> None:
+        self.calls.append(("delete_snapshot", snapshot.snapshot_id))
+        self.world.snapshots.pop(snapshot.snapshot_id, None)
+
+    async def create_volume(self, volume_id: str, size: int) -> None:
+        self.world.volumes[volume_id] = size
+
+    async def delete_volume(self, volume_id: str) -> None:
+        self.world.volumes.pop(volume_id, None)
+
+    async def volume_used(self, volume_id: str) -> int:
+        return 0
 
     async def _serve(self, record: FakeRecord, delay: float) -> None:
         await asyncio.sleep(delay)
@@ -124,6 +180,7 @@ class FakeBackend:
         if self.fail_destroy:
             raise ServerError("the fake runtime cannot destroy it now")
         await self.world_remove(record.sandbox_id)
+        self.world.stopped.discard(record.sandbox_id)
 
     async def world_remove(self, sandbox_id: str) -> None:
         self.world.running.discard(sandbox_id)

@@ -162,6 +162,29 @@ def test_sandbox_create_ls_kill(dev: Cli, admin: Cli) -> None:
     assert sid not in [s["id"] for s in json.loads(dev.ok("sandbox", "ls", "--json"))]
 
 
+def test_pause_to_disk_resume_snapshot_fork_and_snapshot_ls_rm(dev: Cli) -> None:
+    sid = dev.ok("sandbox", "create", "--template", TEMPLATE, "--timeout", "300", "--on-timeout", "pause"
+                 ).decode().strip()
+    dev.ok("exec", sid, "--", "sh", "-c", "echo cli-state > /workspace/s.txt")
+    assert dev.ok("sandbox", "pause", sid, "--to-disk").decode().strip() == f"{sid} paused (to disk)"
+    listed = {s["id"]: s for s in json.loads(dev.ok("sandbox", "ls", "--json"))}
+    assert listed[sid]["state"] == "paused" and listed[sid]["paused_to_disk"] and listed[sid]["on_timeout"] == "pause"
+    assert dev.ok("sandbox", "resume", sid).decode().strip() == f"{sid} running"
+    snap = dev.ok("sandbox", "snapshot", sid, "--name", "cli-snap").decode().strip()
+    assert snap.startswith("snap-")
+    shown = json.loads(dev.ok("snapshot", "ls", "--json"))
+    assert [(s["id"], s["name"], s["sandbox_id"]) for s in shown] == [(snap, "cli-snap", sid)]
+    child = dev.ok("sandbox", "create", "--template", snap, "--timeout", "120").decode().strip()
+    forked = dev.ok("sandbox", "fork", sid).decode().strip()
+    for other in (child, forked):
+        assert dev.ok("exec", other, "--", "cat", "/workspace/s.txt") == b"cli-state\n"
+    assert dev.ok("snapshot", "rm", "cli-snap").decode().strip() == "cli-snap"
+    assert json.loads(dev.ok("snapshot", "ls", "--json")) == []
+    r = dev.run("snapshot", "rm", "cli-snap")
+    assert r.returncode == 1 and one_error_line(r, "not_found")
+    dev.ok("sandbox", "kill", sid, child, forked)
+
+
 def test_network_policy_at_create_and_live_and_the_refusal_notice(dev: Cli) -> None:
     info = json.loads(dev.ok("sandbox", "create", "--template", TEMPLATE, "--network", "example.org,@packages",
                              "--timeout", "120", "--json"))

@@ -187,6 +187,7 @@ async def test_list_keys_by_tenant(store: ControlStore) -> None:
 # Written out independently of PERMISSIONS, from the role descriptions.
 _SANDBOX_USE = {Action.SANDBOX_CREATE, Action.SANDBOX_READ, Action.SANDBOX_EXEC, Action.SANDBOX_FILES_READ,
                 Action.SANDBOX_FILES_WRITE, Action.SANDBOX_UPDATE, Action.SANDBOX_KILL}
+_SANDBOX_USE |= {Action.VOLUME_CREATE, Action.VOLUME_READ, Action.VOLUME_DELETE}  # a tenant's storage
 EXPECTED: dict[Role, set[Action]] = {
     Role.ADMIN: set(Action),
     Role.OPERATOR: _SANDBOX_USE | {Action.SANDBOX_KILL_ALL, Action.AUDIT_READ, Action.TENANT_EGRESS},

@@ -27,6 +27,8 @@ from ._sdk import (
     AsyncCommandHandle,
     AsyncPtySession,
     AsyncSandbox,
+    AsyncSnapshot,
+    AsyncVolume,
     CodeInterpreter,
     CodeSessionInfo,
     CommandHandle,
@@ -40,6 +42,8 @@ from ._sdk import (
     Result,
     Sandbox,
     SandboxInfo,
+    Snapshot,
+    Volume,
 )
 
 __version__ = "0.1.0"
@@ -52,6 +56,8 @@ __all__ = [
     "AsyncCommandHandle",
     "AsyncPtySession",
     "AsyncSandbox",
+    "AsyncSnapshot",
+    "AsyncVolume",
     "AuthenticationError",
     "CapacityError",
     "CodeInterpreter",
@@ -78,9 +84,11 @@ __all__ = [
     "SandboxInfo",
     "SandboxTimeoutError",
     "ServerError",
+    "Snapshot",
     "TemplateBuildError",
     "TransportError",
     "TransportTimeoutError",
+    "Volume",
     "__version__",
     "error_from_code",
 ]

@@ -24,6 +24,8 @@ from ._models import CommandResult, EgressDenial, Entry, SandboxInfo
 from ._processes import AsyncCommandHandle, CommandHandle, ProcessInfo
 from ._pty import AsyncPty, AsyncPtySession, Pty, PtySession
 from ._sandbox import AsyncSandbox, Sandbox
+from ._snapshots import AsyncSnapshot, Snapshot
+from ._volumes import AsyncVolume, Volume
 
 __all__ = [
     "DEFAULT_REQUEST_TIMEOUT",
@@ -36,6 +38,8 @@ __all__ = [
     "AsyncPty",
     "AsyncPtySession",
     "AsyncSandbox",
+    "AsyncSnapshot",
+    "AsyncVolume",
     "AuditProblem",
     "AuditRecord",
     "AuditVerification",
@@ -59,5 +63,7 @@ __all__ = [
     "Result",
     "Sandbox",
     "SandboxInfo",
+    "Snapshot",
     "TenantInfo",
+    "Volume",
 ]

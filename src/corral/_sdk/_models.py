@@ -166,6 +166,8 @@ class SandboxInfo:
     metadata: dict[str, str] = field(default_factory=dict)
     file_roots: tuple[str, ...] = ()  # the directories `files` may touch
     network: str | tuple[str, ...] = "none"  # the egress policy (docs/egress.md)
+    paused_to_disk: bool = False  # state "paused" with no process nor memory left (docs/lifecycle.md)
+    on_timeout: str = "kill"  # what the end of its time to live does: "kill" or "pause" (to disk)
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> SandboxInfo:
@@ -182,4 +184,6 @@ class SandboxInfo:
             metadata=dict(data.get("metadata") or {}),
             file_roots=tuple(str(r) for r in data.get("file_roots") or ()),
             network=_network(data.get("network")),
+            paused_to_disk=bool(data.get("paused_to_disk")),
+            on_timeout=str(data.get("on_timeout") or "kill"),
         )

@@ -14,7 +14,7 @@ from typing import Any, Self
 
 import httpx
 
-from .._exceptions import InvalidRequestError, NotFoundError, SandboxTimeoutError
+from .._exceptions import InvalidRequestError, NotFoundError, SandboxTimeoutError, ServerError
 from ._code import AsyncCodeInterpreter, CodeInterpreter, Execution, ResultCallback
 from ._commands import AsyncCommands, Commands
 from ._config import DEFAULT_MAX_RETRIES, DEFAULT_REQUEST_TIMEOUT, ConnectionConfig
@@ -22,6 +22,7 @@ from ._files import AsyncFiles, Files
 from ._models import SandboxInfo
 from ._processes import OutputCallback
 from ._pty import AsyncPty, Pty
+from ._snapshots import AsyncSnapshot, Snapshot
 from ._transport import AsyncClient, SyncClient, json_dict, sandbox_path
 
 __all__ = ["AsyncSandbox", "Sandbox"]
@@ -36,6 +37,10 @@ def _create_body(
     metadata: Mapping[str, str] | None,
     file_roots: Sequence[str] | None = None,
     runtime: str | None = None,
+    *,
+    on_timeout: str = "kill",
+    volumes: Mapping[str, str] | None = None,
+    public_ports: bool = False,
 ) -> dict[str, Any]:
     if isinstance(file_roots, str):
         raise TypeError("file_roots is a list of directories, not one string")
@@ -52,7 +57,54 @@ def _create_body(
     }
     if runtime is not None:
         body["runtime"] = runtime
+    # Sent only when asked for, so that a server older than these options still takes the plain create.
+    if on_timeout != "kill":
+        body["on_timeout"] = on_timeout
+    if volumes:
+        body["volumes"] = dict(volumes)
+    if public_ports:
+        body["public_ports"] = True
     return body if file_roots is None else {**body, "file_roots": builtins.list(file_roots)}
+
+
+def _pause_body(memory: bool) -> dict[str, Any]:
+    if not isinstance(memory, bool):
+        raise TypeError("memory is True (freeze in place) or False (pause to disk)")
+    return {"memory": memory}
+
+
+def _snapshot_body(name: str | None) -> dict[str, Any]:
+    return {} if name is None else {"name": name}
+
+
+def _fork_body(timeout: float | None, metadata: Mapping[str, str] | None) -> dict[str, Any]:
+    body: dict[str, Any] = {}
+    if timeout is not None:
+        body["timeout"] = timeout
+    if metadata is not None:
+        body["metadata"] = dict(metadata)
+    return body
+
+
+def _check_port(port: int) -> None:
+    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+        raise InvalidRequestError(f"port must be an integer from 1 to 65535, not {port!r}")
+
+
+def _ports_domain(info: Any) -> str:
+    """The domain sandboxes' ports are served under, from `GET /v1/info`."""
+    domain = info.get("domain") if isinstance(info, dict) else None
+    if not isinstance(domain, str) or not domain:
+        raise ServerError("this Corral server does not say where sandboxes' ports are served (no 'domain' in "
+                          "GET /v1/info): it is older than get_host(); upgrade it")
+    return domain
+
+
+def _port_host(sandbox_id: str, port: int, domain: str, base_url: str) -> str:
+    """`<port>-<sandbox id>.<domain>:<server port>`: the server's port as this client reaches it."""
+    url = httpx.URL(base_url)
+    server_port = url.port or (443 if url.scheme == "https" else 80)
+    return f"{port}-{sandbox_id}.{domain}:{server_port}"
 
 
 def _network_body(network: str | Sequence[str]) -> dict[str, Any]:
@@ -69,6 +121,7 @@ class _SandboxBase:
     def __init__(self, info: SandboxInfo) -> None:
         self._info = info
         self._killed = False
+        self._domain: str | None = None  # where the server serves sandboxes' ports, once asked
 
     @property
     def id(self) -> str:
@@ -109,13 +162,19 @@ class Sandbox(_SandboxBase):
         metadata: Mapping[str, str] | None = None,
         file_roots: Sequence[str] | None = None,
         runtime: str | None = None,
+        on_timeout: str = "kill",
+        volumes: Mapping[str, str] | None = None,
+        public_ports: bool = False,
         api_key: str | None = None,
         base_url: str | None = None,
         request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
         max_retries: int = DEFAULT_MAX_RETRIES,
         transport: httpx.BaseTransport | None = None,
     ) -> Sandbox:
-        """Start a new sandbox. `timeout` is its time to live in seconds (never None: every sandbox has one);
+        """Start a new sandbox. `template` is a template's name or a snapshot's id (`Snapshot.id`); `timeout` is
+        its time to live in seconds (never None: every sandbox has one); `on_timeout="pause"` pauses it to disk
+        when that ends instead of killing it; `volumes` mounts the tenant's volumes by path (`{"/mnt/data":
+        "name"}`); `public_ports` lets anyone reach its ports (`get_host`) without the key;
         `runtime` is the OCI runtime, `"runc"` or `"runsc"` (gVisor), None: the server's default (`runc`);
         `api_key`/`base_url` default to `$CORRAL_API_KEY`/`$CORRAL_URL`; a 429 or 503 answer (quota, full
         machine: nothing was created) is retried up to `max_retries` times after the server's `Retry-After` (when
@@ -124,7 +183,8 @@ class Sandbox(_SandboxBase):
                                           max_retries=max_retries)
         client = SyncClient(config, transport)
         try:
-            body = _create_body(template, timeout, network, limits, env, metadata, file_roots, runtime)
+            body = _create_body(template, timeout, network, limits, env, metadata, file_roots, runtime,
+                                on_timeout=on_timeout, volumes=volumes, public_ports=public_ports)
             info = SandboxInfo.from_wire(client.request("POST", "/v1/sandboxes", json=body))
         except BaseException:
             client.close()
@@ -142,12 +202,15 @@ class Sandbox(_SandboxBase):
         max_retries: int = DEFAULT_MAX_RETRIES,
         transport: httpx.BaseTransport | None = None,
     ) -> Sandbox:
-        """Attach to an existing sandbox (`NotFoundError` if it does not exist for this key)."""
+        """Attach to an existing sandbox (`NotFoundError` if it does not exist for this key); a paused one is
+        resumed (from disk too: booted again with its files)."""
         config = ConnectionConfig.resolve(api_key=api_key, base_url=base_url, request_timeout=request_timeout,
                                           max_retries=max_retries)
         client = SyncClient(config, transport)
         try:
             info = SandboxInfo.from_wire(client.request("GET", sandbox_path(sandbox_id)))
+            if info.state == "paused":
+                info = SandboxInfo.from_wire(client.request("POST", sandbox_path(sandbox_id, "/resume")))
         except BaseException:
             client.close()
             raise
@@ -195,6 +258,16 @@ class Sandbox(_SandboxBase):
         self._info = SandboxInfo.from_wire(self._client.request("GET", sandbox_path(self.id)))
         return self._info
 
+    def get_host(self, port: int) -> str:
+        """The host (`"<port>-<sandbox id>.<domain>:<server port>"`) under which the server forwards HTTP and
+        WebSocket requests to `port` inside the sandbox (docs/ports.md). Requests need this client's key as
+        `Authorization: Bearer` unless the sandbox was created with `public_ports=True`. The server's domain is
+        asked once (`GET /v1/info`)."""
+        _check_port(port)
+        if self._domain is None:
+            self._domain = _ports_domain(self._client.request("GET", "/v1/info"))
+        return _port_host(self.id, port, self._domain, self._client.config.base_url)
+
     def set_timeout(self, seconds: int) -> SandboxInfo:
         """Let the sandbox live `seconds` from now."""
         data = self._client.request("POST", sandbox_path(self.id, "/timeout"), json={"timeout": seconds})
@@ -207,10 +280,25 @@ class Sandbox(_SandboxBase):
         self._info = SandboxInfo.from_wire(data)
         return self._info
 
-    def pause(self) -> SandboxInfo:
-        """Freeze every process in the sandbox (memory kept, no CPU used) until `resume()`; its timeout still runs."""
-        self._info = SandboxInfo.from_wire(self._client.request("POST", sandbox_path(self.id, "/pause")))
+    def pause(self, *, memory: bool = True) -> SandboxInfo:
+        """`memory=True`: freeze every process in place (memory kept, no CPU used; its timeout still runs).
+        `memory=False`: pause to disk: processes end, memory is released, every file stays (/tmp too) and its
+        timeout's clock stops; `resume()` or `Sandbox.connect()` boots it again (docs/lifecycle.md)."""
+        data = self._client.request("POST", sandbox_path(self.id, "/pause"), json=_pause_body(memory))
+        self._info = SandboxInfo.from_wire(data)
         return self._info
+
+    def snapshot(self, name: str | None = None) -> Snapshot:
+        """Keep the sandbox's files (not /tmp or /dev/shm, which are memory) as a snapshot that starts sandboxes:
+        `Sandbox.create(template=snap.id)`. The sandbox is frozen for the copy and runs on."""
+        data = self._client.request("POST", sandbox_path(self.id, "/snapshots"), json=_snapshot_body(name))
+        return Snapshot._parse(data, self._client.config)  # type: ignore[no-any-return]
+
+    def fork(self, *, timeout: float | None = None, metadata: Mapping[str, str] | None = None) -> Sandbox:
+        """A new running sandbox with this one's files at this instant (and its spec, env included), independent
+        from then on. `timeout`/`metadata`: the child's, instead of the parent's."""
+        data = self._client.request("POST", sandbox_path(self.id, "/fork"), json=_fork_body(timeout, metadata))
+        return Sandbox(SandboxInfo.from_wire(data), SyncClient(self._client.config, self._client.transport))
 
     def resume(self) -> SandboxInfo:
         self._info = SandboxInfo.from_wire(self._client.request("POST", sandbox_path(self.id, "/resume")))
@@ -266,6 +354,9 @@ class AsyncSandbox(_SandboxBase):
         metadata: Mapping[str, str] | None = None,
         file_roots: Sequence[str] | None = None,
         runtime: str | None = None,
+        on_timeout: str = "kill",
+        volumes: Mapping[str, str] | None = None,
+        public_ports: bool = False,
         api_key: str | None = None,
         base_url: str | None = None,
         request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
@@ -276,7 +367,8 @@ class AsyncSandbox(_SandboxBase):
                                           max_retries=max_retries)
         client = AsyncClient(config, transport)
         try:
-            body = _create_body(template, timeout, network, limits, env, metadata, file_roots, runtime)
+            body = _create_body(template, timeout, network, limits, env, metadata, file_roots, runtime,
+                                on_timeout=on_timeout, volumes=volumes, public_ports=public_ports)
             info = SandboxInfo.from_wire(await client.request("POST", "/v1/sandboxes", json=body))
         except BaseException:
             await client.close()
@@ -299,6 +391,8 @@ class AsyncSandbox(_SandboxBase):
         client = AsyncClient(config, transport)
         try:
             info = SandboxInfo.from_wire(await client.request("GET", sandbox_path(sandbox_id)))
+            if info.state == "paused":
+                info = SandboxInfo.from_wire(await client.request("POST", sandbox_path(sandbox_id, "/resume")))
         except BaseException:
             await client.close()
             raise
@@ -344,6 +438,13 @@ class AsyncSandbox(_SandboxBase):
         self._info = SandboxInfo.from_wire(await self._client.request("GET", sandbox_path(self.id)))
         return self._info
 
+    async def get_host(self, port: int) -> str:
+        """The host for `port` inside the sandbox (see `Sandbox.get_host`)."""
+        _check_port(port)
+        if self._domain is None:
+            self._domain = _ports_domain(await self._client.request("GET", "/v1/info"))
+        return _port_host(self.id, port, self._domain, self._client.config.base_url)
+
     async def set_timeout(self, seconds: int) -> SandboxInfo:
         data = await self._client.request("POST", sandbox_path(self.id, "/timeout"), json={"timeout": seconds})
         self._info = SandboxInfo.from_wire(data)
@@ -354,9 +455,20 @@ class AsyncSandbox(_SandboxBase):
         self._info = SandboxInfo.from_wire(data)
         return self._info
 
-    async def pause(self) -> SandboxInfo:
-        self._info = SandboxInfo.from_wire(await self._client.request("POST", sandbox_path(self.id, "/pause")))
+    async def pause(self, *, memory: bool = True) -> SandboxInfo:
+        data = await self._client.request("POST", sandbox_path(self.id, "/pause"), json=_pause_body(memory))
+        self._info = SandboxInfo.from_wire(data)
         return self._info
+
+    async def snapshot(self, name: str | None = None) -> AsyncSnapshot:
+        data = await self._client.request("POST", sandbox_path(self.id, "/snapshots"), json=_snapshot_body(name))
+        return AsyncSnapshot._parse(data, self._client.config)  # type: ignore[no-any-return]
+
+    async def fork(self, *, timeout: float | None = None,
+                   metadata: Mapping[str, str] | None = None) -> AsyncSandbox:
+        data = await self._client.request("POST", sandbox_path(self.id, "/fork"),
+                                          json=_fork_body(timeout, metadata))
+        return AsyncSandbox(SandboxInfo.from_wire(data), AsyncClient(self._client.config, self._client.transport))
 
     async def resume(self) -> SandboxInfo:
         self._info = SandboxInfo.from_wire(await self._client.request("POST", sandbox_path(self.id, "/resume")))

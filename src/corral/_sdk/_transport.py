@@ -203,6 +203,7 @@ class _BaseClient:
 class SyncClient(_BaseClient):
     def __init__(self, config: ConnectionConfig, transport: httpx.BaseTransport | None = None) -> None:
         super().__init__(config)
+        self.transport = transport  # kept for the clients of sandboxes this one makes (`fork`)
         self._http = httpx.Client(transport=transport, **self._client_options())
 
     def request(self, method: str, path: str, *, timeout: httpx.Timeout | None = None, **kwargs: Any) -> Any:
@@ -236,6 +237,7 @@ class SyncClient(_BaseClient):
 class AsyncClient(_BaseClient):
     def __init__(self, config: ConnectionConfig, transport: httpx.AsyncBaseTransport | None = None) -> None:
         super().__init__(config)
+        self.transport = transport
         self._http = httpx.AsyncClient(transport=transport, **self._client_options())
 
     async def request(self, method: str, path: str, *, timeout: httpx.Timeout | None = None, **kwargs: Any) -> Any:

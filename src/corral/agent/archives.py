@@ -49,7 +49,13 @@ def op_tar_get(ch: Channel, req: dict[str, Any]) -> None:
     ch.event(event="archive")
     writer = _FrameWriter(ch)
     with tarfile.open(fileobj=writer, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
-        tar.add(path, arcname=posixpath.basename(path) or ".", recursive=True)
+        if req.get("contents") is True and os.path.isdir(path):
+            # What is in the directory, not the directory: extracting it back into a directory the agent does
+            # not own (a tmpfs root) must not try to change that directory's mode.
+            for name in sorted(os.listdir(path)):
+                tar.add(posixpath.join(path, name), arcname=name, recursive=True)
+        else:
+            tar.add(path, arcname=posixpath.basename(path) or ".", recursive=True)
     writer.flush()
     ch.send(protocol.DATA_END)
     ch.event(event="done")

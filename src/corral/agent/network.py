@@ -71,28 +71,35 @@ def _bridge(client: _socket.socket, egress_socket: str) -> None:
         client.close()
         upstream.close()
         return
-    back = threading.Thread(target=_pump, args=(upstream, client), daemon=True)
+    back = threading.Thread(target=pump, args=(upstream, client), daemon=True)
     back.start()
-    _pump(client, upstream)
+    pump(client, upstream)
     back.join()
     client.close()
     upstream.close()
 
 
-def _pump(src: _socket.socket, dst: _socket.socket) -> None:
-    """Copy until EOF, then half-close the other side so the peer sees the end of this direction too."""
+def pump(src: _socket.socket, dst: _socket.socket) -> None:
+    """Copy until EOF and pass the end on as a half-close (the peer sees the end of this direction too); an
+    error ends both directions. The egress bridge and inbound tunnels (`tunnel.py`) both copy with it."""
     buf = bytearray(_CHUNK)  # one buffer per direction, reused: no allocation per read
     view = memoryview(buf)
     try:
         while n := src.recv_into(buf):
             dst.sendall(view[:n])
     except OSError:
+        shutdown(src, _socket.SHUT_RDWR)
+        shutdown(dst, _socket.SHUT_RDWR)
+        return
+    shutdown(dst, _socket.SHUT_WR)
+    shutdown(src, _socket.SHUT_RD)
+
+
+def shutdown(sock: _socket.socket, how: int) -> None:
+    try:
+        sock.shutdown(how)
+    except OSError:
         pass
-    for sock, how in ((dst, _socket.SHUT_WR), (src, _socket.SHUT_RD)):
-        try:
-            sock.shutdown(how)
-        except OSError:
-            pass
 
 
 def _accept(listener: _socket.socket) -> _socket.socket:

@@ -78,6 +78,10 @@ class Agent:
             self.op_wait(ch, req)
         elif op == "attach":
             self.op_attach(ch, req)
+        elif op == "connect":  # a raw pipe to one of the sandbox's ports (docs/ports.md)
+            from . import tunnel
+
+            tunnel.op_connect(ch, req)
         elif isinstance(op, str) and op.startswith("code_"):
             self.op_code(ch, req, op)
         else:

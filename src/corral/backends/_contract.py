@@ -38,6 +38,7 @@ __all__ = [
     "BackendRecord",
     "DeclaresLimitations",
     "Endpoint",
+    "SnapshotArtifact",
     "TCPEndpoint",
     "UnixEndpoint",
     "backend_limitations",
@@ -90,6 +91,33 @@ class BackendRecord(ABC):
 
 
 @dataclass(frozen=True)
+class SnapshotArtifact:
+    """What a backend keeps of a snapshot (docs/lifecycle.md): the filesystem of a sandbox at one instant.
+
+    `template` is the digest of the template the sandbox started from (a snapshot starts sandboxes on top of
+    it); `data` is the backend's own (a layer's id, an image's name), JSON, kept by the caller and given back to
+    `create(source=...)` and `delete_snapshot`.
+    """
+
+    snapshot_id: str
+    template: str
+    size_bytes: int
+    data: JSON
+
+    def to_json(self) -> JSON:
+        return {"snapshot_id": self.snapshot_id, "template": self.template, "size_bytes": self.size_bytes,
+                "data": self.data}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SnapshotArtifact:
+        try:
+            return cls(snapshot_id=str(data["snapshot_id"]), template=str(data["template"]),
+                       size_bytes=int(data["size_bytes"]), data=dict(data["data"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a snapshot artifact: {exc!r}") from None
+
+
+@dataclass(frozen=True)
 class BackendCapacity:
     """What the place sandboxes run in can still take, as the backend sees it (None: no figure).
 
@@ -116,11 +144,14 @@ class Backend(Protocol):
     async def check(self, spec: SandboxSpec) -> None:
         """Raise `RuntimeUnavailableError` naming whatever isolation `spec` needs and this host lacks."""
 
-    async def create(self, sandbox_id: str, spec: SandboxSpec, template: Template) -> BackendRecord:
+    async def create(self, sandbox_id: str, spec: SandboxSpec, template: Template,
+                     source: SnapshotArtifact | None = None) -> BackendRecord:
         """Start the sandbox with every protection of docs/backends.md and return its record.
 
-        On return the sandbox runs; its agent may still be starting (the engine waits for it). On failure,
-        including cancellation, nothing of the sandbox is left.
+        With `source` (one of this backend's snapshots, taken of a sandbox of `template`), the sandbox starts
+        with that snapshot's files on top of the template. `spec.volumes` maps mount paths to ids of this
+        backend's volumes (`create_volume`). On return the sandbox runs; its agent may still be starting (the
+        engine waits for it). On failure, including cancellation, nothing of the sandbox is left.
         """
 
     def agent_address(self, record: BackendRecord) -> AgentAddress:
@@ -139,6 +170,32 @@ class Backend(Protocol):
         """Freeze every process of the sandbox in place (memory kept)."""
 
     async def resume(self, record: BackendRecord) -> None: ...
+
+    async def stop(self, record: BackendRecord) -> None:
+        """Pause to disk: end every process and release the sandbox's memory and cgroup; its filesystem (the
+        disk, not the tmpfs mounts) stays. `boot` starts it again; `destroy` removes it. Idempotent."""
+
+    async def boot(self, record: BackendRecord, spec: SandboxSpec) -> BackendRecord:
+        """Start a stopped sandbox again on its kept filesystem, with `spec`'s limits and volumes. On return it
+        runs (the engine waits for its agent again); the record returned replaces the old one. On failure the
+        sandbox is stopped again, its filesystem untouched."""
+
+    async def snapshot(self, record: BackendRecord, snapshot_id: str) -> SnapshotArtifact:
+        """Keep the sandbox's filesystem as it is now (processes frozen for the copy, never a torn one) as an
+        artifact that `create(source=...)` starts sandboxes from. The sandbox runs on as before."""
+
+    async def delete_snapshot(self, snapshot: SnapshotArtifact) -> None:
+        """Remove a snapshot. Sandboxes started from it keep working (what they still use stays until they
+        end). Idempotent."""
+
+    async def create_volume(self, volume_id: str, size: int) -> None:
+        """Make an empty volume of `size` bytes, a hard limit (ENOSPC inside a sandbox at the limit)."""
+
+    async def delete_volume(self, volume_id: str) -> None:
+        """Remove a volume no sandbox mounts (`ConflictError` otherwise, naming them). Idempotent."""
+
+    async def volume_used(self, volume_id: str) -> int:
+        """Bytes the volume's files take now."""
 
     async def destroy(self, record: BackendRecord) -> None:
         """Stop the sandbox and remove every trace of it (processes, mounts, cgroups, containers, files).

@@ -6,10 +6,11 @@ models, because they validate what users send and say what is wrong. `SandboxSta
 
 from __future__ import annotations
 
+import itertools
 import posixpath
 import re
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -24,6 +25,9 @@ DEFAULT_FILE_ROOTS = ("/workspace", "/home/user", "/tmp")
 # otherwise be driven through the API into places its own processes only reach with care.
 _FORBIDDEN_ROOTS = ("/proc", "/sys", "/dev", "/.corral")
 _MAX_FILE_ROOTS = 16
+_MAX_VOLUMES = 8
+# Volumes are mounted over the disk's own tree; these are the kernel's, Corral's, or tmpfs mounts of their own.
+_FORBIDDEN_VOLUME_PATHS = ("/proc", "/sys", "/dev", "/.corral", "/tmp")
 
 
 class Runtime(StrEnum):
@@ -134,6 +138,11 @@ class SandboxSpec(BaseModel):
     # private ip:port pairs the tenant's operator allowed. Enforced by the egress proxy, when the engine has one.
     network: str | tuple[str, ...] = "none"
     network_private: tuple[str, ...] = ()
+    # Lifecycle (docs/lifecycle.md): what the end of the TTL does, volumes mounted by path (volume ids: the
+    # service resolves a tenant's names), and whether the sandbox's ports answer without the tenant's key.
+    on_timeout: Literal["kill", "pause"] = "kill"
+    volumes: dict[str, str] = Field(default_factory=dict)
+    public_ports: bool = False
 
     @model_validator(mode="after")
     def _network(self) -> SandboxSpec:
@@ -169,9 +178,23 @@ class SandboxSpec(BaseModel):
                 raise ValueError(f"environment variable {key} contains a NUL byte")
         return value
 
-    def pool_key(self) -> tuple[str, str, Limits]:
-        """Sandboxes that agree on this can be served from the same warm pool."""
-        return (self.template, self.runtime.value, self.limits)
+    @field_validator("volumes")
+    @classmethod
+    def _volumes(cls, value: dict[str, str]) -> dict[str, str]:
+        if len(value) > _MAX_VOLUMES:
+            raise ValueError(f"a sandbox mounts at most {_MAX_VOLUMES} volumes")
+        mounts = {_volume_path(path): volume for path, volume in value.items()}
+        paths = sorted(mounts)
+        for outer, inner in itertools.pairwise(paths):
+            if inner.startswith(outer + "/"):
+                raise ValueError(f"volume mount {inner!r} is inside volume mount {outer!r}")
+        if len(set(mounts.values())) != len(mounts):
+            raise ValueError("a volume is mounted at most once per sandbox")
+        return mounts
+
+    def pool_key(self) -> tuple[str, str, Limits, bool]:
+        """Sandboxes that agree on this can be served from the same warm pool (pooled ones mount no volume)."""
+        return (self.template, self.runtime.value, self.limits, bool(self.volumes))
 
 
 def _file_root(root: str) -> str:
@@ -188,6 +211,19 @@ def _file_root(root: str) -> str:
         if root == forbidden or root.startswith(forbidden + "/"):
             raise ValueError(f"file root {root!r} is inside {forbidden}, which the file API never touches")
     return root
+
+
+def _volume_path(path: str) -> str:
+    if "\x00" in path:
+        raise ValueError("a volume mount path contains a NUL byte")
+    if not path.startswith("/") or posixpath.normpath(path) != path or path == "/":
+        raise ValueError(f"volume mount path {path!r} is not a normalized absolute path below '/'")
+    if len(path) > 255:
+        raise ValueError("a volume mount path is at most 255 characters")
+    for forbidden in _FORBIDDEN_VOLUME_PATHS:
+        if path == forbidden or path.startswith(forbidden + "/"):
+            raise ValueError(f"volume mount path {path!r} is inside {forbidden}, where no volume can be mounted")
+    return path
 
 
 class SandboxState(StrEnum):

@@ -75,6 +75,9 @@ _COMMANDS: dict[str, _Command] = {
                                                       "notebook cell."),
     "cp": _Command("_cp", "cp", "Copy a file or directory into a sandbox (LOCAL ID:PATH) or out of one "
                                 "(ID:PATH LOCAL)."),
+    "snapshot": _Command("_snapshots", "snapshot_app", "List and delete snapshots (start sandboxes from one with "
+                         "`sandbox create --template <snapshot id>`)."),
+    "volume": _Command("_volumes", "volume_app", "Create, list and delete volumes: storage that outlives sandboxes."),
     "tenants": _Command("_tenants", "tenants_app", "Create, list and update tenants (admin)."),
     "keys": _Command("_keys", "keys_app", "Create, list and revoke API keys (admin)."),
     "audit": _Command("_audit", "audit_app", "Verify, export and follow the audit trail."),
@@ -155,6 +158,8 @@ def serve(
                                             "times physical memory."),
     backend: str = typer.Option("local", help="Where sandboxes run: local (runc/runsc OCI bundles) or docker "
                                 "(a local dockerd; needs corral[docker]). See docs/backends.md."),
+    domain: str = typer.Option("localhost", help="Sandboxes' ports are served on this port at "
+                               "<port>-<sandbox id>.<domain> (a wildcard DNS name to this server). See docs/ports.md."),
 ) -> None:
     """Run the API server (state, templates and sandboxes in $CORRAL_HOME, default /var/lib/corral)."""
     from ..backends import BACKEND_NAMES
@@ -164,7 +169,7 @@ def serve(
     if backend not in BACKEND_NAMES:
         raise typer.BadParameter(f"choose one of {', '.join(BACKEND_NAMES)}", param_hint="--backend")
     capacity = Capacity(max_sandboxes=max_sandboxes, memory_overcommit=memory_overcommit)
-    run_server(host, port, db_url=db, capacity=capacity, backend=backend)
+    run_server(host, port, db_url=db, capacity=capacity, backend=backend, domain=domain)
 
 
 @app.command()

@@ -119,6 +119,20 @@ def code(
     _run("code", out, template=template, n=n)
 
 
+@bench_app.command("lifecycle")
+def lifecycle(
+    n: int = typer.Option(20, help="Samples per measurement (the port round trips take 10 times as many)."),
+    files: int = typer.Option(2000, help="Small files in the snapshotted sandbox (beside one 16 MiB file)."),
+    ports: bool = typer.Option(True, "--ports/--no-ports", help="Also the port round trip through a real "
+                               "`corral serve` against the same request inside the sandbox."),
+    template: str = typer.Option("default"),
+    out: Path = typer.Option(Path("bench-results/lifecycle.json"), help="Where to write the JSON figures."),
+) -> None:
+    """Snapshot, create from a snapshot, fork, pause to disk and resume, against a template create; ports through
+    `get_host` against the same GET inside the sandbox."""
+    _run("lifecycle", out, template=template, n=n, files=files, ports=ports)
+
+
 @bench_app.command("eval")
 def eval_(
     concurrency: int = typer.Option(50, help="Concurrent agents (tasks at once)."),

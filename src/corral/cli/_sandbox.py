@@ -1,9 +1,11 @@
-"""`corral sandbox create|ls|kill`: sandboxes on a Corral server, through its API (`corral exec`, `corral cp` use
-them)."""
+"""`corral sandbox create|ls|kill|pause|resume|fork|snapshot|network|host`: sandboxes on a Corral server, through
+its API (`corral exec`, `corral cp` use them)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 
 import typer
 from rich.table import Table
@@ -52,6 +54,12 @@ def create(
                                 "*.domain, @packages for pip/npm through the package cache)."),
     env: list[str] = typer.Option([], "--env", "-e", help="KEY=VALUE, repeatable.", show_default=False),
     metadata: list[str] = typer.Option([], "--metadata", "-m", help="KEY=VALUE, repeatable.", show_default=False),
+    public_ports: bool = typer.Option(False, "--public-ports", help="Let anyone reach the sandbox's ports (see "
+                                      "`corral sandbox host`) without an API key."),
+    volume: list[str] = typer.Option([], "--volume", "-v", help="PATH=NAME: mount the tenant's volume NAME at PATH; "
+                                     "repeatable.", show_default=False),
+    on_timeout: str = typer.Option("kill", "--on-timeout", help="What the end of the timeout does: kill, or pause "
+                                   "(to disk: files kept, memory released; `corral sandbox resume` boots it)."),
     as_json: JsonOption = False,
     url: UrlOption = None,
     api_key: ApiKeyOption = None,
@@ -59,7 +67,10 @@ def create(
     """Create a sandbox and print its id (it lives until its timeout or `corral sandbox kill`)."""
     sb = Sandbox.create(template, timeout=timeout, network=_network(network),
                         limits=_limits(memory, cpus, pids, disk), env=pairs(env, "--env"),
-                        metadata=pairs(metadata, "--metadata"), api_key=api_key, base_url=url)
+                        metadata=pairs(metadata, "--metadata"), public_ports=public_ports, on_timeout=on_timeout,
+                        volumes=pairs(volume, "--volume"),
+                        api_key=api_key,
+                        base_url=url)
     sb.close()  # the connection only: leaving `with` (or kill()) would destroy the sandbox
     if as_json:
         print_json(dataclasses.asdict(sb.info))
@@ -82,6 +93,19 @@ def network(
         sb.close()
     shown = info.network if isinstance(info.network, str) else ",".join(info.network)
     typer.echo(shown)
+
+
+@sandbox_app.command("host")
+def host(
+    sandbox_id: str = typer.Argument(..., help="Sandbox id."),
+    port: int = typer.Argument(..., min=1, max=65535, help="A port a server listens on inside the sandbox."),
+    url: UrlOption = None,
+    api_key: ApiKeyOption = None,
+) -> None:
+    """Print the host under which the server forwards HTTP and WebSockets to PORT in the sandbox
+    (`<port>-<id>.<domain>:<server port>`; requests need the API key unless the sandbox has public ports)."""
+    with _attached(sandbox_id, url, api_key) as sb:  # only prints a name: a paused sandbox stays paused
+        typer.echo(sb.get_host(port))
 
 
 @sandbox_app.command("ls")
@@ -153,3 +177,82 @@ def _kill_ids(sandbox_ids: list[str], url: str | None, api_key: str | None) -> i
     finally:
         http.close()
     return 1 if failed else 0
+
+
+@contextlib.contextmanager
+def _attached(sandbox_id: str, url: str | None, api_key: str | None) -> Iterator[Sandbox]:
+    """The sandbox as it is (not `Sandbox.connect`, which resumes a paused one); its connection closed after."""
+    http = client(url, api_key)
+    try:
+        sb = Sandbox(SandboxInfo.from_wire(http.request("GET", sandbox_path(sandbox_id))), http)
+        yield sb
+    finally:
+        http.close()
+
+
+def _show(info: SandboxInfo, as_json: bool) -> None:
+    if as_json:
+        print_json(dataclasses.asdict(info))
+    else:
+        typer.echo(f"{info.id} {info.state}{' (to disk)' if info.paused_to_disk else ''}")
+
+
+@sandbox_app.command("pause")
+def pause(
+    sandbox_id: str = typer.Argument(..., help="Sandbox id."),
+    to_disk: bool = typer.Option(False, "--to-disk", help="Release its memory and end its processes; every file "
+                                 "stays (/tmp too) and its timeout stops until it resumes."),
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+    api_key: ApiKeyOption = None,
+) -> None:
+    """Pause a sandbox: frozen in place (memory kept), or with --to-disk, asleep on disk."""
+    with _attached(sandbox_id, url, api_key) as sb:
+        _show(sb.pause(memory=not to_disk), as_json)
+
+
+@sandbox_app.command("resume")
+def resume(
+    sandbox_id: str = typer.Argument(..., help="Sandbox id."),
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+    api_key: ApiKeyOption = None,
+) -> None:
+    """Resume a paused sandbox (one paused to disk boots again with its files)."""
+    with _attached(sandbox_id, url, api_key) as sb:
+        _show(sb.resume(), as_json)
+
+
+@sandbox_app.command("fork")
+def fork(
+    sandbox_id: str = typer.Argument(..., help="Sandbox id."),
+    timeout: int | None = typer.Option(None, help="The child's seconds to live (default: the parent's timeout)."),
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+    api_key: ApiKeyOption = None,
+) -> None:
+    """Start a new sandbox with this one's files as they are now; print its id."""
+    with _attached(sandbox_id, url, api_key) as sb:
+        child = sb.fork(timeout=timeout)
+        child.close()
+    if as_json:
+        print_json(dataclasses.asdict(child.info))
+    else:
+        typer.echo(child.id)
+
+
+@sandbox_app.command("snapshot")
+def snapshot(
+    sandbox_id: str = typer.Argument(..., help="Sandbox id."),
+    name: str | None = typer.Option(None, help="A name for it, unique among the tenant's snapshots."),
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+    api_key: ApiKeyOption = None,
+) -> None:
+    """Keep the sandbox's files as a snapshot (start sandboxes from it with `create --template <id>`); print its id."""
+    with _attached(sandbox_id, url, api_key) as sb:
+        snap = sb.snapshot(name)
+    if as_json:
+        print_json({k: v for k, v in dataclasses.asdict(snap).items() if not k.startswith("_")})
+    else:
+        typer.echo(snap.id)

@@ -72,6 +72,9 @@ _PARSERS: dict[str, Callable[[str], int | float | None]] = {
     "max_sandboxes": _limit(int), "max_memory_bytes": _limit(_size), "max_cpus": _limit(float),
     "max_sandbox_memory_bytes": _limit(_size), "max_sandbox_cpus": _limit(float),
     "max_sandbox_disk_bytes": _limit(_size), "max_sandbox_timeout": _limit(float),
+    "max_paused": _limit(int), "max_paused_seconds": _limit(float), "max_snapshots": _limit(int),
+    "max_snapshot_bytes": _limit(_size),
+    "max_volumes": _limit(int), "max_volume_bytes": _limit(_size),
 }
 
 
@@ -85,6 +88,13 @@ def update(
     max_sandbox_cpus: str | None = typer.Option(None, help=f"CPUs of one sandbox. {_LIMIT_HELP}"),
     max_sandbox_disk: str | None = typer.Option(None, help=f"Disk of one sandbox, e.g. 10G. {_LIMIT_HELP}"),
     max_sandbox_timeout: str | None = typer.Option(None, help=f"Seconds a sandbox may live. {_LIMIT_HELP}"),
+    max_paused: str | None = typer.Option(None, help=f"Sandboxes paused to disk at once. {_LIMIT_HELP}"),
+    max_paused_seconds: str | None = typer.Option(
+        None, help=f"Seconds a sandbox may stay paused to disk before it is destroyed (default 7 days). {_LIMIT_HELP}"),
+    max_snapshots: str | None = typer.Option(None, help=f"Snapshots kept. {_LIMIT_HELP}"),
+    max_snapshot_bytes: str | None = typer.Option(None, help=f"Total size of snapshots, e.g. 20G. {_LIMIT_HELP}"),
+    max_volumes: str | None = typer.Option(None, help=f"Volumes kept. {_LIMIT_HELP}"),
+    max_volume_bytes: str | None = typer.Option(None, help=f"Total size of volumes, e.g. 100G. {_LIMIT_HELP}"),
     disabled: bool | None = typer.Option(None, "--disable/--enable", help="A disabled tenant's keys stop working.",
                                          show_default=False),
     as_json: JsonOption = False,
@@ -94,7 +104,10 @@ def update(
     """Change a tenant's quotas (those not given keep their value) or disable/enable it."""
     given = {"max_sandboxes": max_sandboxes, "max_memory_bytes": max_memory, "max_cpus": max_cpus,
              "max_sandbox_memory_bytes": max_sandbox_memory, "max_sandbox_cpus": max_sandbox_cpus,
-             "max_sandbox_disk_bytes": max_sandbox_disk, "max_sandbox_timeout": max_sandbox_timeout}
+             "max_sandbox_disk_bytes": max_sandbox_disk, "max_sandbox_timeout": max_sandbox_timeout,
+             "max_paused": max_paused, "max_paused_seconds": max_paused_seconds, "max_snapshots": max_snapshots,
+             "max_snapshot_bytes": max_snapshot_bytes, "max_volumes": max_volumes,
+             "max_volume_bytes": max_volume_bytes}
     quotas = {k: _PARSERS[k](v) for k, v in given.items() if v is not None}
     if not quotas and disabled is None:
         raise typer.BadParameter("nothing to change: give a quota option, --disable or --enable")

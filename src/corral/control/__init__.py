@@ -31,14 +31,17 @@ from ._denials import AUTH_DENIED, AuthDenials, Denial
 from ._keys import KEY_FORMAT, generate_key, hash_key, parse_key
 from ._models import (
     DEFAULT_EGRESS_CEILING,
+    DEFAULT_MAX_PAUSED_SECONDS,
     SCHEMA_VERSION,
     ApiKey,
     NewApiKey,
     Quotas,
     SandboxRecord,
     SandboxStatus,
+    SnapshotRecord,
     Tenant,
     TenantEgress,
+    VolumeRecord,
 )
 from ._rbac import PERMISSIONS, Action, Principal, Role, authorize, is_allowed, require_sandbox
 from ._store import ADMIN_KEY_FILE, ADMIN_TENANT, ControlStore
@@ -48,6 +51,7 @@ __all__ = [
     "ADMIN_TENANT",
     "AUTH_DENIED",
     "DEFAULT_EGRESS_CEILING",
+    "DEFAULT_MAX_PAUSED_SECONDS",
     "GENESIS_HASH",
     "KEY_FORMAT",
     "PERMISSIONS",
@@ -69,9 +73,11 @@ __all__ = [
     "Role",
     "SandboxRecord",
     "SandboxStatus",
+    "SnapshotRecord",
     "Tenant",
     "TenantEgress",
     "VerifyResult",
+    "VolumeRecord",
     "authorize",
     "canonical_json",
     "default_url",

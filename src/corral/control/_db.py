@@ -31,6 +31,7 @@ from typing import Any, cast
 
 import aiosqlite
 from sqlalchemy import Table, event, insert, select, text
+from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.engine import URL, Connection, Dialect, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
@@ -101,6 +102,7 @@ class Database:
             if self.is_postgresql:
                 await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_SCHEMA_LOCK})
             await conn.run_sync(Base.metadata.create_all)
+            await conn.run_sync(add_missing_columns)
             if await conn.scalar(select(SchemaVersionRow.version)) is None:
                 await conn.execute(insert(SchemaVersionRow).values(id=1, version=SCHEMA_VERSION, created_at=now))
 
@@ -166,6 +168,29 @@ class Database:
             except SQLAlchemyError:  # closing is best effort; dispose() below drops the pool anyway
                 pass
         await self.engine.dispose()
+
+
+def add_missing_columns(conn: Connection) -> list[str]:
+    """Bring a database made by an older Corral up to the models: `create_all` adds missing tables, not
+    missing columns of existing ones. Every column added since the first schema is nullable, so an
+    `ALTER TABLE ... ADD COLUMN` (the same on SQLite and PostgreSQL) is the whole migration. Returns what it added.
+    """
+    inspector = sa_inspect(conn)
+    added: list[str] = []
+    for table in Base.metadata.sorted_tables:
+        present = {column["name"] for column in inspector.get_columns(table.name)}
+        for column in table.columns:
+            if column.name in present:
+                continue
+            if not column.nullable:
+                raise ServerError(f"the control database lacks column {table.name}.{column.name}, which cannot be "
+                                  "added to existing rows; migrate it by hand")
+            kind = column.type.compile(dialect=conn.dialect)
+            preparer = conn.dialect.identifier_preparer
+            conn.execute(text(f"ALTER TABLE {preparer.quote(table.name)} "
+                              f"ADD COLUMN {preparer.quote(column.name)} {kind}"))
+            added.append(f"{table.name}.{column.name}")
+    return added
 
 
 class _SqliteInsert:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, text
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
@@ -72,6 +72,13 @@ class TenantRow(Base):
     max_sandbox_cpus: Mapped[float | None] = mapped_column(Float)
     max_sandbox_disk_bytes: Mapped[int | None] = mapped_column(BigInteger)
     max_sandbox_timeout: Mapped[float | None] = mapped_column(Float)
+    # Lifecycle (docs/lifecycle.md); columns added to older databases by `_db.add_missing_columns`.
+    max_paused: Mapped[int | None] = mapped_column(Integer)  # sandboxes paused to disk at once
+    max_paused_seconds: Mapped[float | None] = mapped_column(Float)  # NULL: DEFAULT_MAX_PAUSED_SECONDS
+    max_snapshots: Mapped[int | None] = mapped_column(Integer)
+    max_snapshot_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    max_volumes: Mapped[int | None] = mapped_column(Integer)  # volumes kept (docs/volumes.md)
+    max_volume_bytes: Mapped[int | None] = mapped_column(BigInteger)  # total size of the tenant's volumes
 
 
 class TenantEgressRow(Base):
@@ -118,6 +125,47 @@ class SandboxRow(Base):
     created_at: Mapped[datetime]
     expires_at: Mapped[datetime] = mapped_column(index=True)
     destroyed_at: Mapped[datetime | None]
+    # Paused to disk (docs/lifecycle.md): holds no memory, so it counts against `max_paused`, not the running
+    # totals; its timeout's clock stops (`ttl_left`) and `paused_at` starts the tenant's `max_paused_seconds`.
+    paused_to_disk: Mapped[bool | None] = mapped_column(Boolean)
+    paused_at: Mapped[datetime | None]
+    ttl_left: Mapped[float | None] = mapped_column(Float)
+
+
+class SnapshotRow(Base):
+    """A tenant's snapshot: what the backend keeps (`artifact`, `SnapshotArtifact.to_json()`) and whose it is."""
+
+    __tablename__ = "snapshots"
+    __table_args__ = (Index("ix_snapshots_tenant_live", "tenant_id", "deleted_at"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    key_id: Mapped[str | None] = mapped_column(String(40))
+    name: Mapped[str | None] = mapped_column(String(128))
+    sandbox_id: Mapped[str] = mapped_column(String(64))  # the sandbox it was taken of
+    template: Mapped[str] = mapped_column(String(128))  # that sandbox's template (a name, or another snapshot)
+    backend: Mapped[str] = mapped_column(String(32))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    artifact: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime]
+    deleted_at: Mapped[datetime | None]
+
+
+class VolumeRow(Base):
+    """A tenant's volume (docs/volumes.md): storage on the backend that outlives sandboxes, mounted by name.
+    A name is unique among the tenant's live volumes (a deleted one's name can be used again)."""
+
+    __tablename__ = "volumes"
+    __table_args__ = (Index("ux_volumes_tenant_name_live", "tenant_id", "name", unique=True,
+                            sqlite_where=text("deleted_at IS NULL"), postgresql_where=text("deleted_at IS NULL")),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    name: Mapped[str] = mapped_column(String(63))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    backend: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime]
+    deleted_at: Mapped[datetime | None]
 
 
 class AuditRow(Base):
@@ -152,8 +200,15 @@ class Quotas:
     max_sandbox_cpus: float | None = None
     max_sandbox_disk_bytes: int | None = None
     max_sandbox_timeout: float | None = None
+    max_paused: int | None = None
+    max_paused_seconds: float | None = None  # how long a sandbox may stay paused to disk; None: 7 days
+    max_snapshots: int | None = None
+    max_snapshot_bytes: int | None = None
+    max_volumes: int | None = None
+    max_volume_bytes: int | None = None  # the total size of the tenant's volumes
 
 
+DEFAULT_MAX_PAUSED_SECONDS = 7 * 24 * 3600.0  # a paused sandbox forgotten this long is destroyed
 DEFAULT_EGRESS_CEILING = "internet"  # public addresses and every preset; admins narrow it per tenant
 
 
@@ -223,10 +278,46 @@ class SandboxRecord:
     expires_at: datetime
     destroyed_at: datetime | None
     env_names: tuple[str, ...] = ()
+    paused_to_disk: bool = False
+    paused_at: datetime | None = None
+    ttl_left: float | None = None  # paused to disk: the seconds its timeout had left
 
     @property
     def live(self) -> bool:
         return self.destroyed_at is None
+
+
+@dataclass(frozen=True)
+class SnapshotRecord:
+    id: str
+    tenant_id: str
+    name: str | None
+    sandbox_id: str
+    template: str
+    backend: str
+    size_bytes: int
+    artifact: dict[str, Any]
+    created_at: datetime
+    deleted_at: datetime | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.deleted_at is None
+
+
+@dataclass(frozen=True)
+class VolumeRecord:
+    id: str
+    tenant_id: str
+    name: str
+    size_bytes: int
+    backend: str
+    created_at: datetime
+    deleted_at: datetime | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.deleted_at is None
 
 
 def tenant_from_row(row: TenantRow) -> Tenant:
@@ -238,6 +329,12 @@ def tenant_from_row(row: TenantRow) -> Tenant:
         max_sandbox_cpus=row.max_sandbox_cpus,
         max_sandbox_disk_bytes=row.max_sandbox_disk_bytes,
         max_sandbox_timeout=row.max_sandbox_timeout,
+        max_paused=row.max_paused,
+        max_paused_seconds=row.max_paused_seconds,
+        max_snapshots=row.max_snapshots,
+        max_snapshot_bytes=row.max_snapshot_bytes,
+        max_volumes=row.max_volumes,
+        max_volume_bytes=row.max_volume_bytes,
     )
     return Tenant(id=row.id, name=row.name, created_at=row.created_at, disabled=row.disabled, quotas=quotas)
 
@@ -254,7 +351,19 @@ def sandbox_from_row(row: SandboxRow) -> SandboxRecord:
                          spec=_spec(stored), env_names=env_names, metadata=row.metadata_,
                          memory_bytes=row.memory_bytes, cpus=row.cpus,
                          disk_bytes=row.disk_bytes, state=SandboxStatus(row.state), created_at=row.created_at,
-                         expires_at=row.expires_at, destroyed_at=row.destroyed_at)
+                         expires_at=row.expires_at, destroyed_at=row.destroyed_at,
+                         paused_to_disk=bool(row.paused_to_disk), paused_at=row.paused_at, ttl_left=row.ttl_left)
+
+
+def snapshot_from_row(row: SnapshotRow) -> SnapshotRecord:
+    return SnapshotRecord(id=row.id, tenant_id=row.tenant_id, name=row.name, sandbox_id=row.sandbox_id,
+                          template=row.template, backend=row.backend, size_bytes=row.size_bytes,
+                          artifact=dict(row.artifact), created_at=row.created_at, deleted_at=row.deleted_at)
+
+
+def volume_from_row(row: VolumeRow) -> VolumeRecord:
+    return VolumeRecord(id=row.id, tenant_id=row.tenant_id, name=row.name, size_bytes=row.size_bytes,
+                        backend=row.backend, created_at=row.created_at, deleted_at=row.deleted_at)
 
 
 @functools.lru_cache(maxsize=4096)

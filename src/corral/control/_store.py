@@ -39,6 +39,7 @@ from ._db import Database, default_url
 from ._denials import AuthDenials
 from ._keys import generate_key, hash_key, parse_key, same_hash, validate_key
 from ._models import (
+    DEFAULT_MAX_PAUSED_SECONDS,
     ApiKey,
     ApiKeyRow,
     NewApiKey,
@@ -46,13 +47,19 @@ from ._models import (
     SandboxRecord,
     SandboxRow,
     SandboxStatus,
+    SnapshotRecord,
+    SnapshotRow,
     Tenant,
     TenantEgress,
     TenantEgressRow,
     TenantRow,
+    VolumeRecord,
+    VolumeRow,
     key_from_row,
     sandbox_from_row,
+    snapshot_from_row,
     tenant_from_row,
+    volume_from_row,
 )
 from ._rbac import Action, Principal, Role, authorize, require_sandbox
 
@@ -362,7 +369,8 @@ class ControlStore:
         return sandbox_from_row(row)
 
     async def set_sandbox_timeout(self, sandbox_id: str, seconds: float) -> SandboxRecord:
-        """Expire `seconds` from now, within the tenant's `max_sandbox_timeout`."""
+        """Expire `seconds` from now (paused to disk: `seconds` after it resumes), within the tenant's
+        `max_sandbox_timeout`."""
         if not seconds > 0:
             raise InvalidRequestError("timeout must be a positive number of seconds")
         try:
@@ -371,10 +379,66 @@ class ControlStore:
                 tenant = await _tenant_row(session, row.tenant_id)
                 _check_limit(tenant, "max_sandbox_timeout", tenant.max_sandbox_timeout, seconds,
                              "a sandbox timeout", unit="s")
-                row.expires_at = self._now() + timedelta(seconds=seconds)
+                if row.paused_to_disk:
+                    row.ttl_left = seconds
+                else:
+                    row.expires_at = self._now() + timedelta(seconds=seconds)
         finally:
             self._sandboxes.invalidate(sandbox_id)
         return sandbox_from_row(row)
+
+    async def pause_to_disk(self, sandbox_id: str) -> SandboxRecord:
+        """Record a sandbox as paused to disk, within the tenant's `max_paused`; its timeout's clock stops.
+
+        Call it before the engine stops the sandbox (it reserves the paused slot); `resumed` undoes it."""
+        try:
+            async with self._db.write() as session:
+                row = await _live_sandbox_row(session, sandbox_id)
+                if row.paused_to_disk:
+                    raise ConflictError(f"sandbox {sandbox_id} is paused to disk already")
+                tenant = await _tenant_row(session, row.tenant_id)
+                paused = await session.scalar(select(func.count()).where(
+                    SandboxRow.tenant_id == tenant.id, SandboxRow.destroyed_at.is_(None),
+                    SandboxRow.paused_to_disk.is_(True)))
+                _check_limit(tenant, "max_paused", tenant.max_paused, int(paused or 0) + 1,
+                             "sandboxes paused to disk", current=int(paused or 0))
+                now = self._now()
+                row.ttl_left = max(1.0, (row.expires_at - now).total_seconds())
+                row.state, row.paused_to_disk, row.paused_at = SandboxStatus.PAUSED.value, True, now
+        finally:
+            self._sandboxes.invalidate(sandbox_id)
+        return sandbox_from_row(row)
+
+    async def resumed(self, sandbox_id: str) -> SandboxRecord:
+        """Record a sandbox paused to disk as running again, within the tenant's running totals (it takes memory
+        again); its timeout runs on from what it had left. Call it before the engine boots the sandbox."""
+        try:
+            async with self._db.write() as session:
+                row = await _live_sandbox_row(session, sandbox_id)
+                if row.paused_to_disk:
+                    tenant = await session.scalar(
+                        select(TenantRow).where(TenantRow.id == row.tenant_id).with_for_update())
+                    if tenant is None:
+                        raise NotFoundError(f"no tenant {row.tenant_id!r}")
+                    await _check_totals(session, tenant, row)
+                    row.expires_at = self._now() + timedelta(seconds=row.ttl_left or 1.0)
+                row.state, row.paused_to_disk, row.paused_at, row.ttl_left = \
+                    SandboxStatus.RUNNING.value, False, None, None
+        finally:
+            self._sandboxes.invalidate(sandbox_id)
+        return sandbox_from_row(row)
+
+    async def forgotten_paused(self) -> list[SandboxRecord]:
+        """Sandboxes paused to disk for longer than their tenant's `max_paused_seconds` (default 7 days)."""
+        stmt = (select(SandboxRow, TenantRow.max_paused_seconds)
+                .join(TenantRow, TenantRow.id == SandboxRow.tenant_id)
+                .where(SandboxRow.destroyed_at.is_(None), SandboxRow.paused_to_disk.is_(True)))
+        now = self._now()
+        async with self._db.read() as session:
+            rows = (await session.execute(stmt)).all()
+        return [sandbox_from_row(row) for row, limit in rows
+                if row.paused_at is not None
+                and (now - row.paused_at).total_seconds() > (DEFAULT_MAX_PAUSED_SECONDS if limit is None else limit)]
 
     async def mark_destroyed(self, sandbox_id: str, *, failed: bool = False) -> SandboxRecord:
         """The sandbox is gone (or never came up, `failed=True`): it stops counting against quotas."""
@@ -470,10 +534,134 @@ class ControlStore:
         return [sandbox_from_row(r) for r in rows if all(r.metadata_.get(k) == v for k, v in wanted)]
 
     async def expired_sandboxes(self) -> list[SandboxRecord]:
-        """Live sandboxes past their timeout, for the reaper."""
-        stmt = select(SandboxRow).where(SandboxRow.destroyed_at.is_(None), SandboxRow.expires_at <= self._now())
+        """Live sandboxes past their timeout, for the reaper (paused to disk: their clock stands still)."""
+        stmt = select(SandboxRow).where(SandboxRow.destroyed_at.is_(None), SandboxRow.expires_at <= self._now(),
+                                        SandboxRow.paused_to_disk.is_not(True))
         async with self._db.read() as session:
             return [sandbox_from_row(r) for r in (await session.scalars(stmt.order_by(SandboxRow.expires_at))).all()]
+
+
+    # -- snapshots -------------------------------------------------------------------------------------------
+
+    async def check_snapshot_quota(self, tenant_id: str) -> None:
+        """Refuse before the copy when the tenant has no snapshot left (`add_snapshot` checks again, with the size)."""
+        async with self._db.read() as session:
+            tenant = await _tenant_row(session, tenant_id)
+            await _check_snapshot_totals(session, tenant, 0, exclusive=True)
+
+    async def add_snapshot(self, principal: Principal, record: SnapshotRecord) -> SnapshotRecord:
+        """Record a snapshot the engine made, within the tenant's `max_snapshots` and `max_snapshot_bytes`; a name
+        is unique among the tenant's snapshots (ConflictError)."""
+        async with self._create_lock, self._db.write() as session:
+            tenant = await session.scalar(select(TenantRow).where(TenantRow.id == record.tenant_id).with_for_update())
+            if tenant is None:
+                raise NotFoundError(f"no tenant {record.tenant_id!r}")
+            if record.name is not None and await self._snapshot_named(session, record.tenant_id, record.name):
+                raise ConflictError(f"a snapshot named {record.name!r} exists already; delete it or choose another "
+                                    "name", details={"name": record.name})
+            await _check_snapshot_totals(session, tenant, record.size_bytes, exclusive=False)
+            session.add(SnapshotRow(id=record.id, tenant_id=record.tenant_id, key_id=principal.key_id,
+                                    name=record.name, sandbox_id=record.sandbox_id, template=record.template,
+                                    backend=record.backend, size_bytes=record.size_bytes, artifact=record.artifact,
+                                    created_at=record.created_at, deleted_at=None))
+        return record
+
+    @staticmethod
+    async def _snapshot_named(session: AsyncSession, tenant_id: str, name: str) -> SnapshotRow | None:
+        return await session.scalar(select(SnapshotRow).where(
+            SnapshotRow.tenant_id == tenant_id, SnapshotRow.name == name, SnapshotRow.deleted_at.is_(None)))
+
+    async def get_snapshot(self, tenant_id: str, snapshot: str) -> SnapshotRecord:
+        """The tenant's live snapshot with this id or name; another tenant's is as unknown as a missing one."""
+        async with self._db.read() as session:
+            row = await session.get(SnapshotRow, snapshot)
+            if row is None or row.tenant_id != tenant_id or row.deleted_at is not None:
+                row = await self._snapshot_named(session, tenant_id, snapshot)
+        if row is None:
+            raise NotFoundError(f"no snapshot {snapshot!r}", details={"snapshot": snapshot})
+        return snapshot_from_row(row)
+
+    async def list_snapshots(self, tenant_id: str) -> list[SnapshotRecord]:
+        stmt = (select(SnapshotRow).where(SnapshotRow.tenant_id == tenant_id, SnapshotRow.deleted_at.is_(None))
+                .order_by(SnapshotRow.created_at, SnapshotRow.id))
+        async with self._db.read() as session:
+            return [snapshot_from_row(r) for r in (await session.scalars(stmt)).all()]
+
+    async def mark_snapshot_deleted(self, snapshot_id: str) -> SnapshotRecord:
+        async with self._db.write() as session:
+            row = await session.get(SnapshotRow, snapshot_id)
+            if row is None:
+                raise NotFoundError(f"no snapshot {snapshot_id!r}")
+            if row.deleted_at is None:
+                row.deleted_at = self._now()
+        return snapshot_from_row(row)
+
+    # -- volumes (docs/volumes.md) ---------------------------------------------------------------------------------
+
+    async def create_volume(self, principal: Principal, name: str, size_bytes: int, *, backend: str,
+                            volume_id: str | None = None) -> VolumeRecord:
+        """Record a volume of the caller's tenant within its `max_volumes` and `max_volume_bytes`, in one
+        transaction; a name is unique among the tenant's live volumes (ConflictError). Create it in the engine
+        next, and `mark_volume_deleted` if that fails."""
+        authorize(principal, Action.VOLUME_CREATE, principal.tenant_id)
+        row = VolumeRow(id=volume_id or _new_id("vol"), tenant_id=principal.tenant_id, name=name,
+                        size_bytes=size_bytes, backend=backend, created_at=self._now(), deleted_at=None)
+        taken = ConflictError(f"a volume named {name!r} exists already; delete it or choose another name",
+                              details={"name": name})
+        async with self._create_lock:
+            try:
+                async with self._db.write() as session:
+                    tenant = await session.scalar(
+                        select(TenantRow).where(TenantRow.id == principal.tenant_id).with_for_update())
+                    if tenant is None:
+                        raise NotFoundError(f"no tenant {principal.tenant_id!r}")
+                    if await self._volume_named(session, tenant.id, name) is not None:
+                        raise taken
+                    await self._check_volume_totals(session, tenant, size_bytes)
+                    session.add(row)
+            except IntegrityError:  # another replica took the name meanwhile (the partial unique index)
+                raise taken from None
+        return volume_from_row(row)
+
+    @staticmethod
+    async def _volume_named(session: AsyncSession, tenant_id: str, name: str) -> VolumeRow | None:
+        return await session.scalar(select(VolumeRow).where(
+            VolumeRow.tenant_id == tenant_id, VolumeRow.name == name, VolumeRow.deleted_at.is_(None)))
+
+    @staticmethod
+    async def _check_volume_totals(session: AsyncSession, tenant: TenantRow, size_bytes: int) -> None:
+        live = (VolumeRow.tenant_id == tenant.id, VolumeRow.deleted_at.is_(None))
+        totals = (await session.execute(select(func.count(), func.coalesce(func.sum(VolumeRow.size_bytes), 0))
+                                        .where(*live))).one()
+        count, total = int(totals[0]), int(totals[1])
+        _check_limit(tenant, "max_volumes", tenant.max_volumes, count + 1, "volumes", current=count)
+        _check_limit(tenant, "max_volume_bytes", tenant.max_volume_bytes, total + size_bytes,
+                     "the total size of volumes", current=total, unit=" bytes")
+
+    async def get_volume_by_name(self, tenant_id: str, name: str) -> VolumeRecord:
+        """The tenant's live volume of this name; another tenant's is as unknown as a missing one."""
+        async with self._db.read() as session:
+            row = await self._volume_named(session, tenant_id, name)
+        if row is None:
+            raise NotFoundError(f"no volume named {name!r}", details={"volume": name})
+        return volume_from_row(row)
+
+    async def list_volumes(self, tenant_id: str) -> list[VolumeRecord]:
+        """The tenant's live volumes, by name."""
+        stmt = (select(VolumeRow).where(VolumeRow.tenant_id == tenant_id, VolumeRow.deleted_at.is_(None))
+                .order_by(VolumeRow.name))
+        async with self._db.read() as session:
+            return [volume_from_row(r) for r in (await session.scalars(stmt)).all()]
+
+    async def mark_volume_deleted(self, volume_id: str) -> VolumeRecord:
+        """The volume is gone (or never came up): its name is free and it stops counting against quotas."""
+        async with self._db.write() as session:
+            row = await session.get(VolumeRow, volume_id)
+            if row is None:
+                raise NotFoundError(f"no volume {volume_id!r}")
+            if row.deleted_at is None:
+                row.deleted_at = self._now()
+        return volume_from_row(row)
 
 
 # -- helpers -----------------------------------------------------------------------------------------------------
@@ -550,7 +738,9 @@ def _check_per_sandbox(tenant: TenantRow, row: SandboxRow) -> None:
 
 
 async def _check_totals(session: AsyncSession, tenant: TenantRow, row: SandboxRow) -> None:
-    live = (SandboxRow.tenant_id == tenant.id, SandboxRow.destroyed_at.is_(None))
+    # A sandbox paused to disk holds no memory nor CPU: it counts against `max_paused` instead.
+    live = (SandboxRow.tenant_id == tenant.id, SandboxRow.destroyed_at.is_(None),
+            SandboxRow.paused_to_disk.is_not(True), SandboxRow.id != row.id)
     totals = (await session.execute(select(func.count(), func.coalesce(func.sum(SandboxRow.memory_bytes), 0),
                                            func.coalesce(func.sum(SandboxRow.cpus), 0.0)).where(*live))).one()
     count, memory, cpus = int(totals[0]), int(totals[1]), float(totals[2])
@@ -558,3 +748,19 @@ async def _check_totals(session: AsyncSession, tenant: TenantRow, row: SandboxRo
     _check_limit(tenant, "max_memory_bytes", tenant.max_memory_bytes, memory + row.memory_bytes,
                  "total memory", current=memory, unit=" bytes")
     _check_limit(tenant, "max_cpus", tenant.max_cpus, cpus + row.cpus, "total cpus", current=cpus)
+
+
+async def _check_snapshot_totals(session: AsyncSession, tenant: TenantRow, size: int, *, exclusive: bool) -> None:
+    """`exclusive`: is there room for one more at all (before its size is known)?"""
+    live = (SnapshotRow.tenant_id == tenant.id, SnapshotRow.deleted_at.is_(None))
+    totals = (await session.execute(select(func.count(), func.coalesce(func.sum(SnapshotRow.size_bytes), 0))
+                                    .where(*live))).one()
+    count, used = int(totals[0]), int(totals[1])
+    _check_limit(tenant, "max_snapshots", tenant.max_snapshots, count + 1, "snapshots", current=count)
+    if exclusive:
+        if tenant.max_snapshot_bytes is not None and used >= tenant.max_snapshot_bytes:
+            _check_limit(tenant, "max_snapshot_bytes", tenant.max_snapshot_bytes, used + 1,
+                         "total snapshot size", current=used, unit=" bytes")
+        return
+    _check_limit(tenant, "max_snapshot_bytes", tenant.max_snapshot_bytes, used + size, "total snapshot size",
+                 current=used, unit=" bytes")

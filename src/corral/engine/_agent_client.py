@@ -11,7 +11,7 @@ import base64
 import builtins
 import contextlib
 import socket
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import IO, Any
 
 from .._exceptions import AgentError, CorralError, error_from_code
@@ -115,6 +115,74 @@ class AgentClient:
 
     async def ping(self) -> dict[str, Any]:
         return await self._simple("ping")
+
+    # -- ports -----------------------------------------------------------------------------------
+
+    async def open_port(self, port: int) -> socket.socket:
+        """A connection to `port` inside the sandbox (127.0.0.1, else ::1), through the agent: a connected,
+        non-blocking socket that is from now on a raw byte pipe to that port (a half-close is passed on as one).
+        The caller owns it and closes it.
+
+        Nothing listening there is an `AgentError` whose message names the port (`details["port"]`); a port
+        outside 1..65535 is `InvalidRequestError`, from the agent (docs/ports.md)."""
+        request = protocol.encode_json(protocol.REQUEST, {"op": "connect", "token": self.token, "port": port})
+        sock = await self._connect_socket()
+        loop = asyncio.get_running_loop()
+        try:
+            with self._mapped("connect"):
+                await loop.sock_sendall(sock, request)
+                kind, length = protocol.parse_header(await _sock_read_exactly(sock, protocol.HEADER.size))
+                payload = await _sock_read_exactly(sock, length) if length else b""
+                if kind == protocol.ERROR:
+                    err = protocol.decode_json(payload)
+                    details = {**(err.get("details") or {}), "port": port}
+                    raise error_from_code(str(err.get("code")), str(err.get("message")), details)
+                event = protocol.decode_json(payload) if kind == protocol.EVENT else {}
+                if event.get("event") != "connected":
+                    raise protocol.ProtocolError(f"expected the 'connected' event, got frame kind {kind}")
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    async def _connect_socket(self) -> socket.socket:
+        """A bare non-blocking socket to the agent: a tunnel must not leave bytes of its pipe in a reader's
+        buffer, so nothing is read past the one event."""
+        loop = asyncio.get_running_loop()
+        try:
+            if isinstance(self.endpoint, UnixEndpoint):
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                address: Any = self.endpoint.path
+            else:
+                infos = await loop.getaddrinfo(self.endpoint.host, self.endpoint.port, type=socket.SOCK_STREAM)
+                family, kind, proto, _, address = infos[0]
+                sock = socket.socket(family, kind, proto)
+            sock.setblocking(False)
+            try:
+                await asyncio.wait_for(loop.sock_connect(sock, address), _TCP_CONNECT_TIMEOUT)
+            except BaseException:
+                sock.close()
+                raise
+        except TimeoutError as exc:
+            raise AgentError(f"the agent of {self.label} did not accept a connection within "
+                             f"{_TCP_CONNECT_TIMEOUT:g}s; the sandbox may have stopped") from exc
+        except OSError as exc:
+            raise AgentError(f"the agent of {self.label} is unreachable ({exc.strerror or exc}); "
+                             "the sandbox may have stopped") from exc
+        return sock
+
+    @contextlib.contextmanager
+    def _mapped(self, op: str) -> Iterator[None]:
+        """Foreign errors while talking to the agent, as `AgentError` (as `_op` maps them)."""
+        try:
+            yield
+        except CorralError:
+            raise
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            raise AgentError(f"the agent of {self.label} closed the connection during {op!r}; "
+                             "the sandbox may have been killed or run out of memory") from exc
+        except (OSError, protocol.ProtocolError) as exc:
+            raise AgentError(f"talking to the agent of {self.label} failed during {op!r}: {exc}") from exc
 
     # -- processes -------------------------------------------------------------------------------
 
@@ -304,8 +372,11 @@ class AgentClient:
                      roots: Roots = None) -> None:
         await self._simple("rename", src=src, dst=dst, overwrite=overwrite, roots=roots)
 
-    async def download_tar(self, path: str, *, roots: Roots = None) -> AsyncIterator[bytes]:
-        async with self._op("tar_get", path=path, roots=roots) as conn:
+    async def download_tar(self, path: str, *, roots: Roots = None,
+                           contents: bool = False) -> AsyncIterator[bytes]:
+        """A tar of `path`; with `contents`, of what the directory holds (entries named relative to it)."""
+        extra = {"contents": True} if contents else {}
+        async with self._op("tar_get", path=path, roots=roots, **extra) as conn:
             await conn.event()
             while True:
                 kind, payload = await conn.recv()
@@ -476,6 +547,18 @@ async def _chunks(data: Source) -> AsyncIterator[bytes]:
     for piece in data:
         for i in range(0, len(piece), protocol.CHUNK):
             yield bytes(piece[i : i + protocol.CHUNK])
+
+
+async def _sock_read_exactly(sock: socket.socket, n: int) -> bytes:
+    """Exactly `n` bytes from a non-blocking socket, never more; `IncompleteReadError` at an early EOF."""
+    loop = asyncio.get_running_loop()
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = await loop.sock_recv(sock, n - len(buf))
+        if not chunk:
+            raise asyncio.IncompleteReadError(bytes(buf), n)
+        buf += chunk
+    return bytes(buf)
 
 
 def _entry(e: dict[str, Any]) -> Entry:

@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import secrets
+import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
@@ -42,7 +43,7 @@ from .._exceptions import (
     ServerError,
 )
 from .._settings import corral_home
-from ..backends import AgentAddress, Backend, BackendRecord, load_backend
+from ..backends import AgentAddress, Backend, BackendRecord, SnapshotArtifact, load_backend
 from ..templates import Template, TemplateStore
 from ._agent_client import AgentClient, OutputCallback, PtySession, Source
 from ._capacity import Capacity, MachineUsage
@@ -92,6 +93,13 @@ class _Sandbox:
     state: SandboxState = SandboxState.RUNNING
     template_env: dict[str, str] = field(default_factory=dict)
     pooled: bool = False
+    # Paused to disk (docs/lifecycle.md): no process, no memory; `ttl_left` is what its timeout had left, the
+    # clock stops while it sleeps.
+    paused_to_disk: bool = False
+    ttl_left: float = 0.0
+    # Serialises what changes the sandbox's state (pause, resume, snapshot, destroy): a snapshot must not copy a
+    # disk that a pause is unmounting, nor the reaper pause what a caller is resuming.
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock, compare=False, repr=False)
 
     def info(self) -> SandboxInfo:
         return SandboxInfo(
@@ -104,6 +112,7 @@ class _Sandbox:
             expires_at=datetime.fromtimestamp(self.expires_at, UTC),
             env=dict(self.spec.env),
             metadata=dict(self.spec.metadata),
+            paused_to_disk=self.paused_to_disk,
         )
 
     def to_json(self, backend: str) -> dict[str, Any]:
@@ -115,6 +124,8 @@ class _Sandbox:
             "state": self.state.value,
             "template_env": self.template_env,
             "pooled": self.pooled,
+            "paused_to_disk": self.paused_to_disk,
+            "ttl_left": self.ttl_left,
             "backend": backend,
             "record": self.record.to_json(),
         }
@@ -220,20 +231,24 @@ class Engine:
 
     # -- sandboxes ---------------------------------------------------------------------------------
 
-    async def create(self, spec: SandboxSpec | None = None, *, sandbox_id: str | None = None) -> SandboxHandle:
+    async def create(self, spec: SandboxSpec | None = None, *, sandbox_id: str | None = None,
+                     source: SnapshotArtifact | None = None) -> SandboxHandle:
         """Create a sandbox and wait until its agent answers. Fails closed; a failure leaves nothing.
 
-        `sandbox_id` lets the caller (the control plane, which records the sandbox first) choose the id.
+        `sandbox_id` lets the caller (the control plane, which records the sandbox first) choose the id. With
+        `source` (a snapshot's artifact, from `snapshot`), it starts with the snapshot's files, on the template
+        the snapshot was taken on.
         """
         spec = spec or SandboxSpec()
         if sandbox_id is not None:
             _check_sandbox_id(sandbox_id)
             self._check_unused(sandbox_id)
-        template = self.templates.get(spec.template)  # NotFoundError names the available ones
-        sb = None if sandbox_id is not None else self._take_pooled(spec)
+        # NotFoundError names the available ones; a snapshot's template is the exact build it was taken on.
+        template = self.templates.get(source.template if source is not None else spec.template)
+        sb = None if sandbox_id is not None or source is not None else self._take_pooled(spec)
         pooled = sb is not None
         if sb is None:
-            sb = await self._create(spec, template, sandbox_id=sandbox_id)
+            sb = await self._create(spec, template, sandbox_id=sandbox_id, source=source)
         else:
             sb.pooled = False
             self._save(sb)  # its new spec and times, and no longer a pool member
@@ -243,7 +258,7 @@ class Engine:
         return SandboxHandle(self, sb.id)
 
     async def _create(self, spec: SandboxSpec, template: Template, *, pooled: bool = False,
-                      sandbox_id: str | None = None) -> _Sandbox:
+                      sandbox_id: str | None = None, source: SnapshotArtifact | None = None) -> _Sandbox:
         sandbox_id = sandbox_id or f"sb-{secrets.token_hex(8)}"
         await self.backend.check(spec)
         figures = await self.backend.capacity()
@@ -253,7 +268,7 @@ class Engine:
         self.capacity.check(self.usage(), spec.limits.memory, figures, retry_after=self._retry_after())
         self._creating[sandbox_id] = spec.limits.memory
         try:
-            record = await self.backend.create(sandbox_id, spec, template)
+            record = await self.backend.create(sandbox_id, spec, template, source)
             try:
                 agent = self._agent_client(sandbox_id, self.backend.agent_address(record))
                 await self._wait_ready(sandbox_id, record, agent)
@@ -315,7 +330,7 @@ class Engine:
 
     def usage(self) -> MachineUsage:
         """Sandboxes and memory limits promised on this machine: running, pooled and being created."""
-        held = [*self._sandboxes.values(), *self._pool]
+        held = [*(sb for sb in self._sandboxes.values() if not sb.paused_to_disk), *self._pool]
         return MachineUsage(sandboxes=len(held) + len(self._creating),
                             memory=sum(sb.spec.limits.memory for sb in held) + sum(self._creating.values()))
 
@@ -352,28 +367,143 @@ class Engine:
 
     async def destroy(self, sandbox_id: str) -> None:
         sb = self._lookup(sandbox_id)
-        await self._destroy(sb, reason="destroyed")
+        async with sb.lock:
+            await self._destroy(sb, reason="destroyed")
 
-    async def pause(self, sandbox_id: str) -> None:
-        sb = self._running(sandbox_id)
-        await self.backend.pause(sb.record)
-        sb.state = SandboxState.PAUSED
+    async def pause(self, sandbox_id: str, *, memory: bool = True) -> None:
+        """Pause: with `memory`, every process frozen in place; without, paused to disk (docs/lifecycle.md):
+        processes ended, memory and cgroup released, the filesystem (and /tmp, saved beside it) kept."""
+        sb = self._lookup(sandbox_id)
+        async with sb.lock:
+            await self._pause(sb, memory=memory)
+
+    async def _pause(self, sb: _Sandbox, *, memory: bool) -> None:
+        sandbox_id = sb.id
+        if sb.paused_to_disk:
+            raise ConflictError(f"sandbox {sandbox_id} is paused to disk already")
+        if memory:
+            if sb.state == SandboxState.PAUSED:
+                raise ConflictError(f"sandbox {sandbox_id} is paused already")
+            await self.backend.pause(sb.record)
+            sb.state = SandboxState.PAUSED
+            self._save(sb)
+            return
+        await self._pause_to_disk(sb)
+
+    async def _pause_to_disk(self, sb: _Sandbox) -> None:
+        if sb.state == SandboxState.PAUSED:  # frozen: thaw it so its agent can save /tmp, then stop it
+            await self.backend.resume(sb.record)
+            sb.state = SandboxState.RUNNING
+        await self._save_tmp(sb)
+        if self.egress is not None:
+            await self.egress.detach(sb.id)
+        await self.backend.stop(sb.record)
+        sb.state, sb.paused_to_disk = SandboxState.PAUSED, True
+        sb.ttl_left = max(1.0, sb.expires_at - time.time())
         self._save(sb)
+        logger.info("sandbox.paused_to_disk", extra={"sandbox": sb.id, "ttl_left": round(sb.ttl_left)})
 
     async def resume(self, sandbox_id: str) -> None:
         sb = self._lookup(sandbox_id)
+        async with sb.lock:
+            await self._resume(sb)
+
+    async def _resume(self, sb: _Sandbox) -> None:
+        sandbox_id = sb.id
         if sb.state != SandboxState.PAUSED:
             raise ConflictError(f"sandbox {sandbox_id} is not paused")
+        if sb.paused_to_disk:
+            await self._boot(sb)
+            return
         await self.backend.resume(sb.record)
         sb.state = SandboxState.RUNNING
         self._save(sb)
 
+    async def _boot(self, sb: _Sandbox) -> None:
+        """Start a sandbox paused to disk again: capacity first (it takes memory again), then the backend, the
+        agent, egress, its /tmp; the timeout runs again from what it had left."""
+        figures = await self.backend.capacity()
+        self.capacity.check(self.usage(), sb.spec.limits.memory, figures, retry_after=self._retry_after())
+        self._creating[sb.id] = sb.spec.limits.memory
+        try:
+            record = await self.backend.boot(sb.record, sb.spec)
+            try:
+                agent = self._agent_client(sb.id, self.backend.agent_address(record))
+                await self._wait_ready(sb.id, record, agent)
+                await self._attach_egress(sb.id, record, sb.spec)
+                await self._restore_tmp(sb, agent)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self.backend.stop(record))
+                raise
+        finally:
+            self._creating.pop(sb.id, None)
+        sb.record, sb.agent = record, agent
+        sb.state, sb.paused_to_disk = SandboxState.RUNNING, False
+        sb.expires_at = time.time() + sb.ttl_left
+        self._save(sb)
+        self._tmp_path(sb.id).unlink(missing_ok=True)
+        logger.info("sandbox.resumed_from_disk", extra={"sandbox": sb.id})
+
+    def _tmp_path(self, sandbox_id: str) -> Path:
+        return self._state_dir / f"{sandbox_id}.tmp.tar"
+
+    async def _save_tmp(self, sb: _Sandbox) -> None:
+        """/tmp is a tmpfs (memory): its files go to a tar beside the engine's state, through the agent (which
+        reads them as the sandbox's user would: nothing there is beyond its reach)."""
+        path = self._tmp_path(sb.id)
+        partial = path.with_suffix(".partial")
+        try:
+            with open(partial, "wb") as f:
+                async for chunk in sb.agent.download_tar("/tmp", contents=True):
+                    f.write(chunk)
+            os.replace(partial, path)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+
+    async def _restore_tmp(self, sb: _Sandbox, agent: AgentClient) -> None:
+        path = self._tmp_path(sb.id)
+        if not path.exists():
+            return
+        with open(path, "rb") as f:
+            await agent.upload_tar("/tmp", f)
+
+    async def snapshot(self, sandbox_id: str, snapshot_id: str | None = None) -> SnapshotArtifact:
+        """Keep the sandbox's filesystem as it is now (its processes frozen for the copy; /tmp and /dev/shm,
+        which are memory, are not in it) as an artifact that `create(source=...)` starts sandboxes from."""
+        sb = self._lookup(sandbox_id)
+        snapshot_id = snapshot_id or f"snap-{secrets.token_hex(8)}"
+        async with sb.lock:
+            artifact = await self.backend.snapshot(sb.record, snapshot_id)
+        logger.info("sandbox.snapshot", extra={"sandbox": sb.id, "snapshot": snapshot_id,
+                                               "bytes": artifact.size_bytes})
+        return artifact
+
+    async def delete_snapshot(self, artifact: SnapshotArtifact) -> None:
+        """Remove a snapshot; sandboxes started from it keep what they use."""
+        await self.backend.delete_snapshot(artifact)
+
+    async def fork(self, sandbox_id: str, *, child_id: str | None = None,
+                   spec: SandboxSpec | None = None) -> SandboxHandle:
+        """A new running sandbox with the parent's files at this instant (`spec`: the parent's, by default),
+        independent from then on: a snapshot that lives only as long as the child's create."""
+        parent = self._lookup(sandbox_id)
+        artifact = await self.snapshot(sandbox_id)
+        try:
+            return await self.create(spec or parent.spec, sandbox_id=child_id, source=artifact)
+        finally:
+            await asyncio.shield(self.delete_snapshot(artifact))
+
     def set_timeout(self, sandbox_id: str, seconds: float) -> SandboxInfo:
-        """Make the sandbox expire `seconds` from now."""
+        """Make the sandbox expire `seconds` from now (paused to disk: `seconds` after it resumes)."""
         if not 0 < seconds <= 7 * 24 * 3600:
             raise InvalidRequestError("timeout must be between 0 and 604800 seconds")
         sb = self._lookup(sandbox_id)
-        sb.expires_at = time.time() + seconds
+        if sb.paused_to_disk:
+            sb.ttl_left = seconds
+        else:
+            sb.expires_at = time.time() + seconds
         self._save(sb)
         return sb.info()
 
@@ -449,6 +579,20 @@ class Engine:
             self.egress.set_policy(sb.id, spec.egress_policy())
         return spec
 
+    # -- volumes (docs/volumes.md): the backend's; sandboxes mount them by id through `SandboxSpec.volumes` --------
+
+    async def create_volume(self, volume_id: str, size: int) -> None:
+        """An empty volume of `size` bytes, a hard limit."""
+        await self.backend.create_volume(volume_id, size)
+
+    async def delete_volume(self, volume_id: str) -> None:
+        """Remove a volume no sandbox mounts (`ConflictError` naming them otherwise). Idempotent."""
+        await self.backend.delete_volume(volume_id)
+
+    async def volume_used(self, volume_id: str) -> int:
+        """Bytes the volume's files take now."""
+        return await self.backend.volume_used(volume_id)
+
     async def _attach_egress(self, sandbox_id: str, record: BackendRecord, spec: SandboxSpec) -> None:
         if self.egress is not None:
             endpoint = self.backend.egress_endpoint(record)
@@ -460,6 +604,12 @@ class Engine:
             if await self.backend.oom_kills(sb.record) > before:
                 return replace(result, oom_killed=True)
         return result
+
+    async def open_port(self, sandbox_id: str, port: int) -> socket.socket:
+        """A connection to `port` inside a running sandbox, through its agent (the sandbox's network stays
+        loopback-only): a connected, non-blocking socket, from now on a raw byte pipe to that port; the caller
+        closes it. Nothing listening there is `AgentError` naming the port; a paused sandbox `ConflictError`."""
+        return await self._running(sandbox_id).agent.open_port(port)
 
     def agent(self, sandbox_id: str) -> AgentClient:
         return self._running(sandbox_id).agent
@@ -497,7 +647,8 @@ class Engine:
     def _running(self, sandbox_id: str) -> _Sandbox:
         sb = self._lookup(sandbox_id)
         if sb.state == SandboxState.PAUSED:
-            raise ConflictError(f"sandbox {sandbox_id} is paused; resume it first")
+            how = "paused to disk" if sb.paused_to_disk else "paused"
+            raise ConflictError(f"sandbox {sandbox_id} is {how}; resume it first (or connect, which resumes it)")
         return sb
 
     async def _destroy(self, sb: _Sandbox, *, reason: str) -> None:
@@ -511,6 +662,7 @@ class Engine:
             await self.egress.detach(sb.id)
         await self.backend.destroy(sb.record)
         self._state_path(sb.id).unlink(missing_ok=True)
+        self._tmp_path(sb.id).unlink(missing_ok=True)
         logger.info("sandbox.destroyed", extra={"sandbox": sb.id, "reason": reason})
 
     def _state_path(self, sandbox_id: str) -> Path:
@@ -534,6 +686,12 @@ class Engine:
                 logger.warning("sandbox.other_backend", extra={"sandbox": path.stem, "backend": data.get("backend")})
                 continue
             sb = None if data is None else self._load(data)
+            if sb is not None and sb.paused_to_disk:  # asleep: nothing runs to check, and no clock runs out
+                await self.backend.adopt(sb.record)
+                self._sandboxes[sb.id] = sb
+                known.add(sb.id)
+                logger.info("sandbox.kept_paused", extra={"sandbox": sb.id})
+                continue
             if sb is None or sb.pooled or sb.state == SandboxState.STOPPED or sb.expires_at <= time.time() \
                     or not await self.backend.alive(sb.record):
                 stale.append(path)
@@ -545,7 +703,8 @@ class Engine:
             logger.info("sandbox.reattached", extra={"sandbox": sb.id})
         for sid in await self.backend.sweep(known):
             logger.info("sandbox.swept", extra={"sandbox": sid})
-        for path in [*stale, *self._state_dir.glob(".*.tmp-*")]:  # and what a crash left of a write
+        saved = [p for p in self._state_dir.glob("*.tmp.tar") if p.name.removesuffix(".tmp.tar") not in known]
+        for path in [*stale, *saved, *self._state_dir.glob(".*.tmp-*"), *self._state_dir.glob("*.partial")]:
             path.unlink(missing_ok=True)
 
     def _load(self, data: dict[str, Any]) -> _Sandbox | None:
@@ -559,7 +718,8 @@ class Engine:
                             agent=self._agent_client(sandbox_id, self.backend.agent_address(record)),
                             created_at=float(data["created_at"]), expires_at=float(data["expires_at"]),
                             state=SandboxState(data["state"]), template_env=dict(data.get("template_env", {})),
-                            pooled=bool(data.get("pooled")))
+                            pooled=bool(data.get("pooled")), paused_to_disk=bool(data.get("paused_to_disk")),
+                            ttl_left=float(data.get("ttl_left", 0.0)))
         except (ValueError, KeyError, TypeError, CorralError):
             return None
 
@@ -567,9 +727,15 @@ class Engine:
         while True:
             await asyncio.sleep(REAP_INTERVAL)
             now = time.time()
-            for sb in [s for s in self._sandboxes.values() if s.expires_at <= now]:
+            for sb in [s for s in self._sandboxes.values() if s.expires_at <= now and not s.paused_to_disk]:
                 try:
-                    await self._destroy(sb, reason="timeout")
+                    async with sb.lock:
+                        if sb.id not in self._sandboxes or sb.paused_to_disk:
+                            continue  # destroyed or paused meanwhile
+                        if sb.spec.on_timeout == "pause":
+                            await self._pause_to_disk(sb)
+                            continue
+                        await self._destroy(sb, reason="timeout")
                 except CorralError:
                     logger.exception("sandbox.reap_failed", extra={"sandbox": sb.id})
 
@@ -620,8 +786,14 @@ class SandboxHandle:
         return await self._engine.agent(self.id).pty(cmd, rows=rows, cols=cols, cwd=cwd,
                                                      env=self._engine.sandbox_env(self.id, env), timeout=timeout)
 
-    async def pause(self) -> None:
-        await self._engine.pause(self.id)
+    async def pause(self, *, memory: bool = True) -> None:
+        await self._engine.pause(self.id, memory=memory)
+
+    async def snapshot(self) -> SnapshotArtifact:
+        return await self._engine.snapshot(self.id)
+
+    async def fork(self) -> SandboxHandle:
+        return await self._engine.fork(self.id)
 
     async def resume(self) -> None:
         await self._engine.resume(self.id)

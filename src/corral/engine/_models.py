@@ -30,6 +30,7 @@ class SandboxInfo:
     expires_at: datetime
     env: dict[str, str]
     metadata: dict[str, str]
+    paused_to_disk: bool = False
 
 
 @dataclass(frozen=True)

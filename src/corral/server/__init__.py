@@ -15,7 +15,7 @@ from .._settings import admin_key, corral_home, database_url
 from ..control import ControlStore
 from ..egress import EgressProxy, PackageMirror
 from ..engine import Capacity, Engine
-from ..service import STATUS_BY_CODE, status_for
+from ..service import DEFAULT_DOMAIN, STATUS_BY_CODE, status_for
 from ._app import create_app
 from ._process import ServerProcess
 
@@ -27,11 +27,12 @@ DEFAULT_PORT = 7770
 
 def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
           home: str | os.PathLike[str] | None = None, db_url: str | None = None,
-          capacity: Capacity | None = None, backend: str = "local") -> None:
+          capacity: Capacity | None = None, backend: str = "local", domain: str = DEFAULT_DOMAIN) -> None:
     """Run the API server until interrupted, with its state in `home` (default `CORRAL_HOME`), its control
     database at `db_url` (default `CORRAL_DB_URL`, else SQLite in `home`; PostgreSQL for several replicas),
     the machine's `capacity` for sandboxes (past it, creates answer 503 with `Retry-After`), and sandboxes on
-    the `backend` of that name (`corral.backends.BACKEND_NAMES`; docs/backends.md)."""
+    the `backend` of that name (`corral.backends.BACKEND_NAMES`; docs/backends.md), and sandboxes' ports
+    served at `<port>-<sandbox id>.<domain>` on the same port (docs/ports.md)."""
     import uvicorn
 
     state = corral_home(home)
@@ -50,6 +51,6 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
             print("corral: admin API key taken from CORRAL_ADMIN_KEY (used only if the server had no keys)",
                   flush=True)
 
-    app = create_app(engine, store, on_startup=bootstrap)
+    app = create_app(engine, store, on_startup=bootstrap, domain=domain)
     config = uvicorn.Config(app, host=host, port=port, lifespan="on", log_level="info")
     asyncio.run(uvicorn.Server(config).serve())

@@ -60,6 +60,12 @@ class QuotasPatch(BaseModel):
     max_sandbox_cpus: NonNegativeFloat | None = None
     max_sandbox_disk_bytes: NonNegativeInt | None = None
     max_sandbox_timeout: NonNegativeFloat | None = None
+    max_paused: NonNegativeInt | None = None
+    max_paused_seconds: NonNegativeFloat | None = None
+    max_snapshots: NonNegativeInt | None = None
+    max_snapshot_bytes: NonNegativeInt | None = None
+    max_volumes: NonNegativeInt | None = None
+    max_volume_bytes: NonNegativeInt | None = None
 
 
 class TenantPatch(BaseModel):

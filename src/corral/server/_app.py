@@ -14,16 +14,32 @@ from fastapi import FastAPI
 
 from ..control import ControlStore
 from ..engine import Engine
-from ..service import Service, StartupHook
-from . import _admin, _code, _egress, _exec, _files, _info, _killswitch, _processes, _pty, _sandboxes
+from ..service import DEFAULT_DOMAIN, Service, StartupHook
+from . import (
+    _admin,
+    _code,
+    _egress,
+    _exec,
+    _files,
+    _info,
+    _killswitch,
+    _processes,
+    _pty,
+    _sandboxes,
+    _snapshots,
+    _volumes,
+)
 from ._errors import install_error_handlers
+from ._ports import PortsMiddleware
 
 __all__ = ["create_app"]
 
 
-def create_app(engine: Engine, store: ControlStore, *, on_startup: StartupHook | None = None) -> FastAPI:
-    """The API app over `engine` and `store`; the lifespan starts and stops both (through the service)."""
-    service = Service(engine, store, on_startup=on_startup)
+def create_app(engine: Engine, store: ControlStore, *, on_startup: StartupHook | None = None,
+               domain: str = DEFAULT_DOMAIN) -> FastAPI:
+    """The API app over `engine` and `store`; the lifespan starts and stops both (through the service).
+    Requests to `<port>-<sandbox id>.<domain>` hosts go to that port in the sandbox instead (docs/ports.md)."""
+    service = Service(engine, store, on_startup=on_startup, domain=domain)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -33,11 +49,13 @@ def create_app(engine: Engine, store: ControlStore, *, on_startup: StartupHook |
     app = FastAPI(title="Corral", version="1", lifespan=lifespan)
     app.state.corral = service
     install_error_handlers(app)
+    app.add_middleware(PortsMiddleware, service=service)  # before any route: port hosts never reach the API
 
     @app.get("/v1/health")
     async def health() -> dict[str, Any]:
         return {"ok": True}
 
-    for module in (_sandboxes, _egress, _exec, _code, _files, _admin, _killswitch, _processes, _pty, _info):
+    for module in (_sandboxes, _snapshots, _egress, _exec, _code, _files, _admin, _killswitch, _processes,
+                   _pty, _info, _volumes):
         app.include_router(module.router)
     return app

@@ -16,4 +16,5 @@ router = APIRouter(prefix="/v1", route_class=AuditedRoute)
 @router.get("/info")
 async def info(request: Request, principal: CurrentPrincipal) -> dict[str, Any]:
     found = await service(request).info.get(principal)
-    return {"backend": found.backend, "runtimes": list(found.runtimes), "limitations": dict(found.limitations)}
+    return {"backend": found.backend, "runtimes": list(found.runtimes), "limitations": dict(found.limitations),
+            "domain": found.domain}

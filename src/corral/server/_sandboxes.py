@@ -1,4 +1,5 @@
-"""Sandbox lifecycle routes: create, list, get, kill, timeout, network, pause, resume (thin: one service call each)."""
+"""Sandbox lifecycle routes: create, list, get, kill, timeout, network, pause, resume, fork, snapshot (thin: one
+service call each)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..control import SandboxRecord
-from ..service import CreateSandbox, file_roots
+from ..service import CreateSandbox, ForkSandbox, file_roots
 from ._auth import CurrentPrincipal
 from ._context import query_prefixed, service
 from ._routing import AuditedRoute
+from ._snapshots import SnapshotRequest, snapshot_json
 
 router = APIRouter(prefix="/v1/sandboxes", route_class=AuditedRoute)
 
@@ -23,6 +25,15 @@ class NetworkRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     network: str | list[str]
+
+
+class PauseRequest(BaseModel):
+    """`memory`: frozen in place (the default); false: paused to disk. `to_disk` with `memory`: refused (CRIU)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    memory: bool = True
+    to_disk: bool = False
 
 
 class TimeoutRequest(BaseModel):
@@ -48,6 +59,10 @@ def sandbox_json(record: SandboxRecord) -> dict[str, Any]:
         "metadata": record.metadata,
         "file_roots": file_roots(record),
         "network": spec.network if isinstance(spec.network, str) else list(spec.network),
+        "paused_to_disk": record.paused_to_disk,
+        "on_timeout": spec.on_timeout,
+        "volumes": dict(spec.volumes),
+        "public_ports": spec.public_ports,
     }
 
 
@@ -87,10 +102,26 @@ async def set_network(sandbox_id: str, body: NetworkRequest, request: Request,
 
 
 @router.post("/{sandbox_id}/pause")
-async def pause(sandbox_id: str, request: Request, principal: CurrentPrincipal) -> dict[str, Any]:
-    return sandbox_json(await service(request).sandboxes.pause(principal, sandbox_id))
+async def pause(sandbox_id: str, request: Request, principal: CurrentPrincipal,
+                body: PauseRequest | None = None) -> dict[str, Any]:
+    how = body or PauseRequest()
+    return sandbox_json(await service(request).sandboxes.pause(principal, sandbox_id, memory=how.memory,
+                                                               to_disk=how.to_disk))
 
 
 @router.post("/{sandbox_id}/resume")
 async def resume(sandbox_id: str, request: Request, principal: CurrentPrincipal) -> dict[str, Any]:
     return sandbox_json(await service(request).sandboxes.resume(principal, sandbox_id))
+
+
+@router.post("/{sandbox_id}/fork", status_code=201)
+async def fork(sandbox_id: str, request: Request, principal: CurrentPrincipal,
+               body: ForkSandbox | None = None) -> dict[str, Any]:
+    return sandbox_json(await service(request).sandboxes.fork(principal, sandbox_id, body or ForkSandbox()))
+
+
+@router.post("/{sandbox_id}/snapshots", status_code=201)
+async def snapshot(sandbox_id: str, request: Request, principal: CurrentPrincipal,
+                   body: SnapshotRequest | None = None) -> dict[str, Any]:
+    name = body.name if body is not None else None
+    return snapshot_json(await service(request).snapshots.create(principal, sandbox_id, name))

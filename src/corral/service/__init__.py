@@ -8,13 +8,18 @@ from ._commands import Command, Commands, CommandStream, exec_outcome
 from ._files import Files
 from ._info import Info, ServerInfo
 from ._outcome import RETRY_AFTER_DETAIL, STATUS_BY_CODE, outcome_of, status_for
+from ._ports import DEFAULT_DOMAIN, PORT_ACTION, PortConnection, PortRequest, Ports, check_domain
 from ._processes import AttachStream, Processes, parse_signal
 from ._pty import Pty, PtyRequest, Terminal
-from ._sandboxes import CreateSandbox, KillReport, Sandboxes, check_network, file_roots
+from ._sandboxes import CreateSandbox, ForkSandbox, KillReport, Sandboxes, check_network, file_roots
 from ._service import REQUEST_INVALID, ClientInfo, Service, StartupHook
+from ._snapshots import Snapshots
 from ._streamed import OutputCallback, Streamed
+from ._volumes import VolumeDetail, Volumes
 
 __all__ = [
+    "DEFAULT_DOMAIN",
+    "PORT_ACTION",
     "REQUEST_INVALID",
     "RETRY_AFTER_DETAIL",
     "STATUS_BY_CODE",
@@ -31,10 +36,14 @@ __all__ = [
     "Commands",
     "CreateSandbox",
     "Files",
+    "ForkSandbox",
     "Info",
     "Keys",
     "KillReport",
     "OutputCallback",
+    "PortConnection",
+    "PortRequest",
+    "Ports",
     "Processes",
     "Pty",
     "PtyRequest",
@@ -42,10 +51,14 @@ __all__ = [
     "Sandboxes",
     "ServerInfo",
     "Service",
+    "Snapshots",
     "StartupHook",
     "Streamed",
     "Tenants",
     "Terminal",
+    "VolumeDetail",
+    "Volumes",
+    "check_domain",
     "check_network",
     "exec_outcome",
     "file_roots",

@@ -24,6 +24,7 @@ class ServerInfo:
     backend: str  # the backend's name (`corral serve --backend`)
     runtimes: tuple[str, ...]  # the runtimes a sandbox may ask for here
     limitations: Mapping[str, str]  # key -> reason (docs/backends.md); empty when nothing is missing
+    domain: str = "localhost"  # sandboxes' ports are served at `<port>-<sandbox id>.<domain>` (docs/ports.md)
 
 
 class Info:
@@ -34,4 +35,4 @@ class Info:
         """The server's backend as its engine has it; `principal` is any authenticated caller."""
         backend = self._svc.engine.backend
         return ServerInfo(backend=backend.name, runtimes=tuple(rt.value for rt in backend_runtimes(backend)),
-                          limitations=backend_limitations(backend))
+                          limitations=backend_limitations(backend), domain=self._svc.ports.domain)

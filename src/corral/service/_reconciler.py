@@ -1,9 +1,12 @@
 """The reconciler: one loop that makes what runs on this node agree with what tenants asked for.
 
 The store holds what tenants asked for (a live record until its timeout); the engine holds what runs. Every
-second the reconciler destroys sandboxes whose record expired (and audits `sandbox.expire`); every few passes it
-also destroys sandboxes the engine runs that no live record claims (a create interrupted between engine and store,
-a record ended by another replica's kill switch). It replaces the engine's and the server's separate reapers.
+second the reconciler ends sandboxes whose record expired: destroyed (audited `sandbox.expire`), or paused to disk
+when created with `on_timeout="pause"` (`sandbox.auto_pause`; destroyed after all if the tenant's `max_paused` is
+reached). Every few passes it also destroys sandboxes paused to disk for longer than their tenant's
+`max_paused_seconds`, and sandboxes the engine runs that no live record claims (a create interrupted between
+engine and store, a record ended by another replica's kill switch). It replaces the engine's and the server's
+separate reapers.
 """
 
 from __future__ import annotations
@@ -14,8 +17,8 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from .._exceptions import CorralError, NotFoundError, SandboxTimeoutError
-from ..control import AuditEvent
+from .._exceptions import CorralError, NotFoundError, QuotaExceededError, SandboxTimeoutError
+from ..control import AuditEvent, SandboxRecord
 
 if TYPE_CHECKING:
     from ._service import Service
@@ -54,27 +57,60 @@ class Reconciler:
             try:
                 await self.expire()
                 if passes % ORPHAN_EVERY == 0:
+                    await self.remove_forgotten()
                     await self.remove_orphans()
             except Exception:
                 logger.exception("reconciler.pass_failed")
 
     async def expire(self) -> list[str]:
-        """Destroy every sandbox past its timeout; returns their ids."""
+        """End every sandbox past its timeout (destroyed, or paused to disk as it asked); returns their ids."""
+        ended: list[str] = []
+        for record in await self._svc.store.expired_sandboxes():
+            reason = "timeout"
+            if record.spec.on_timeout == "pause":
+                paused = await self._auto_pause(record)
+                if paused is None:
+                    continue  # failed: logged, tried again next pass
+                if paused:
+                    ended.append(record.id)
+                    continue
+                reason = "timeout; the tenant's max_paused is reached, so it could not be paused"
+            if await self._destroy(record, reason):
+                ended.append(record.id)
+        return ended
+
+    async def _auto_pause(self, record: SandboxRecord) -> bool | None:
+        """Pause to disk at the end of the TTL: True if paused, False if the quota forbids it, None if it failed."""
+        try:
+            await self._svc.sandboxes.pause_to_disk(record.id)
+        except QuotaExceededError:
+            return False
+        except CorralError:
+            logger.exception("sandbox.auto_pause_failed", extra={"sandbox": record.id})
+            return None
+        await self._svc.store.audit.append(AuditEvent(
+            action="sandbox.auto_pause", target=record.id, tenant_id=record.tenant_id,
+            outcome={"status": "paused", "reason": "timeout", "to_disk": True}))
+        return True
+
+    async def remove_forgotten(self) -> list[str]:
+        """Destroy sandboxes paused to disk for longer than their tenant allows; returns their ids."""
+        return [record.id for record in await self._svc.store.forgotten_paused()
+                if await self._destroy(record, "paused to disk for longer than the tenant's max_paused_seconds")]
+
+    async def _destroy(self, record: SandboxRecord, reason: str) -> bool:
         svc = self._svc
-        reaped: list[str] = []
-        for record in await svc.store.expired_sandboxes():
-            try:
-                with contextlib.suppress(NotFoundError, SandboxTimeoutError):
-                    await svc.engine.destroy(record.id)
-                await svc.store.mark_destroyed(record.id)
-            except CorralError:
-                logger.exception("sandbox.reap_failed", extra={"sandbox": record.id})
-                continue
-            await svc.store.audit.append(AuditEvent(
-                action="sandbox.expire", target=record.id, tenant_id=record.tenant_id,
-                outcome={"status": "destroyed", "reason": "timeout"}))
-            reaped.append(record.id)
-        return reaped
+        try:
+            with contextlib.suppress(NotFoundError, SandboxTimeoutError):
+                await svc.engine.destroy(record.id)
+            await svc.store.mark_destroyed(record.id)
+        except CorralError:
+            logger.exception("sandbox.reap_failed", extra={"sandbox": record.id})
+            return False
+        await svc.store.audit.append(AuditEvent(
+            action="sandbox.expire", target=record.id, tenant_id=record.tenant_id,
+            outcome={"status": "destroyed", "reason": reason}))
+        return True
 
     async def remove_orphans(self) -> list[str]:
         """Destroy sandboxes this engine runs that no live record claims (older than the grace period)."""

@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import builtins
 import secrets
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
@@ -23,17 +24,26 @@ from .._exceptions import (
     InvalidRequestError,
     NotFoundError,
     QuotaExceededError,
+    RuntimeUnavailableError,
     SandboxTimeoutError,
 )
-from ..backends import DEFAULT_FILE_ROOTS, Limits, SandboxSpec, SandboxState
+from ..backends import DEFAULT_FILE_ROOTS, Limits, SandboxSpec, SandboxState, SnapshotArtifact
 from ..control import Action, Principal, Role, SandboxRecord, TenantEgress, authorize
 from ..egress import EgressPolicy
 from ._outcome import RETRY_AFTER_DETAIL
+from ._snapshots import SNAPSHOT_ID, artifact_of
 
 if TYPE_CHECKING:
     from ._service import Service
 
-__all__ = ["CreateSandbox", "KillReport", "Sandboxes", "check_network", "file_roots"]
+__all__ = ["CHECKPOINT_UNAVAILABLE", "CreateSandbox", "ForkSandbox", "KillReport", "Sandboxes", "check_network",
+           "file_roots"]
+
+# Why `pause(memory=True, to_disk=True)` is refused (docs/lifecycle.md, "Processes across a pause to disk").
+CHECKPOINT_UNAVAILABLE = (
+    "keeping processes across a pause to disk needs CRIU checkpoints of the sandbox, which Corral does not take "
+    "(docs/lifecycle.md says why); pause(memory=False) keeps every file and ends the processes, pause() keeps "
+    "both in memory")
 
 # Quotas on totals free up when the tenant's sandboxes end; per-sandbox maxima never do.
 _TOTAL_QUOTAS = frozenset({"max_sandboxes", "max_memory_bytes", "max_cpus"})
@@ -54,11 +64,23 @@ class CreateSandbox(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     metadata: dict[str, str] = Field(default_factory=dict)
     file_roots: list[str] | None = None  # None: DEFAULT_FILE_ROOTS
+    on_timeout: Literal["kill", "pause"] = "kill"  # "pause": pause to disk when the TTL ends (docs/lifecycle.md)
+    volumes: dict[str, str] = Field(default_factory=dict)  # mount path -> the tenant's volume name
+    public_ports: bool = False  # the sandbox's ports answer without the tenant's key (docs/lifecycle.md)
 
     def audit_params(self) -> dict[str, Any]:
         params = self.model_dump(mode="json", exclude={"env"})
         params["env_names"] = sorted(self.env)  # values often carry secrets
         return params
+
+
+class ForkSandbox(BaseModel):
+    """What may differ between a fork and its parent: its time to live and its metadata."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    timeout: float | None = None
+    metadata: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -93,16 +115,40 @@ class Sandboxes:
         sandbox_id = f"sb-{secrets.token_hex(8)}"
         async with svc.audited(principal, "sandbox.create", sandbox_id, params=request.audit_params(),
                                status=201):
-            spec = self._spec(request, await svc.store.tenant_egress(principal.tenant_id))
-            record = await self._reserve(principal, spec, sandbox_id)
-            try:
-                await svc.engine.create(spec, sandbox_id=record.id)
-            except BaseException:
-                await svc.store.mark_destroyed(record.id, failed=True)
-                raise
-            return await self._mark_running(record.id)
+            source = await self._source(principal, request.template)
+            volumes = await svc.volumes.resolve(principal, request.volumes) if request.volumes else {}
+            spec = self._spec(request, await svc.store.tenant_egress(principal.tenant_id), volumes,
+                              template_known=source is not None)
+            return await self._start(principal, spec, sandbox_id, lambda: svc.engine.create(
+                spec, sandbox_id=sandbox_id, source=source))
 
-    def _spec(self, request: CreateSandbox, egress: TenantEgress) -> SandboxSpec:
+    async def _start(self, principal: Principal, spec: SandboxSpec, sandbox_id: str,
+                     make: Callable[[], Awaitable[object]]) -> SandboxRecord:
+        """Reserve (quotas), have the engine `make` it, record it running; undo the reservation on failure."""
+        record = await self._reserve(principal, spec, sandbox_id)
+        try:
+            await make()
+        except BaseException:
+            await self._svc.store.mark_destroyed(record.id, failed=True)
+            raise
+        return await self._mark_running(record.id)
+
+    async def _source(self, principal: Principal, template: str) -> SnapshotArtifact | None:
+        """A template that is the id of one of the tenant's snapshots starts from that snapshot."""
+        if not SNAPSHOT_ID.fullmatch(template):
+            return None
+        try:
+            snapshot = await self._svc.snapshots.authorized(principal, template, Action.SANDBOX_READ)
+        except NotFoundError:
+            raise InvalidRequestError(f"no template or snapshot {template!r}", details={"template": template}) from None
+        if snapshot.backend != self._svc.engine.backend.name:
+            raise InvalidRequestError(f"snapshot {template} was taken on the {snapshot.backend} backend; this "
+                                      f"server runs the {self._svc.engine.backend.name} backend",
+                                      details={"template": template})
+        return artifact_of(snapshot)
+
+    def _spec(self, request: CreateSandbox, egress: TenantEgress, volumes: dict[str, str], *,
+              template_known: bool = False) -> SandboxSpec:
         network = check_network(request.network, egress)
         try:
             spec = SandboxSpec(template=request.template, runtime=request.runtime,  # type: ignore[arg-type]
@@ -111,16 +157,42 @@ class Sandboxes:
                                file_roots=DEFAULT_FILE_ROOTS if request.file_roots is None
                                else tuple(request.file_roots),
                                network=network if isinstance(network, str) else tuple(network),
-                               network_private=tuple(egress.private))
+                               network_private=tuple(egress.private), on_timeout=request.on_timeout,
+                               volumes=volumes, public_ports=request.public_ports)
         except pydantic.ValidationError as exc:
             problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'spec'}: {e['msg']}"
                                  for e in exc.errors())
             raise InvalidRequestError(f"invalid sandbox spec: {problems}") from None
+        if template_known:
+            return spec
         try:
             self._svc.engine.templates.get(spec.template)
         except NotFoundError as exc:
             raise InvalidRequestError(exc.message, details={"template": spec.template}) from None
         return spec
+
+    async def fork(self, principal: Principal, sandbox_id: str, request: ForkSandbox) -> SandboxRecord:
+        """A new sandbox with the parent's files at this instant (and its spec, unless `request` changes the
+        timeout or metadata), counted against the tenant's quotas like any create."""
+        svc = self._svc
+        child_id = f"sb-{secrets.token_hex(8)}"
+        async with svc.audited(principal, "sandbox.fork", sandbox_id,
+                               params=request.model_dump(mode="json"), status=201) as audit:
+            await self.authorized(principal, sandbox_id, Action.SANDBOX_READ)
+            authorize(principal, Action.SANDBOX_CREATE, principal.tenant_id)
+            changes: dict[str, Any] = {}
+            if request.timeout is not None:
+                changes["timeout"] = request.timeout
+            if request.metadata is not None:
+                changes["metadata"] = request.metadata
+            try:
+                spec = svc.engine.spec(sandbox_id).model_copy(update=changes)  # with its env values
+                spec = SandboxSpec.model_validate(spec.model_dump())
+            except pydantic.ValidationError as exc:
+                raise InvalidRequestError(f"invalid fork: {exc.errors()[0]['msg']}") from None
+            audit.outcome["sandbox_id"] = child_id
+            return await self._start(principal, spec, child_id, lambda: svc.engine.fork(
+                sandbox_id, child_id=child_id, spec=spec))
 
     async def _reserve(self, principal: Principal, spec: SandboxSpec, sandbox_id: str) -> SandboxRecord:
         try:
@@ -183,17 +255,51 @@ class Sandboxes:
             self._svc.engine.set_network(sandbox_id, normal, private=egress.private)
             return await self._svc.store.set_sandbox_network(sandbox_id, normal)
 
-    async def pause(self, principal: Principal, sandbox_id: str) -> SandboxRecord:
-        async with self._svc.audited(principal, "sandbox.pause", sandbox_id):
+    async def pause(self, principal: Principal, sandbox_id: str, *, memory: bool = True,
+                    to_disk: bool = False) -> SandboxRecord:
+        """`memory`: frozen in place; otherwise paused to disk (docs/lifecycle.md). `to_disk` with `memory`
+        (processes kept across a pause to disk, by checkpointing them) is refused with the reason."""
+        params = {"memory": memory, "to_disk": to_disk}
+        async with self._svc.audited(principal, "sandbox.pause", sandbox_id, params=params):
             await self.authorized(principal, sandbox_id, Action.SANDBOX_UPDATE)
-            await self._svc.engine.pause(sandbox_id)
-            return await self._svc.store.set_sandbox_state(sandbox_id, SandboxState.PAUSED)
+            if memory and to_disk:
+                raise RuntimeUnavailableError(CHECKPOINT_UNAVAILABLE, details={"feature": "checkpoint"})
+            if memory:
+                await self._svc.engine.pause(sandbox_id)
+                return await self._svc.store.set_sandbox_state(sandbox_id, SandboxState.PAUSED)
+            return await self.pause_to_disk(sandbox_id)
+
+    async def pause_to_disk(self, sandbox_id: str) -> SandboxRecord:
+        """Record first (the tenant's `max_paused`), then stop; a failed stop leaves it recorded as it was."""
+        store = self._svc.store
+        before = await store.get_sandbox(sandbox_id)
+        record = await store.pause_to_disk(sandbox_id)
+        try:
+            await self._svc.engine.pause(sandbox_id, memory=False)
+        except ConflictError:
+            if not self._svc.engine.info(sandbox_id).paused_to_disk:  # else: the engine's own reaper was first
+                await asyncio.shield(store.resumed(sandbox_id))
+                raise
+        except BaseException:
+            await asyncio.shield(store.resumed(sandbox_id))
+            if before.state is SandboxState.PAUSED:
+                await asyncio.shield(store.set_sandbox_state(sandbox_id, SandboxState.PAUSED))
+            raise
+        return record
 
     async def resume(self, principal: Principal, sandbox_id: str) -> SandboxRecord:
         async with self._svc.audited(principal, "sandbox.resume", sandbox_id):
-            await self.authorized(principal, sandbox_id, Action.SANDBOX_UPDATE)
-            await self._svc.engine.resume(sandbox_id)
-            return await self._svc.store.set_sandbox_state(sandbox_id, SandboxState.RUNNING)
+            record = await self.authorized(principal, sandbox_id, Action.SANDBOX_UPDATE)
+            if not record.paused_to_disk:
+                await self._svc.engine.resume(sandbox_id)
+                return await self._svc.store.set_sandbox_state(sandbox_id, SandboxState.RUNNING)
+            resumed = await self._svc.store.resumed(sandbox_id)  # the running quotas, reserved before it boots
+            try:
+                await self._svc.engine.resume(sandbox_id)
+            except BaseException:
+                await asyncio.shield(self._svc.store.pause_to_disk(sandbox_id))
+                raise
+            return resumed
 
     # -- shared by the other services ----------------------------------------------------------------------
 

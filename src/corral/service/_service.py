@@ -32,10 +32,13 @@ from ._commands import Commands
 from ._egress import TenantEgressSettings
 from ._files import Files
 from ._info import Info
+from ._ports import DEFAULT_DOMAIN, Ports
 from ._processes import Processes
 from ._pty import Pty
 from ._reconciler import Reconciler
 from ._sandboxes import Sandboxes
+from ._snapshots import Snapshots
+from ._volumes import Volumes
 
 __all__ = ["REQUEST_INVALID", "ClientInfo", "Service", "StartupHook"]
 
@@ -55,21 +58,25 @@ class ClientInfo:
 
 
 class Service:
-    def __init__(self, engine: Engine, store: ControlStore, *, on_startup: StartupHook | None = None) -> None:
+    def __init__(self, engine: Engine, store: ControlStore, *, on_startup: StartupHook | None = None,
+                 domain: str = DEFAULT_DOMAIN) -> None:
         self.engine = engine
         self.store = store
         self._on_startup = on_startup
         self.sandboxes = Sandboxes(self)
+        self.snapshots = Snapshots(self)
         self.files = Files(self)
         self.commands = Commands(self)
         self.processes = Processes(self)
         self.pty = Pty(self)
+        self.ports = Ports(self, domain)  # `domain`: where sandboxes' ports are served (docs/ports.md)
         self.code = Code(self)
         self.egress = TenantEgressSettings(self)
         self.tenants = Tenants(self)
         self.keys = Keys(self)
         self.audit = AuditTrail(self)
         self.info = Info(self)
+        self.volumes = Volumes(self)  # docs/volumes.md
         self.reconciler = Reconciler(self)
 
     # -- lifecycle -----------------------------------------------------------------------------------------

@@ -155,6 +155,21 @@ class DockerAPI:
     async def unpause(self, name: str) -> None:
         await self._run(f"resuming container {name}", lambda: self._client().unpause(name))
 
+    async def kill(self, name: str) -> None:
+        """SIGKILL the container's processes and wait until it no longer runs; the container (and its writable
+        layer) stays. Not running, or gone, already is fine."""
+        def job() -> None:
+            client = self._client()
+            try:
+                client.kill(name)
+            except docker.errors.NotFound:
+                return
+            except docker.errors.APIError as exc:
+                if exc.status_code != 409:  # 409: "is not running"
+                    raise
+            client.wait(name, condition="not-running", timeout=_REMOVAL_WAIT)
+        await self._run(f"stopping container {name}", job)
+
     async def remove(self, name: str) -> None:
         """Kill and remove the container (and its anonymous volumes); gone already is fine."""
         def job() -> None:

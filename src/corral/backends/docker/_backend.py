@@ -12,6 +12,10 @@ Layout of one sandbox, under `<home>/docker/<id>/` (this backend's own; the engi
     run/        bind-mounted at /.corral/run, where the agent binds its socket when it starts
     agent.sock  that socket, moved here by `create` (root's, 0600): out of the sandbox's reach
     egress/     bind-mounted read-only at /.corral/egress: the egress proxy's `proxy.sock` for this sandbox
+    volumes/<n> each volume of `spec.volumes`, attached (idmapped) here and bind-mounted where the spec says
+
+and of its snapshots, `<home>/docker-snapshots/<snapshot id>.img`: copies of sandbox disks (`_snapshot`); its
+volumes are `<home>/volumes/`, shared with the local backend's code (`corral.backends._volumes`).
 
 Docker cannot hand the agent a listening socket made on the host (the local backend's way with runc), so the
 agent binds one in `run/`, as under runsc. As soon as it is there, `create` moves it out of the bind-mounted
@@ -21,6 +25,14 @@ sandbox can then connect to the agent, nor fill the host's disk through `run/`.
 The container is named `corral-<home key>-<sandbox id>` and labelled `corral.home=<home>`,
 `corral.sandbox=<id>` and `corral.backend=docker` (plus the operator's own `labels`): `sweep` finds by label
 whatever no engine remembers, and a container whose create was interrupted is still found by its name.
+
+Lifecycle (docs/lifecycle.md): the container's own writable layer holds nothing of the sandbox (its root is
+read-only), so the sandbox's state is its disk. `stop` kills the container (its processes, memory and cgroup go;
+the container stays, exited, and keeps its template image in use) and unmounts the disk; `boot` mounts the disk
+again and replaces the container with a new one made exactly as `create` makes it, from the spec it is given (its
+limits and volumes may differ), with a fresh agent socket taken out of the sandbox's reach again. A snapshot is
+a copy of the disk taken frozen (`_snapshot`); `create(source=...)` starts from a copy of that copy instead of a
+fresh disk, with everything else as from the template.
 """
 
 from __future__ import annotations
@@ -32,6 +44,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -39,18 +52,20 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from ..._exceptions import ConflictError, RuntimeUnavailableError, ServerError
+from ..._exceptions import ConflictError, InvalidRequestError, NotFoundError, RuntimeUnavailableError, ServerError
 from ...templates import Template
-from .._contract import JSON, AgentAddress, BackendCapacity, BackendRecord, UnixEndpoint
+from .._contract import JSON, AgentAddress, BackendCapacity, BackendRecord, SnapshotArtifact, UnixEndpoint
 from .._spec import Runtime, SandboxSpec
+from .._volumes import VOLUMES_DIR, HostVolumes
 from ..local import _cgroups, _disk
 from ..local._agent_files import install_agent
 from ..local._bundle import SANDBOX_UID
 from ..local._system import free_disk, meminfo
 from ._api import DEFAULT_BASE_URL, START_HINT, DockerAPI
-from ._container import ContainerParams, container_config
+from ._container import ContainerParams, container_config, volume_path_problem
 from ._image import Images
-from ._volume import mount_disk, prepare_disk, unmount_disk, write_resolv_conf
+from ._snapshot import allocated, copy_image, flush_filesystem, frozen_filesystem, grow_image, mark_clean
+from ._volume import mount_disk, prepare_disk, release_disk, unmount_disk, write_resolv_conf
 
 __all__ = ["LIMITATIONS", "DockerBackend", "DockerRecord"]
 
@@ -62,6 +77,7 @@ _SOCKET_POLL = 0.005  # seconds between looks for the agent's socket (it appears
 _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 _ALIVE_POLL = 0.5  # seconds between asking the daemon whether a container whose agent is slow still runs
 _PAUSE_ATTEMPTS = 6  # tries at freezing a sandbox whose processes keep forking (see `pause`)
+_CGROUP_WAIT = 10.0  # seconds for a killed container's cgroup to be removed (by runc, through containerd)
 
 # What this backend cannot give that the local one does, each with its reason: for `corral check` and the docs.
 LIMITATIONS: dict[str, str] = {
@@ -84,17 +100,21 @@ LIMITATIONS: dict[str, str] = {
 
 @dataclass(frozen=True)
 class DockerRecord(BackendRecord):
-    """One Docker sandbox: its container (by name; the id once made), its directory and its agent token."""
+    """One Docker sandbox: its container (by name; the id once made), its directory and its agent token, and
+    what `boot` and `snapshot` need: the template's image and digest."""
 
     name: str
     dir: Path
     token: str
     container_id: str = ""
     cgroup: str = ""  # the memory cgroup of the container, relative to the hierarchy ("" until it runs)
+    image: str = ""  # the template's image (`image_ref`); "" in records made before sandboxes could boot again
+    template: str = ""  # the template's digest
 
     def to_json(self) -> JSON:
         return {"backend": "docker", "sandbox_id": self.sandbox_id, "name": self.name, "dir": str(self.dir),
-                "token": self.token, "container_id": self.container_id, "cgroup": self.cgroup}
+                "token": self.token, "container_id": self.container_id, "cgroup": self.cgroup,
+                "image": self.image, "template": self.template}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> DockerRecord:
@@ -105,12 +125,14 @@ class DockerRecord(BackendRecord):
             fields = {key: data[key] for key in ("sandbox_id", "name", "dir", "token", "container_id", "cgroup")}
         except KeyError as exc:
             raise ValueError(f"not a Docker backend record: {exc!r} is missing") from None
+        fields |= {key: data.get(key, "") for key in ("image", "template")}  # absent from older records
         if not all(isinstance(value, str) for value in fields.values()):
             raise ValueError("not a Docker backend record: every field is a string")
         if fields["cgroup"] and (not fields["cgroup"].startswith("/") or ".." in fields["cgroup"].split("/")):
             raise ValueError(f"not a Docker backend record: cgroup {fields['cgroup']!r}")
         return cls(sandbox_id=fields["sandbox_id"], name=fields["name"], dir=Path(fields["dir"]),
-                   token=fields["token"], container_id=fields["container_id"], cgroup=fields["cgroup"])
+                   token=fields["token"], container_id=fields["container_id"], cgroup=fields["cgroup"],
+                   image=fields["image"], template=fields["template"])
 
 
 class DockerBackend:
@@ -132,8 +154,10 @@ class DockerBackend:
                  labels: Mapping[str, str] | None = None) -> None:
         self.home = Path(home)
         self.dir = self.home / "docker"
+        self.snapshots = self.home / "docker-snapshots"
         self.api = DockerAPI(base_url)
         self.images = Images(self.api)
+        self.volumes = HostVolumes(self.home)
         extra = dict(labels or {})
         if own := extra.keys() & {LABEL_HOME, LABEL_SANDBOX, LABEL_BACKEND}:
             raise ValueError(f"labels {sorted(own)} belong to the Docker backend")
@@ -144,14 +168,18 @@ class DockerBackend:
         self._swap_limit = False
         self._agent_dir: Path | None = None
         self._agent_lock = asyncio.Lock()
+        self._snapshot_locks: dict[str, asyncio.Lock] = {}  # per sandbox: one freeze at a time
 
     # -- the contract ------------------------------------------------------------------------------
 
     async def check(self, spec: SandboxSpec) -> None:
         await self._preflight(spec)
 
-    async def create(self, sandbox_id: str, spec: SandboxSpec, template: Template) -> DockerRecord:
+    async def create(self, sandbox_id: str, spec: SandboxSpec, template: Template,
+                     source: SnapshotArtifact | None = None) -> DockerRecord:
         await self._preflight(spec)  # again: `create` is where isolation must not be missing
+        _check_volume_paths(spec, template.rootfs)
+        snapshot_disk = self._snapshot_disk(source, template, spec) if source is not None else None
         # Root's only: Docker resolves bind-mount sources as root, so no host user needs to enter. That matters
         # here more than on the local backend: the sandbox user is uid 1000 of the host too, and must not be
         # able to reach, from outside, its disk, the agent's socket or the egress proxy's.
@@ -163,26 +191,18 @@ class DockerBackend:
         except FileExistsError:
             raise ConflictError(f"sandbox {sandbox_id} already exists on the Docker backend") from None
         record = DockerRecord(sandbox_id=sandbox_id, name=self._container_name(sandbox_id), dir=sbdir,
-                              token=secrets.token_urlsafe(32))
+                              token=secrets.token_urlsafe(32), template=template.digest)
         try:
-            image = await self.images.ensure(template)
-            agent_dir = await self._agent_source()
-            await mount_disk(self.home / "cache" / "disks", spec.limits.disk, sbdir / "disk.img", sbdir / "disk")
-            await asyncio.to_thread(prepare_disk, sbdir / "disk", template.rootfs)
-            for sub in ("run", "egress"):
-                # The sandbox user's, inside: it binds the agent's socket and connects to the proxy's.
-                (sbdir / sub).mkdir(mode=0o700)
-                os.chown(sbdir / sub, SANDBOX_UID, SANDBOX_UID)
-            params = ContainerParams(
-                sandbox_id=sandbox_id, image=image, limits=spec.limits, token=record.token, agent_source=agent_dir,
-                run_dir=sbdir / "run", egress_dir=sbdir / "egress", disk=sbdir / "disk",
-                resolv_conf=self.dir / "resolv.conf", swap_limit=self._swap_limit,
-                labels={**self.labels, LABEL_SANDBOX: sandbox_id})
-            container_id = await self.api.create(record.name, container_config(params))
-            record = replace(record, container_id=container_id)
-            await self.api.start(record.name)
-            record = replace(record, cgroup=await self._memory_cgroup(record))
-            await self._take_agent_socket(record)
+            record = replace(record, image=await self.images.ensure(template))
+            if snapshot_disk is None:
+                await mount_disk(self.home / "cache" / "disks", spec.limits.disk, sbdir / "disk.img",
+                                 sbdir / "disk")
+                await asyncio.to_thread(prepare_disk, sbdir / "disk", template.rootfs)
+            else:
+                await _disk.in_thread(copy_image, snapshot_disk, sbdir / "disk.img")
+                await grow_image(sbdir / "disk.img", spec.limits.disk)
+                await _disk.mount_image(sbdir / "disk.img", sbdir / "disk")
+            record = await self._start(record, spec)
         except BaseException:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self.destroy(record))
@@ -234,14 +254,86 @@ class DockerBackend:
     async def resume(self, record: BackendRecord) -> None:
         await self.api.unpause(_docker(record).name)
 
+    async def stop(self, record: BackendRecord) -> None:
+        """Kill the container (kept, exited: its cgroup and memory are gone) and unmount the disk."""
+        rec = _docker(record)
+        await self.api.kill(rec.name)  # a paused container too: the daemon kills it frozen
+        await self._wait_cgroup_gone(rec)
+        await self.volumes.detach_all(rec.dir / VOLUMES_DIR)  # `boot` attaches the spec's volumes again
+        await release_disk(rec.dir / "disk.img", rec.dir / "disk")  # then `boot` and `snapshot` see its last write
+        (rec.dir / "agent.sock").unlink(missing_ok=True)
+
+    async def boot(self, record: BackendRecord, spec: SandboxSpec) -> DockerRecord:
+        """Mount the kept disk again and run a new container on it, made as `create` makes one from `spec`."""
+        rec = _docker(record)
+        if not rec.image:
+            raise ServerError(f"sandbox {rec.sandbox_id} was created before the Docker backend could boot "
+                              "sandboxes again: its record names no image")
+        await self._preflight(spec)
+        _check_volume_paths(spec, None)
+        if await self.alive(rec):
+            raise ConflictError(f"sandbox {rec.sandbox_id} is running: only a stopped sandbox boots")
+        if not (rec.dir / "disk.img").is_file():
+            raise ServerError(f"sandbox {rec.sandbox_id} cannot boot: its disk {rec.dir / 'disk.img'} is gone")
+        try:
+            if not _disk.is_mounted(rec.dir / "disk"):
+                await release_disk(rec.dir / "disk.img", rec.dir / "disk")  # a stop that gave up waiting for it
+                await _disk.mount_image(rec.dir / "disk.img", rec.dir / "disk")
+            return await self._start(replace(rec, container_id="", cgroup=""), spec, replacing=True)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.stop(rec))
+            raise
+
+    async def snapshot(self, record: BackendRecord, snapshot_id: str) -> SnapshotArtifact:
+        """Copy the sandbox's disk, its processes and filesystem frozen for the copy (a stopped sandbox's
+        unmounted disk is copied as it is), and check the copy. The sandbox runs on as before."""
+        rec = _docker(record)
+        if not _SAFE_ID.fullmatch(snapshot_id):
+            raise ValueError(f"snapshot id {snapshot_id!r} is not a plain name")
+        if not rec.template:
+            raise ServerError(f"sandbox {rec.sandbox_id} was created before the Docker backend could snapshot "
+                              "sandboxes: its record names no template")
+        dest = self._snapshot_path(snapshot_id)
+        if dest.exists():
+            raise ConflictError(f"snapshot {snapshot_id} already exists on the Docker backend")
+        self.snapshots.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.snapshots, 0o700)
+        tmp = dest.with_name(f".{dest.name}.tmp")
+        try:
+            async with self._snapshot_locks.setdefault(rec.sandbox_id, asyncio.Lock()):
+                await self._copy_disk(rec, tmp)
+            await mark_clean(tmp)
+            os.replace(tmp, dest)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return SnapshotArtifact(snapshot_id=snapshot_id, template=rec.template, size_bytes=allocated(dest),
+                                data={"backend": "docker", "disk": dest.name, "disk_size": dest.stat().st_size})
+
+    async def delete_snapshot(self, snapshot: SnapshotArtifact) -> None:
+        """Remove the snapshot's disk copy. Sandboxes started from it have copies of their own."""
+        self._snapshot_path_of(snapshot).unlink(missing_ok=True)
+
+    async def create_volume(self, volume_id: str, size: int) -> None:
+        await self.volumes.create(volume_id, size)
+
+    async def delete_volume(self, volume_id: str) -> None:
+        await self.volumes.delete(volume_id)
+
+    async def volume_used(self, volume_id: str) -> int:
+        return await self.volumes.used(volume_id)
+
     async def destroy(self, record: BackendRecord) -> None:
         rec = _docker(record)
         await self.api.remove(rec.name)
+        await self.volumes.detach_all(rec.dir / VOLUMES_DIR)  # no process uses them now
         await unmount_disk(rec.dir / "disk")
         leftover = _disk.mounts_under(rec.dir)
         if leftover:
             raise ServerError(f"sandbox {rec.sandbox_id}: mounts still present after destroy: {leftover}")
         await asyncio.to_thread(shutil.rmtree, rec.dir, True)
+        self._snapshot_locks.pop(rec.sandbox_id, None)
 
     async def alive(self, record: BackendRecord) -> bool:
         found = await self.api.inspect(_docker(record).name)
@@ -275,6 +367,10 @@ class DockerBackend:
             await self.destroy(DockerRecord(sandbox_id=sid, name=self._container_name(sid), dir=self.dir / sid,
                                             token=""))
             removed.append(sid)
+        await self.volumes.unmount_idle()  # a volume image left mounted by a crash between two steps
+        if self.snapshots.is_dir():  # copies a crash interrupted (a snapshot is renamed into place once whole)
+            for tmp in self.snapshots.glob(".*.img.tmp"):
+                tmp.unlink(missing_ok=True)
         return removed
 
     async def capacity(self) -> BackendCapacity:
@@ -299,6 +395,90 @@ class DockerBackend:
 
     def _container_name(self, sandbox_id: str) -> str:
         return f"corral-{self._home_key}-{sandbox_id}"
+
+    def _snapshot_path(self, snapshot_id: str) -> Path:
+        return self.snapshots / f"{snapshot_id}.img"
+
+    def _snapshot_path_of(self, snapshot: SnapshotArtifact) -> Path:
+        """The disk copy of one of this backend's snapshots; `ValueError` for anything else (it is deleted)."""
+        data = snapshot.data
+        if data.get("backend") != "docker" or not _SAFE_ID.fullmatch(snapshot.snapshot_id):
+            raise ValueError(f"snapshot {snapshot.snapshot_id!r} is not one of the Docker backend's")
+        path = self._snapshot_path(snapshot.snapshot_id)
+        if data.get("disk") != path.name:
+            raise ValueError(f"snapshot {snapshot.snapshot_id!r} names a disk {data.get('disk')!r} that is not its own")
+        return path
+
+    def _snapshot_disk(self, source: SnapshotArtifact, template: Template, spec: SandboxSpec) -> Path:
+        """The disk copy a sandbox starts from, checked against what it is asked to start with."""
+        path = self._snapshot_path_of(source)
+        if source.template != template.digest:
+            raise ValueError(f"snapshot {source.snapshot_id} was taken of a sandbox of template {source.template}, "
+                             f"not of {template.name} ({template.digest})")
+        if not path.is_file():
+            raise NotFoundError(f"snapshot {source.snapshot_id} has no disk on the Docker backend any more "
+                                f"({path} is gone: deleted?)", details={"snapshot_id": source.snapshot_id})
+        size = int(source.data.get("disk_size") or path.stat().st_size)
+        if spec.limits.disk < size:
+            raise InvalidRequestError(
+                f"limits.disk of {spec.limits.disk} bytes is smaller than snapshot {source.snapshot_id}'s disk "
+                f"({size} bytes): a sandbox started from it needs at least that much",
+                details={"snapshot_id": source.snapshot_id, "disk": size})
+        return path
+
+    async def _copy_disk(self, rec: DockerRecord, dest: Path) -> None:
+        """Copy the sandbox's disk image to `dest`: frozen, if it is mounted (the sandbox runs or is paused)."""
+        image, disk = rec.dir / "disk.img", rec.dir / "disk"
+        if not image.is_file():
+            raise NotFoundError(f"sandbox {rec.sandbox_id} has no disk on the Docker backend")
+        if not _disk.is_mounted(disk):  # stopped: the image is an unmounted filesystem already, once released
+            await release_disk(image, disk)
+            await _disk.in_thread(copy_image, image, dest)
+            return
+        await _disk.in_thread(flush_filesystem, disk)  # most of the freeze's writing, done while it runs
+        state = ((await self.api.inspect(rec.name)) or {}).get("State") or {}
+        # A container that died on its own has nothing to freeze; one paused already stays paused.
+        freeze = state.get("Status") == "running" and not state.get("Paused")
+        if freeze:
+            await self.pause(rec)
+        try:
+            await _disk.in_thread(_copy_frozen, image, disk, dest)
+        finally:
+            if freeze:
+                await asyncio.shield(self.api.unpause(rec.name))
+
+    async def _start(self, record: DockerRecord, spec: SandboxSpec, *, replacing: bool = False) -> DockerRecord:
+        """Make and start the container on the mounted disk, then take the agent's socket out of its reach.
+        `replacing`: a stopped container of the sandbox is there; it makes way (the new one has the spec's
+        limits and mounts) only once everything else for the new one is ready."""
+        sbdir = record.dir
+        await asyncio.to_thread(_prepare_socket_dirs, sbdir)
+        # No user namespace: the volume's canonical owners are shown as the host's (and the sandbox's) own ids.
+        volumes = await self.volumes.attach_all(spec.volumes, sbdir / VOLUMES_DIR, 0)
+        params = ContainerParams(
+            sandbox_id=record.sandbox_id, image=record.image, limits=spec.limits, token=record.token,
+            agent_source=await self._agent_source(), run_dir=sbdir / "run", egress_dir=sbdir / "egress",
+            disk=sbdir / "disk", resolv_conf=self.dir / "resolv.conf", swap_limit=self._swap_limit,
+            labels={**self.labels, LABEL_SANDBOX: record.sandbox_id}, volumes=volumes)
+        if replacing:
+            await self.api.remove(record.name)
+        container_id = await self.api.create(record.name, container_config(params))
+        record = replace(record, container_id=container_id)
+        await self.api.start(record.name)
+        record = replace(record, cgroup=await self._memory_cgroup(record))
+        await self._take_agent_socket(record)
+        return record
+
+    async def _wait_cgroup_gone(self, rec: DockerRecord) -> None:
+        """A stopped sandbox holds no memory: its container's cgroup is removed once its processes are gone."""
+        if not rec.cgroup:
+            return
+        deadline = time.monotonic() + _CGROUP_WAIT
+        while left := _cgroups.leftover(rec.cgroup):
+            if time.monotonic() > deadline:
+                raise ServerError(f"sandbox {rec.sandbox_id} was stopped but its cgroup is still there after "
+                                  f"{_CGROUP_WAIT:g}s: {', '.join(map(str, left))}")
+            await asyncio.sleep(0.02)
 
     def _home_labels(self) -> dict[str, str]:
         return {LABEL_HOME: str(self.home), LABEL_BACKEND: "docker"}
@@ -370,6 +550,52 @@ class DockerBackend:
             if controllers == "":
                 v2 = path
         return v2 if _cgroups.is_v2() else ""
+
+
+def _check_volume_paths(spec: SandboxSpec, rootfs: Path | None) -> None:
+    """`InvalidRequestError` for a volume path the container cannot take: above Corral's own mounts, or (with the
+    template's root) through something of the template that is not a directory."""
+    for path in spec.volumes:
+        problem = volume_path_problem(path) or (_template_problem(rootfs, path) if rootfs is not None else None)
+        if problem is not None:
+            raise InvalidRequestError(f"volume mount path {path!r}: {problem}", details={"path": path})
+
+
+def _template_problem(rootfs: Path, path: str) -> str | None:
+    """A symlink on the way (Debian's `/lib`: the mount would land where it points) or a file, in the template."""
+    here = rootfs
+    for name in path.split("/")[1:]:
+        here = here / name
+        try:
+            mode = os.lstat(here).st_mode
+        except FileNotFoundError:
+            return None  # the runtime makes the rest, in the container's own layer
+        if not stat.S_ISDIR(mode):
+            kind = "a symlink" if stat.S_ISLNK(mode) else "a file"
+            return f"/{here.relative_to(rootfs)} is {kind} in the template, not a directory; mount it elsewhere"
+    return None
+
+
+def _prepare_socket_dirs(sbdir: Path) -> None:
+    """`run/` and `egress/` as a container start needs them: the sandbox user's, 0700; `run/` empty (whatever a
+    previous run left there, its agent's socket was moved out and the directory locked: see `create`)."""
+    for sub in ("run", "egress"):
+        path = sbdir / sub
+        path.mkdir(mode=0o700, exist_ok=True)
+        if sub == "run":
+            for entry in path.iterdir():
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+        # The sandbox user's, inside: it binds the agent's socket and connects to the proxy's.
+        os.chown(path, SANDBOX_UID, SANDBOX_UID)
+        os.chmod(path, 0o700)
+
+
+def _copy_frozen(image: Path, disk: Path, dest: Path) -> None:
+    with frozen_filesystem(disk):
+        copy_image(image, dest)
 
 
 def _docker(record: BackendRecord) -> DockerRecord:

@@ -18,6 +18,9 @@ What differs, and why:
 - The agent binds its own socket in a bind-mounted run directory (`CORRAL_AGENT_LISTEN`), as it does under
   runsc: Docker cannot hand a container an inherited file descriptor. The backend then moves the socket out of
   that directory and makes the directory read-only (see `_backend`).
+- Volumes (`spec.volumes`) are bind mounts of their idmapped targets (`corral.backends._volumes`, with
+  `uid_base=0`: no user namespace to map into); one at a `WRITABLE` path takes the disk's place there, and none
+  may sit above Corral's own mounts (`volume_path_problem`).
 - Bind mounts take no nosuid/nodev/noexec options through the API: no_new_privs makes setuid bits inert, the
   device cgroup admits only Docker's default devices, and the disk is itself mounted nosuid,nodev on the host
   (a bind mount keeps its source's flags).
@@ -46,12 +49,14 @@ from ..local._bundle import (
 )
 from ..local._seccomp import seccomp_profile
 
-__all__ = ["AGENT_ARGV", "AGENT_SOCKET", "WRITABLE", "ContainerParams", "WritableDir", "container_config"]
+__all__ = ["AGENT_ARGV", "AGENT_SOCKET", "WRITABLE", "ContainerParams", "WritableDir", "container_config",
+           "volume_path_problem"]
 
 # As the local backend's bundle starts the agent: `-c`, not `-m agent` (runpy costs milliseconds of every start).
 AGENT_ARGV = ["/usr/bin/python3", "-S", "-B", "-c", "from agent.__main__ import main; main()"]
 AGENT_SOCKET = f"{AGENT_RUN_DIR}/agent.sock"
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+RESOLV_CONF = "/etc/resolv.conf"
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,9 @@ class ContainerParams:
     swap_limit: bool  # whether the kernel accounts swap: then memory+swap == memory, no swap at all
     labels: Mapping[str, str] = field(default_factory=dict)
     hostname: str = "sandbox"
+    # (mount path, host directory): each volume, already attached (idmapped) at that directory. A volume at one
+    # of the `WRITABLE` paths takes the disk's place there.
+    volumes: tuple[tuple[str, Path], ...] = ()
 
 
 def container_config(p: ContainerParams) -> dict[str, Any]:
@@ -162,11 +170,25 @@ def _bind(source: Path, target: str, *, read_only: bool) -> dict[str, Any]:
 
 
 def _mounts(p: ContainerParams) -> list[dict[str, Any]]:
+    on_volumes = {path for path, _ in p.volumes}
     return [
         _bind(p.agent_source, AGENT_DIR, read_only=True),
         _bind(p.run_dir, AGENT_RUN_DIR, read_only=False),
         # Read-only is enough to connect to a socket (connect needs write permission on the socket inode only).
         _bind(p.egress_dir, EGRESS_DIR, read_only=True),
-        _bind(p.resolv_conf, "/etc/resolv.conf", read_only=True),
-        *(_bind(p.disk / d.name, d.path, read_only=False) for d in WRITABLE),
+        _bind(p.resolv_conf, RESOLV_CONF, read_only=True),
+        *(_bind(p.disk / d.name, d.path, read_only=False) for d in WRITABLE if d.path not in on_volumes),
+        # Docker mounts in path order (parents first), so a volume below /workspace lands on the disk's.
+        *(_bind(source, path, read_only=False) for path, source in p.volumes),
     ]
+
+
+def volume_path_problem(path: str) -> str | None:
+    """Why a volume cannot be mounted at `path` in a Docker sandbox (None: it can). Above one of Corral's own
+    mounts, the volume would get that mount's mount point made in it (a stray `user/` in a shared volume)."""
+    if path == RESOLV_CONF:
+        return f"{RESOLV_CONF} is Corral's own mount; mount the volume elsewhere"
+    for own in (RESOLV_CONF, *(d.path for d in WRITABLE)):
+        if own.startswith(path + "/"):
+            return f"it would hold Corral's own mount at {own}; mount the volume elsewhere (or at {own} itself)"
+    return None

@@ -7,20 +7,31 @@ the local backend's (`corral.backends.local._disk`): a golden image per size, co
 The template's own content of those directories (a home directory's dotfiles) is copied onto the disk when the
 sandbox is made, as the overlay of the local backend shows it: the container's root is read-only, so the bind
 mount would otherwise hide it. The copy never follows a symlink.
+
+A stopped sandbox's disk is *released* (`release_disk`), not only unmounted: the dead container's mount namespace
+may still hold the filesystem for a while after its processes are gone (its teardown is the kernel's, deferred),
+and only the last reference writes the filesystem's final blocks into the image. Mounting or copying the image
+before that would read a stale filesystem (seen here: a boot whose disk lacked its `workspace/`), and the late
+writes would then land under the new mount. Released means no loop device serves the image any more.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import stat
+import time
 from pathlib import Path
 
+from ..._exceptions import ServerError
 from ..local import _disk
 from ..local._backend import RESOLV_CONF, DiskImagesHolder
 from ._container import WRITABLE
 
-__all__ = ["mount_disk", "prepare_disk", "unmount_disk", "write_resolv_conf"]
+__all__ = ["disk_in_use", "mount_disk", "prepare_disk", "release_disk", "unmount_disk", "write_resolv_conf"]
+
+RELEASE_WAIT = 10.0  # seconds for a dead container's hold on its disk to go (seen up to ~1.5 s under load)
 
 
 async def mount_disk(cache: Path, size: int, image: Path, target: Path) -> None:
@@ -30,6 +41,31 @@ async def mount_disk(cache: Path, size: int, image: Path, target: Path) -> None:
 
 async def unmount_disk(target: Path) -> None:
     await _disk.unmount(target)
+
+
+async def release_disk(image: Path, target: Path, timeout: float = RELEASE_WAIT) -> None:
+    """Unmount the disk and wait until nothing holds its filesystem any more (see the module's docstring);
+    `ServerError` if something still does after `timeout` seconds."""
+    await _disk.unmount(target)
+    deadline = time.monotonic() + timeout
+    while devices := disk_in_use(image):
+        if time.monotonic() > deadline:
+            raise ServerError(f"the disk {image} is still held ({', '.join(devices)}) {timeout:g}s after its "
+                              "sandbox stopped; try again")
+        await asyncio.sleep(0.01)
+
+
+def disk_in_use(image: Path) -> list[str]:
+    """The loop devices that serve `image` now (a mounted, or not yet released, filesystem)."""
+    wanted = {os.fspath(image), f"{os.fspath(image)} (deleted)"}
+    found = []
+    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
+        try:
+            if backing.read_text().rstrip("\n") in wanted:
+                found.append(f"/dev/{backing.parent.parent.name}")
+        except OSError:
+            continue  # detached meanwhile
+    return sorted(found)
 
 
 def prepare_disk(disk: Path, template_root: Path) -> None:

@@ -7,7 +7,8 @@ elsewhere and holds the record `create` returned):
     config.json    the OCI runtime spec (see `_bundle`)
     disk.img       the sandbox's disk: a sparse ext4 image of `limits.disk` bytes
     disk/          where it is loop-mounted: `upper/` and `work/` of the overlay
-    rootfs/        the overlay: the template read-only below, `disk/upper` on top
+    layers/<n>/    started from a snapshot: each of its layers (`_layers`), idmapped onto the sandbox's uid range
+    rootfs/        the overlay: the template read-only below, the snapshot's layers above it, `disk/upper` on top
     agent/         a read-only overlay of the agent's files (`<home>/agent/<digest>/`), bind-mounted at /.corral/agent
     agent.sock     the agent's listening socket, root's, 0600. runc: bound here and inherited by the agent (stdin).
                    runsc cannot pass it: the agent binds it in `run/` and `create` moves it here (still bound)
@@ -15,6 +16,10 @@ elsewhere and holds the record `create` returned):
     egress/        a tiny tmpfs where the egress proxy listens for this sandbox (`proxy.sock`); only the sandbox
                    user enters
     agent.log      the runtime's and the agent's stderr
+
+Paused to disk (`stop`), only `backend.json`, `disk.img` and the empty mount points stay: no process, mount,
+loop device or cgroup. The uid range stays the sandbox's (its files are owned by it); `boot` mounts everything
+again and starts the agent on the same disk.
 
 `agent/` and `egress/` are mounts of their own, not plain directories bind-mounted: the "root" field of the
 sandbox's /proc/self/mountinfo shows a bind mount's source path within its filesystem, and so would name the
@@ -44,13 +49,15 @@ from types import MappingProxyType
 from typing import Any, ClassVar
 
 from ..._atomic import write_json_atomic
-from ..._exceptions import ConflictError, ServerError
+from ..._exceptions import ConflictError, NotFoundError, ServerError
 from ...templates import Template
-from .._contract import JSON, AgentAddress, BackendCapacity, BackendRecord, UnixEndpoint
+from .._contract import JSON, AgentAddress, BackendCapacity, BackendRecord, SnapshotArtifact, UnixEndpoint
 from .._spec import Runtime, SandboxSpec
+from .._volumes import HostVolumes, prepare_mountpoints
 from . import _cgroups, _disk, _preflight
 from ._agent_files import agent_layers, install_agent
 from ._bundle import AGENT_RUN_DIR, ID_RANGE, SANDBOX_UID, BundleParams, build_config
+from ._layers import MAX_DEPTH, Layers, check_layers, mount_views
 from ._runtime import OCIRuntime
 from ._system import free_disk, meminfo
 
@@ -79,11 +86,15 @@ class LocalRecord(BackendRecord):
     uid_base: int  # host uid of the sandbox's root
     token: str
     cgroups_path: str
+    template: str = ""  # the template's digest and root: what `boot` mounts again ("": made before `boot` was)
+    template_rootfs: str = ""
+    layers: tuple[str, ...] = ()  # started from a snapshot: its layers, newest first (`_layers`)
 
     def to_json(self) -> JSON:
         return {"sandbox_id": self.sandbox_id, "dir": str(self.dir), "runtime": self.runtime.value,
                 "slot": self.slot, "uid_base": self.uid_base, "token": self.token,
-                "cgroups_path": self.cgroups_path}
+                "cgroups_path": self.cgroups_path, "template": self.template,
+                "template_rootfs": self.template_rootfs, "layers": list(self.layers)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> LocalRecord:
@@ -92,7 +103,9 @@ class LocalRecord(BackendRecord):
             record = cls(sandbox_id=_typed(data, "sandbox_id", str), dir=Path(_typed(data, "dir", str)),
                          runtime=Runtime(data["runtime"]), slot=_typed(data, "slot", int),
                          uid_base=_typed(data, "uid_base", int), token=_typed(data, "token", str),
-                         cgroups_path=_typed(data, "cgroups_path", str))
+                         cgroups_path=_typed(data, "cgroups_path", str),
+                         template=str(data.get("template", "")), template_rootfs=str(data.get("template_rootfs", "")),
+                         layers=check_layers(data.get("layers", [])))
         except (KeyError, TypeError) as exc:
             raise ValueError(f"not a local backend record: {exc!r}") from None
         if not record.cgroups_path.startswith("/") or ".." in record.cgroups_path.split("/"):
@@ -119,18 +132,25 @@ class LocalBackend:
         self.sandboxes_dir = self.home / "sandboxes"
         self.runtimes = {rt: OCIRuntime(rt.value, self.home / "runtime" / rt.value) for rt in Runtime}
         self.disks = DiskImagesHolder.get(self.home / "cache" / "disks")
+        self.layers = Layers(self.home / "layers")
+        self.volumes = HostVolumes(self.home)  # docs/volumes.md
         self._slots: set[int] = set()
         self._checked: dict[Runtime, float] = {}  # runtime -> when the preflight check last passed
         self._agent_dir: Path | None = None
         self._agent_lock = asyncio.Lock()
+        # sandbox id -> (layer, KiB written to its disk when that layer was copied): a snapshot of a sandbox
+        # whose disk has not been written since takes the same layer again instead of a copy (forks of one state).
+        self._captured: dict[str, tuple[str, int]] = {}
 
     # -- the contract ------------------------------------------------------------------------------
 
     async def check(self, spec: SandboxSpec) -> None:
         self._preflight(spec.runtime)
 
-    async def create(self, sandbox_id: str, spec: SandboxSpec, template: Template) -> LocalRecord:
+    async def create(self, sandbox_id: str, spec: SandboxSpec, template: Template,
+                     source: SnapshotArtifact | None = None) -> LocalRecord:
         self._preflight(spec.runtime)  # again: `create` is where isolation must not be missing
+        layers = self._source_layers(source, template)
         sbdir = self.sandboxes_dir / sandbox_id
         self.sandboxes_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.sandboxes_dir, 0o711)  # noqa: S103 - traverse only: runc's init must reach the rootfs
@@ -139,12 +159,16 @@ class LocalBackend:
         except FileExistsError:
             raise ConflictError(f"sandbox {sandbox_id} already exists on the local backend") from None
         record = LocalRecord(sandbox_id=sandbox_id, dir=sbdir, runtime=spec.runtime, slot=-1, uid_base=0,
-                             token=secrets.token_urlsafe(32), cgroups_path=f"/{self.cgroup_parent}/{sandbox_id}")
+                             token=secrets.token_urlsafe(32), cgroups_path=f"/{self.cgroup_parent}/{sandbox_id}",
+                             template=template.digest, template_rootfs=str(template.rootfs), layers=layers)
         try:
             slot = self._alloc_slot(sbdir)
             record = replace(record, slot=slot, uid_base=UID_BASE + slot * ID_RANGE)
             _write_state(sbdir / "backend.json", record.to_json())
-            await self._build_root(record, spec, template)
+            for layer in layers:  # before anything is mounted: `destroy` drops what it finds in the record
+                self.layers.add_ref(layer, sandbox_id)
+            await self.disks.create(spec.limits.disk, sbdir / "disk.img")
+            await self._build_root(record, spec)
             await self._start(record, spec)
         except BaseException:
             with contextlib.suppress(Exception):
@@ -173,24 +197,135 @@ class LocalBackend:
         rec = _local(record)
         await self.runtimes[rec.runtime].resume(rec.sandbox_id)
 
+    async def stop(self, record: BackendRecord) -> None:
+        rec = _local(record)
+        await self._take_down(rec)
+        # What `_start` makes afresh: a stale socket file would make the next bind fail.
+        (rec.dir / "agent.sock").unlink(missing_ok=True)
+        await asyncio.to_thread(shutil.rmtree, rec.dir / "run", True)
+        logger.info("sandbox.stopped", extra={"sandbox": rec.sandbox_id})
+
+    async def boot(self, record: BackendRecord, spec: SandboxSpec) -> LocalRecord:
+        rec = _local(record)
+        if not rec.template_rootfs:
+            raise ConflictError(f"sandbox {rec.sandbox_id} was made by an older Corral and cannot be booted again")
+        if not Path(rec.template_rootfs).is_dir():
+            raise NotFoundError(f"sandbox {rec.sandbox_id}'s template ({rec.template[:12]}) was removed from "
+                                f"{self.home / 'templates'}; it cannot start again")
+        self._preflight(rec.runtime)
+        try:
+            await self._build_root(rec, spec)
+            await self._start(rec, spec)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.stop(rec))
+            raise
+        return rec
+
+    async def snapshot(self, record: BackendRecord, snapshot_id: str) -> SnapshotArtifact:
+        rec = _local(record)
+        if len(rec.layers) + 1 > MAX_DEPTH:
+            raise ConflictError(f"sandbox {rec.sandbox_id} already stands on {len(rec.layers)} snapshot layers; "
+                                f"a snapshot of it would have more than {MAX_DEPTH}")
+        if not rec.template:
+            raise ConflictError(f"sandbox {rec.sandbox_id} was made by an older Corral and cannot be snapshotted")
+        upper = rec.dir / "disk" / "upper"
+        if _disk.is_mounted(rec.dir / "disk"):
+            layer = await self._capture_frozen(rec, upper, snapshot_id)
+        else:  # paused to disk: nothing runs, nothing to freeze
+            await _disk.mount_image(rec.dir / "disk.img", rec.dir / "disk")
+            try:
+                layer = await self.layers.capture(upper, rec.uid_base, snapshot_id)
+            finally:
+                await _disk.unmount_all([rec.dir / "disk"])
+        try:
+            for below in rec.layers:
+                self.layers.add_ref(below, snapshot_id)
+        except BaseException:
+            await self.delete_snapshot(SnapshotArtifact(snapshot_id, rec.template, 0,
+                                                        {"layers": [layer, *rec.layers]}))
+            raise
+        return SnapshotArtifact(snapshot_id=snapshot_id, template=rec.template, size_bytes=self.layers.size(layer),
+                                data={"layers": [layer, *rec.layers]})
+
+    async def _capture_frozen(self, rec: LocalRecord, upper: Path, snapshot_id: str) -> str:
+        """Copy the upper layer with every process of the sandbox frozen: a consistent instant, never torn."""
+        runtime = self.runtimes[rec.runtime]
+        state = await runtime.state(rec.sandbox_id)
+        frozen_already = state is not None and state.get("status") == "paused"
+        if not frozen_already:
+            await runtime.pause(rec.sandbox_id)
+        try:
+            written = await _disk.in_thread(_disk.written_kbytes, rec.dir / "disk")
+            last = self._captured.get(rec.sandbox_id)
+            if written is not None and last is not None and last[1] == written:
+                with contextlib.suppress(NotFoundError):  # gone with its last holder: copy again
+                    self.layers.add_ref(last[0], snapshot_id)
+                    return last[0]
+            layer = await self.layers.capture(upper, rec.uid_base, snapshot_id)
+            if written is not None:
+                await self._remember_capture(rec.sandbox_id, layer, written)
+            return layer
+        finally:
+            if not frozen_already:
+                await asyncio.shield(runtime.resume(rec.sandbox_id))
+
+    async def create_volume(self, volume_id: str, size: int) -> None:
+        await self.volumes.create(volume_id, size)
+
+    async def delete_volume(self, volume_id: str) -> None:
+        await self.volumes.delete(volume_id)
+
+    async def volume_used(self, volume_id: str) -> int:
+        return await self.volumes.used(volume_id)
+
+    async def _remember_capture(self, sandbox_id: str, layer: str, written: int) -> None:
+        """The sandbox holds its latest layer while it lives, so that the next snapshot of an unchanged disk
+        (ten forks of one state) takes it again even if every snapshot and child of it is gone by then."""
+        self.layers.add_ref(layer, sandbox_id)
+        previous = self._captured.get(sandbox_id)
+        self._captured[sandbox_id] = (layer, written)
+        if previous is not None and previous[0] != layer:
+            await self.layers.drop_ref(previous[0], sandbox_id)
+
+    async def delete_snapshot(self, snapshot: SnapshotArtifact) -> None:
+        for layer in check_layers(snapshot.data.get("layers", [])):
+            await self.layers.drop_ref(layer, snapshot.snapshot_id)
+
     async def destroy(self, record: BackendRecord) -> None:
         rec = _local(record)
+        await self._take_down(rec)
+        leftover = _disk.mounts_under(rec.dir)
+        if leftover:
+            raise ServerError(f"sandbox {rec.sandbox_id}: mounts still present after destroy: {leftover}")
+        await self._drop_layers(rec.sandbox_id)
+        await asyncio.to_thread(shutil.rmtree, rec.dir, True)
+        self._release_slot(rec.slot, rec.dir)
+
+    async def _drop_layers(self, sandbox_id: str) -> None:
+        """Every layer the sandbox holds: those it stands on and its latest capture (found on disk, not in memory,
+        so that a restart of the engine in between loses none)."""
+        self._captured.pop(sandbox_id, None)
+        for layer, holders in self.layers.holders().items():
+            if sandbox_id in holders:
+                await self.layers.drop_ref(layer, sandbox_id)
+
+    async def _take_down(self, rec: LocalRecord) -> None:
+        """End every process and undo every mount and cgroup of the sandbox; its directory and disk stay."""
+        if (last := self._captured.pop(rec.sandbox_id, None)) is not None and last[0] not in rec.layers:
+            await self.layers.drop_ref(last[0], rec.sandbox_id)  # stopped: its disk changes when it boots
         runtime = self.runtimes[rec.runtime]
         await runtime.kill(rec.sandbox_id)
         await runtime.delete(rec.sandbox_id)
         await _wait_cgroup_empty(rec.cgroups_path)
-        # The root before the disk that holds its upper layer.
-        unmounted = await _disk.unmount_all([rec.dir / "rootfs", rec.dir / "disk", rec.dir / "agent",
-                                             rec.dir / "egress"])
+        await self.volumes.detach_all(rec.dir / "volumes")  # no process uses them now
+        # The root before the layers below it and the disk that holds its upper layer.
+        unmounted = await _disk.unmount_all([rec.dir / "rootfs", *_layer_views(rec.dir), rec.dir / "disk",
+                                             rec.dir / "agent", rec.dir / "egress"])
         disk = unmounted.get(rec.dir / "disk")
         if disk is not None and not await _disk.wait_loop_detached(disk, rec.dir / "disk.img"):
             logger.warning("sandbox.loop_device_kept", extra={"sandbox": rec.sandbox_id, "device": disk})
         _cgroups.remove(rec.cgroups_path)
-        leftover = _disk.mounts_under(rec.dir)
-        if leftover:
-            raise ServerError(f"sandbox {rec.sandbox_id}: mounts still present after destroy: {leftover}")
-        await asyncio.to_thread(shutil.rmtree, rec.dir, True)
-        self._release_slot(rec.slot, rec.dir)
 
     async def alive(self, record: BackendRecord) -> bool:
         rec = _local(record)
@@ -232,6 +367,11 @@ class LocalBackend:
         for sid in sorted(ids - known):
             await self.destroy(self._orphan_record(sid))
             removed.append(sid)
+        await self.volumes.unmount_idle()  # a volume image left mounted by a crash between two steps
+        for holders in self.layers.holders().values():  # sandboxes gone without their destroy running
+            for holder in holders:
+                if holder.startswith("sb-") and holder not in known:
+                    await self._drop_layers(holder)
         return removed
 
     async def capacity(self) -> BackendCapacity:
@@ -259,13 +399,30 @@ class LocalBackend:
         _preflight.check(runtime.value, self.home)
         self._checked[runtime] = time.monotonic()
 
-    async def _build_root(self, record: LocalRecord, spec: SandboxSpec, template: Template) -> None:
+    def _source_layers(self, source: SnapshotArtifact | None, template: Template) -> tuple[str, ...]:
+        if source is None:
+            return ()
+        if source.template != template.digest:
+            raise ConflictError(f"snapshot {source.snapshot_id} was taken on template {source.template[:12]}, "
+                                f"not {template.digest[:12]}")
+        try:
+            return check_layers(source.data.get("layers"))
+        except ValueError as exc:
+            raise ServerError(f"snapshot {source.snapshot_id} is not one of this backend's: {exc}") from None
+
+    async def _build_root(self, record: LocalRecord, spec: SandboxSpec) -> None:
+        """Mount the disk (made already), the snapshot layers and the overlay root on them."""
         sbdir = record.dir
-        await self.disks.create(spec.limits.disk, sbdir / "disk.img")
         await _disk.mount_image(sbdir / "disk.img", sbdir / "disk")
         upper, work = sbdir / "disk" / "upper", sbdir / "disk" / "work"
         _prepare_upper(upper, work, record.uid_base)
-        await _disk.mount_overlay(template.rootfs, upper, work, sbdir / "rootfs")
+        prepare_mountpoints(upper, spec.volumes, record.uid_base,
+                            lower=Path(record.template_rootfs) if record.template_rootfs else None)
+        (sbdir / "layers").mkdir(mode=0o700, exist_ok=True)
+        views = [sbdir / "layers" / str(i) for i in range(len(record.layers))]
+        trees = [self.layers.tree(layer) for layer in record.layers]
+        await _disk.in_thread(mount_views, trees, views, record.uid_base)
+        await _disk.mount_overlay([*views, Path(record.template_rootfs)], upper, work, sbdir / "rootfs")
 
     async def _start(self, record: LocalRecord, spec: SandboxSpec) -> None:
         sbdir = record.dir
@@ -279,6 +436,7 @@ class LocalBackend:
         # can borrow the sandbox's egress policy through a socket that must be connectable by the sandbox.
         egress_dir = sbdir / "egress"
         await _disk.in_thread(_mount_own_dirs, await self._agent_source(), sbdir / "agent", egress_dir, user_id)
+        volume_mounts = await self.volumes.attach_all(spec.volumes, sbdir / "volumes", record.uid_base)
         params = BundleParams(
             sandbox_id=record.sandbox_id,
             rootfs=sbdir / "rootfs",
@@ -292,6 +450,7 @@ class LocalBackend:
             agent_listen=None if run_dir is None else f"{AGENT_RUN_DIR}/agent.sock",
             agent_run_dir=run_dir,
             egress_dir=egress_dir,
+            volume_mounts=volume_mounts,
         )
         _write_state(sbdir / "config.json", build_config(params))
         if run_dir is not None:
@@ -378,6 +537,13 @@ class LocalBackend:
             return self.restore(_read_json(self.sandboxes_dir / sandbox_id / "backend.json"))
         return LocalRecord(sandbox_id=sandbox_id, dir=self.sandboxes_dir / sandbox_id, runtime=Runtime.RUNC,
                            slot=-1, uid_base=0, token="", cgroups_path=f"/{self.cgroup_parent}/{sandbox_id}")
+
+
+def _layer_views(sbdir: Path) -> list[Path]:
+    try:
+        return sorted((p for p in (sbdir / "layers").iterdir()), key=lambda p: p.name)
+    except FileNotFoundError:
+        return []
 
 
 def _local(record: BackendRecord) -> LocalRecord:

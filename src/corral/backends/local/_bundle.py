@@ -40,6 +40,8 @@ class BundleParams:
     agent_listen: str | None = None  # for runtimes that cannot inherit a socket: a path to bind instead
     agent_run_dir: Path | None = None  # the host directory mounted where `agent_listen` lives
     egress_dir: Path | None = None  # the host directory mounted at EGRESS_DIR
+    # Volumes (docs/volumes.md): (path in the sandbox, host directory: the volume's idmapped bind for this sandbox)
+    volume_mounts: tuple[tuple[str, Path], ...] = ()
 
 
 def build_config(p: BundleParams) -> dict[str, Any]:
@@ -94,6 +96,8 @@ def _mounts(p: BundleParams) -> list[dict[str, Any]]:
          "options": ["nosuid", "noexec", "nodev", "relatime", "ro"]},
         {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
          "options": ["nosuid", "nodev", "mode=1777", f"size={lim.tmp}"]},
+        *({"destination": path, "type": "bind", "source": str(source), "options": ["rbind", "rw", "nosuid", "nodev"]}
+          for path, source in p.volume_mounts),
         {"destination": AGENT_DIR, "type": "bind", "source": str(p.agent_source),
          "options": ["rbind", "ro", "nosuid", "nodev"]},
         *([{"destination": AGENT_RUN_DIR, "type": "bind", "source": str(p.agent_run_dir),

@@ -19,15 +19,14 @@ import os
 import shutil
 import struct
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TypeVar
 
 from ..._exceptions import RuntimeUnavailableError, ServerError
+from .._mounts import finish_first, in_thread, mount_table
 from ._system import run
 
 FICLONE = 0x40049409
-T = TypeVar("T")
 
 
 class DiskImages:
@@ -89,7 +88,7 @@ def sparse_copy(src: Path, dest: Path) -> None:
 class _Mounts:
     """mount(2), umount2(2) and loop devices through libc: a `mount` process per call costs ~10 ms."""
 
-    MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
+    MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_NOATIME = 0x1, 0x2, 0x4, 0x8, 0x400
     MNT_DETACH = 0x2
     LOOP_CTL_GET_FREE, LOOP_CONFIGURE = 0x4C82, 0x4C0A
     LO_FLAGS_AUTOCLEAR = 4
@@ -148,39 +147,30 @@ def _mount_image_sync(image: Path, target: Path) -> None:
     dev, fd = _mounts.attach_loop(image)
     try:
         # noinit_itable: no background zeroing of inode tables (lazy_itable_init at mkfs) on a throwaway disk
-        _mounts.mount(dev, str(target), "ext4", _Mounts.MS_NOSUID | _Mounts.MS_NODEV, "noinit_itable")
+        # noatime: reading never writes, so an unchanged disk stays unchanged (`written_kbytes`: forks reuse the
+        # layer of an unchanged parent), and reads cost no metadata writes.
+        _mounts.mount(dev, str(target), "ext4", _Mounts.MS_NOSUID | _Mounts.MS_NODEV | _Mounts.MS_NOATIME,
+                      "noinit_itable")
     finally:
         os.close(fd)  # mounted: the filesystem holds the device now; unmounted or failed: it detaches
 
 
-async def in_thread(fn: Callable[..., T], *args: object) -> T:
-    """`asyncio.to_thread`, but a cancelled caller still waits for the thread to finish (a few ms of syscalls).
-
-    Otherwise a create cancelled during a mount runs its cleanup while the thread is still mounting, and the
-    mount lands after the cleanup looked for it: a leaked mount.
-    """
-    return await finish_first(asyncio.to_thread(fn, *args))
-
-
-async def finish_first(aw: Awaitable[T]) -> T:
-    """Await `aw`; if the caller is cancelled meanwhile, let `aw` finish first, then raise the cancellation.
-
-    For steps whose effects cleanup must see: a mount being made, a runtime creating a container.
-    """
-    task = asyncio.ensure_future(aw)
-    cancelled = False
-    while not task.done():
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            cancelled = True  # keep waiting for it, then pass the cancellation on
-        except BaseException:  # its own failure: task.result() below raises it
-            break
-    if cancelled:
-        if not task.cancelled():
-            task.exception()  # retrieved: the cancellation is what the caller gets
-        raise asyncio.CancelledError
-    return task.result()
+def written_kbytes(mountpoint: Path) -> int | None:
+    """KiB ever written to the ext4 filesystem mounted at `mountpoint`, after flushing what is dirty (None: not
+    an ext4 mount). Equal figures mean nothing was written in between (the disk is mounted noatime)."""
+    device = _mount_sources().get(os.fspath(mountpoint))
+    if device is None or not device.startswith("/dev/"):
+        return None
+    fd = os.open(mountpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        if _mounts.libc.syncfs(fd) != 0:
+            return None
+    finally:
+        os.close(fd)
+    try:
+        return int(Path(f"/sys/fs/ext4/{os.path.basename(device)}/lifetime_write_kbytes").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 async def mount_image(image: Path, target: Path) -> None:
@@ -190,9 +180,11 @@ async def mount_image(image: Path, target: Path) -> None:
         raise ServerError(f"mounting the sandbox disk failed: {exc}") from exc
 
 
-async def mount_overlay(lower: Path, upper: Path, work: Path, target: Path) -> None:
+async def mount_overlay(lower: Path | list[Path], upper: Path, work: Path, target: Path) -> None:
+    """The sandbox's root: `upper` over `lower` (one directory, or several, top first)."""
+    lowers = lower if isinstance(lower, list) else [lower]
     try:
-        await in_thread(_mount_overlay_sync, lower, upper, work, target)
+        await in_thread(_mount_overlay_sync, lowers, upper, work, target)
     except OSError as exc:
         raise ServerError(f"mounting the overlay root failed: {exc}") from exc
 
@@ -240,7 +232,7 @@ def mount_tmpfs(target: Path, *, size: int, inodes: int, mode: int, owner: int) 
         raise
 
 
-def _mount_overlay_sync(lower: Path, upper: Path, work: Path, target: Path) -> None:
+def _mount_overlay_sync(lowers: list[Path], upper: Path, work: Path, target: Path) -> None:
     """Mount the overlay with its layers named by descriptor, so that its options name no host path.
 
     overlayfs shows its options as given, in /proc/mounts and /proc/self/mountinfo of the host and of the
@@ -252,14 +244,16 @@ def _mount_overlay_sync(lower: Path, upper: Path, work: Path, target: Path) -> N
     """
     target.mkdir(parents=True, exist_ok=True)
     if not _PROC_FDS:
-        _mounts.mount("overlay", str(target), "overlay", 0, _overlay_options(str(lower), str(upper), str(work)))
+        _mounts.mount("overlay", str(target), "overlay", 0,
+                      _overlay_options(":".join(map(str, lowers)), str(upper), str(work)))
         return
     fds: list[int] = []
     try:
-        for layer in (lower, upper, work):
+        for layer in (*lowers, upper, work):
             fds.append(os.open(layer, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
-        low, up, wk = (f"/proc/self/fd/{fd}" for fd in fds)
-        _mounts.mount("overlay", str(target), "overlay", 0, _overlay_options(low, up, wk))
+        names = [f"/proc/self/fd/{fd}" for fd in fds]
+        _mounts.mount("overlay", str(target), "overlay", 0,
+                      _overlay_options(":".join(names[:-2]), names[-2], names[-1]))
     finally:
         for fd in fds:
             os.close(fd)
@@ -332,28 +326,12 @@ def is_mounted(path: Path) -> bool:
 
 def _mount_sources() -> dict[str, str]:
     """Every mount point of this mount namespace and its source."""
-    found: dict[str, str] = {}
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            sep = fields.index("-", 6)  # after the optional fields: filesystem type, source, super options
-            found[_unescape(fields[4])] = _unescape(fields[sep + 2])
-    return found
+    return {point: entry.source for point, entry in mount_table().items()}
 
 
 def mounts_under(prefix: Path) -> list[str]:
     wanted = os.fspath(prefix).rstrip("/") + "/"
-    found = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            point = _unescape(line.split()[4])
-            if point.startswith(wanted):
-                found.append(point)
-    return found
-
-
-def _unescape(field: str) -> str:
-    return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+    return [point for point in mount_table() if point.startswith(wanted)]
 
 
 def require_tools() -> list[str]:
