@@ -6,7 +6,8 @@ Figures (median and p95; ratios to the baseline of the same run):
 - snapshot of a sandbox holding a "dependencies installed" tree (`files` small files and 16 MiB in one file):
   after a change (the layer is copied) and unchanged (its last layer is taken again)
 - create from that snapshot + first exec, and the ratio to the baseline
-- fork + first exec in the child; 10 forks one after the other against 10 creates from the template
+- fork + first exec in the child; 10 forks one after the other against 10 creates from the template, and
+  `fork(count=10)` (one freeze and copy, children started together) against 10 creates started together
 - pause to disk (memory released) and resume from it (+ first exec); pause in memory and resume
 - ports: an HTTP GET through `get_host` (server -> agent -> the port) against the same GET made inside the
   sandbox on loopback, through a real `corral serve`
@@ -186,8 +187,25 @@ async def _ten(engine: Engine, spec: SandboxSpec, parent: SandboxHandle, setup: 
     with_setup = time.perf_counter() - t
     for sb in made[20:]:
         await sb.destroy()
+    # One call for ten forks (`fork(count=10)`: one freeze and copy, the children started together), against
+    # ten creates started together: the fair baseline for children that start at once.
+    t = time.perf_counter()
+    batch = await engine.fork_many(parent.id, [f"sb-{i:016x}" for i in range(10)])
+    await asyncio.gather(*(_ok(sb.exec(["true"])) for sb in batch))
+    batch_s = time.perf_counter() - t
+    progress("fork(count=10)", 1, 1)
+    t = time.perf_counter()
+    together = await asyncio.gather(*(engine.create(spec) for _ in range(10)))
+    await asyncio.gather(*(_ok(sb.exec(["true"])) for sb in together))
+    together_s = time.perf_counter() - t
+    progress("10 creates at once", 1, 1)
+    for sb in [*batch, *together]:
+        await sb.destroy()
     return {"forks_s": round(forks, 3), "creates_s": round(creates, 3), "ratio": round(forks / creates, 2),
-            "creates_with_setup_s": round(with_setup, 3), "ratio_to_creates_with_setup": round(forks / with_setup, 2)}
+            "creates_with_setup_s": round(with_setup, 3), "ratio_to_creates_with_setup": round(forks / with_setup, 2),
+            "fork_count_10_s": round(batch_s, 3), "creates_at_once_s": round(together_s, 3),
+            "fork_count_10_ratio_to_creates": round(batch_s / creates, 2),
+            "fork_count_10_ratio_to_creates_at_once": round(batch_s / together_s, 2)}
 
 
 def _port_figures(home: Path, template_home: Path, template: str, n: int, progress: Progress) -> dict[str, Any]:

@@ -176,13 +176,15 @@ def test_pause_to_disk_resume_snapshot_fork_and_snapshot_ls_rm(dev: Cli) -> None
     assert [(s["id"], s["name"], s["sandbox_id"]) for s in shown] == [(snap, "cli-snap", sid)]
     child = dev.ok("sandbox", "create", "--template", snap, "--timeout", "120").decode().strip()
     forked = dev.ok("sandbox", "fork", sid).decode().strip()
+    twins = dev.ok("sandbox", "fork", sid, "--count", "2").decode().split()
+    assert len(twins) == 2 and forked not in twins
     for other in (child, forked):
         assert dev.ok("exec", other, "--", "cat", "/workspace/s.txt") == b"cli-state\n"
     assert dev.ok("snapshot", "rm", "cli-snap").decode().strip() == "cli-snap"
     assert json.loads(dev.ok("snapshot", "ls", "--json")) == []
     r = dev.run("snapshot", "rm", "cli-snap")
     assert r.returncode == 1 and one_error_line(r, "not_found")
-    dev.ok("sandbox", "kill", sid, child, forked)
+    dev.ok("sandbox", "kill", sid, child, forked, *twins)
 
 
 def test_network_policy_at_create_and_live_and_the_refusal_notice(dev: Cli) -> None:

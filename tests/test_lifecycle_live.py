@@ -16,6 +16,7 @@ import pytest
 from corral import (
     AsyncSandbox,
     AsyncSnapshot,
+    AsyncVolume,
     ConflictError,
     InvalidRequestError,
     NotFoundError,
@@ -147,6 +148,11 @@ async def test_forks_are_independent_and_keep_the_spec(api: Api, live_url: str) 
             assert [await c.files.read("/workspace/state.txt") for c in forks] == [b"child0", b"child1", b"child2"]
             ids = {s.id for s in await AsyncSandbox.list(**opts)}
             assert {parent.id, *(c.id for c in forks)} <= ids
+            batch = await parent.fork(count=3, timeout=120)  # one instant, three children
+            forks += batch
+            assert len({c.id for c in batch}) == 3
+            for child in batch:
+                assert await child.files.read("/workspace/state.txt") == b"v2-parent"
         finally:
             for child in forks:
                 await child.kill()
@@ -169,6 +175,7 @@ async def test_pause_to_disk_releases_memory_and_keeps_files_policy_ttl_metadata
         assert not [m for m in leaks(api.engine.home) if sb.id in m and m.startswith(("mount", "runc", "process"))]
         listed = {s.id: s for s in await AsyncSandbox.list(**opts)}
         assert listed[sb.id].state == "paused" and listed[sb.id].paused_to_disk
+        assert listed[sb.id].ttl_left is not None and 290 < listed[sb.id].ttl_left <= 300
         with pytest.raises(ConflictError, match="paused to disk"):
             await sb.commands.run("true")
         await asyncio.sleep(2)  # the timeout's clock stands still while it sleeps
@@ -302,3 +309,37 @@ async def test_bad_lifecycle_input_changes_nothing(api: Api, live_url: str) -> N
 
 
     await asyncio.to_thread(body)
+
+
+async def test_volumes_through_pause_to_disk_fork_and_snapshot(api: Api, live_url: str) -> None:
+    opts = _opts(api, live_url)
+    vol = await AsyncVolume.create("lifecycle-vol", size="64M", **opts)
+    try:
+        sb = await AsyncSandbox.create(TEMPLATE, volumes={"/mnt/data": "lifecycle-vol"}, **opts)
+        try:
+            await sb.files.write("/workspace/own.txt", b"disk")
+            assert (await sb.commands.run("echo shared > /mnt/data/v.txt")).exit_code == 0
+            await sb.pause(memory=False)
+            with pytest.raises(ConflictError, match=sb.id):  # still mounted by the sandbox asleep on disk
+                await vol.delete()
+            await sb.resume()
+            r = await sb.commands.run("cat /mnt/data/v.txt && stat -c %U /mnt/data/v.txt")
+            assert r.stdout == "shared\nuser\n", r.stderr
+            child = await sb.fork()  # the fork mounts the same volume: one storage, two sandboxes
+            try:
+                assert (await child.commands.run("echo from-fork >> /mnt/data/v.txt")).exit_code == 0
+                assert await sb.files.read("/workspace/own.txt") == b"disk"
+                assert (await sb.commands.run("cat /mnt/data/v.txt")).stdout == "shared\nfrom-fork\n"
+            finally:
+                await child.kill()
+            snap = await sb.snapshot()
+            try:  # a snapshot keeps the sandbox's disk, not its volumes: a child without one sees none
+                async with await AsyncSandbox.create(snap.id, **opts) as plain:
+                    assert await plain.files.read("/workspace/own.txt") == b"disk"
+                    assert (await plain.commands.run("ls /mnt/data 2>/dev/null | wc -l")).stdout == "0\n"
+            finally:
+                await snap.delete()
+        finally:
+            await sb.kill()
+    finally:
+        await vol.delete()

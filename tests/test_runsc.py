@@ -31,3 +31,27 @@ async def test_gvisor_sandbox_reports_gvisor_and_works(engine):
 async def test_runc_sandbox_reports_host_kernel(sandbox):
     r = await sandbox.exec("uname -r")
     assert r.stdout.strip() == Path("/proc/sys/kernel/osrelease").read_text().strip()
+
+
+async def test_gvisor_snapshot_fork_and_pause_to_disk(engine):
+    """gVisor writes through its gofer to the same upper layer, so the lifecycle works the same under runsc."""
+    runsc = SandboxSpec(template=TEMPLATE, runtime="runsc")
+    async with await engine.create(runsc) as sb:
+        await sb.files.write("/workspace/g.txt", b"under gvisor")
+        await sb.files.write("/tmp/t.txt", b"tmpfs")
+        artifact = await engine.snapshot(sb.id)
+        try:
+            async with await engine.create(runsc, source=artifact) as child:
+                assert await child.files.read("/workspace/g.txt") == b"under gvisor"
+                assert not await child.files.exists("/tmp/t.txt")  # memory: not in a snapshot
+        finally:
+            await engine.delete_snapshot(artifact)
+        async with await engine.fork(sb.id) as forked:
+            assert await forked.files.read("/workspace/g.txt") == b"under gvisor"
+        await engine.pause(sb.id, memory=False)
+        assert engine.info(sb.id).paused_to_disk
+        await engine.resume(sb.id)
+        assert await sb.files.read("/workspace/g.txt") == b"under gvisor"
+        assert await sb.files.read("/tmp/t.txt") == b"tmpfs"
+        r = await sb.exec("dmesg | head -1", timeout=60)
+        assert "gVisor" in r.stdout

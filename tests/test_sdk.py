@@ -750,6 +750,16 @@ def test_a_long_retry_after_is_left_to_the_caller(fake):
     assert flaky.seen == 1 and info.value.details["retry_after"] == "120"
 
 
+def test_a_quota_without_retry_after_is_not_retried_but_a_busy_machine_is(fake):
+    flaky = Flaky(FakeTransport(fake), failures=1, status=429, retry_after=None)  # max_snapshots, say
+    with pytest.raises(QuotaExceededError):
+        Sandbox.create(api_key=KEY, base_url=URL, transport=flaky)  # type: ignore[arg-type]
+    assert flaky.seen == 1
+    flaky = Flaky(FakeTransport(fake), failures=1, status=503, retry_after=None)
+    Sandbox.create(api_key=KEY, base_url=URL, transport=flaky).close()  # type: ignore[arg-type]
+    assert flaky.seen == 2
+
+
 def test_other_errors_and_streamed_bodies_are_not_retried(fake):
     flaky = Flaky(FakeTransport(fake), failures=1, status=500, retry_after="0")
     with pytest.raises(ServerError):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pydantic
 import pytest
 from sqlalchemy import update
 
@@ -85,10 +86,10 @@ async def test_snapshot_quota_and_refusals_keep_nothing(setup: Setup) -> None:
 async def test_fork_counts_against_quotas_and_a_failed_fork_frees_its_reservation(setup: Setup) -> None:
     s = setup
     parent = await _create(s, env={"K": "v"}, metadata={"m": "1"})
-    child = await s.service.sandboxes.fork(s.who["a_dev"], parent, ForkSandbox(metadata={"m": "2"}))
+    [child] = await s.service.sandboxes.fork(s.who["a_dev"], parent, ForkSandbox(metadata={"m": "2"}))
     assert child.id != parent and child.metadata == {"m": "2"} and child.env_names == ("K",)
     assert s.backend.world.snapshots == {}  # the fork's snapshot lives only for the child's create
-    assert (await s.last("sandbox.fork")).outcome["sandbox_id"] == child.id
+    assert (await s.last("sandbox.fork")).outcome["sandbox_ids"] == [child.id]
     await s.store.set_quotas(s.tenants["a"], Quotas(max_sandboxes=2))
     with pytest.raises(QuotaExceededError):
         await s.service.sandboxes.fork(s.who["a_dev"], parent, ForkSandbox())
@@ -98,6 +99,17 @@ async def test_fork_counts_against_quotas_and_a_failed_fork_frees_its_reservatio
         await s.service.sandboxes.fork(s.who["a_dev"], parent, ForkSandbox())
     live = {r.id for r in await s.store.list_sandboxes(s.tenants["a"])}
     assert live == {parent, child.id}  # the failed one stopped counting
+    s.backend.fail_create = False
+    await s.store.set_quotas(s.tenants["a"], Quotas(max_sandboxes=4))
+    with pytest.raises(QuotaExceededError):  # room for two more, not for three: none starts
+        await s.service.sandboxes.fork(s.who["a_dev"], parent, ForkSandbox(count=3))
+    assert {r.id for r in await s.store.list_sandboxes(s.tenants["a"])} == {parent, child.id}
+    assert len(s.engine.list()) == 2
+    snapshots = len(s.backend.called("snapshot"))
+    twins = await s.service.sandboxes.fork(s.who["a_dev"], parent, ForkSandbox(count=2))
+    assert len(twins) == 2 and len(s.backend.called("snapshot")) == snapshots + 1  # one freeze and copy for both
+    with pytest.raises(pydantic.ValidationError):
+        ForkSandbox.model_validate({"count": 101})
     with pytest.raises(NotFoundError):
         await s.service.sandboxes.fork(s.who["b_dev"], parent, ForkSandbox())
 

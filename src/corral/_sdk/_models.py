@@ -168,6 +168,7 @@ class SandboxInfo:
     network: str | tuple[str, ...] = "none"  # the egress policy (docs/egress.md)
     paused_to_disk: bool = False  # state "paused" with no process nor memory left (docs/lifecycle.md)
     on_timeout: str = "kill"  # what the end of its time to live does: "kill" or "pause" (to disk)
+    ttl_left: float | None = None  # paused to disk: the seconds of life it gets back when it resumes
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> SandboxInfo:
@@ -186,4 +187,5 @@ class SandboxInfo:
             network=_network(data.get("network")),
             paused_to_disk=bool(data.get("paused_to_disk")),
             on_timeout=str(data.get("on_timeout") or "kill"),
+            ttl_left=float(data["ttl_left"]) if isinstance(data.get("ttl_left"), int | float) else None,
         )

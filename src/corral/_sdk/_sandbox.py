@@ -10,7 +10,7 @@ import builtins
 import contextlib
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, overload
 
 import httpx
 
@@ -77,13 +77,24 @@ def _snapshot_body(name: str | None) -> dict[str, Any]:
     return {} if name is None else {"name": name}
 
 
-def _fork_body(timeout: float | None, metadata: Mapping[str, str] | None) -> dict[str, Any]:
+def _fork_body(timeout: float | None, metadata: Mapping[str, str] | None, count: int | None) -> dict[str, Any]:
     body: dict[str, Any] = {}
     if timeout is not None:
         body["timeout"] = timeout
     if metadata is not None:
         body["metadata"] = dict(metadata)
+    if count is not None:
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise TypeError("count is a number of sandboxes")
+        body["count"] = count
     return body
+
+
+def _forked(data: Any, count: int | None) -> builtins.list[SandboxInfo]:
+    """The children in a fork's answer: one sandbox object, or `{"sandboxes": [...]}` when `count` was given."""
+    if count is None:
+        return [SandboxInfo.from_wire(data)]
+    return [SandboxInfo.from_wire(s) for s in json_dict(data, "a fork").get("sandboxes", [])]
 
 
 def _check_port(port: int) -> None:
@@ -294,11 +305,23 @@ class Sandbox(_SandboxBase):
         data = self._client.request("POST", sandbox_path(self.id, "/snapshots"), json=_snapshot_body(name))
         return Snapshot._parse(data, self._client.config)  # type: ignore[no-any-return]
 
-    def fork(self, *, timeout: float | None = None, metadata: Mapping[str, str] | None = None) -> Sandbox:
+    @overload
+    def fork(self, *, timeout: float | None = None, metadata: Mapping[str, str] | None = None) -> Sandbox: ...
+
+    @overload
+    def fork(self, *, count: int, timeout: float | None = None,
+             metadata: Mapping[str, str] | None = None) -> builtins.list[Sandbox]: ...
+
+    def fork(self, *, count: int | None = None, timeout: float | None = None,
+             metadata: Mapping[str, str] | None = None) -> Sandbox | builtins.list[Sandbox]:
         """A new running sandbox with this one's files at this instant (and its spec, env included), independent
-        from then on. `timeout`/`metadata`: the child's, instead of the parent's."""
-        data = self._client.request("POST", sandbox_path(self.id, "/fork"), json=_fork_body(timeout, metadata))
-        return Sandbox(SandboxInfo.from_wire(data), SyncClient(self._client.config, self._client.transport))
+        from then on. `timeout`/`metadata`: the child's, instead of the parent's. `count=N`: a list of N such
+        sandboxes of the same instant (the parent is frozen and copied once), all started or none."""
+        data = self._client.request("POST", sandbox_path(self.id, "/fork"),
+                                    json=_fork_body(timeout, metadata, count))
+        infos = _forked(data, count)
+        made = [Sandbox(info, SyncClient(self._client.config, self._client.transport)) for info in infos]
+        return made if count is not None else made[0]
 
     def resume(self) -> SandboxInfo:
         self._info = SandboxInfo.from_wire(self._client.request("POST", sandbox_path(self.id, "/resume")))
@@ -464,11 +487,21 @@ class AsyncSandbox(_SandboxBase):
         data = await self._client.request("POST", sandbox_path(self.id, "/snapshots"), json=_snapshot_body(name))
         return AsyncSnapshot._parse(data, self._client.config)  # type: ignore[no-any-return]
 
+    @overload
     async def fork(self, *, timeout: float | None = None,
-                   metadata: Mapping[str, str] | None = None) -> AsyncSandbox:
+                   metadata: Mapping[str, str] | None = None) -> AsyncSandbox: ...
+
+    @overload
+    async def fork(self, *, count: int, timeout: float | None = None,
+                   metadata: Mapping[str, str] | None = None) -> builtins.list[AsyncSandbox]: ...
+
+    async def fork(self, *, count: int | None = None, timeout: float | None = None,
+                   metadata: Mapping[str, str] | None = None) -> AsyncSandbox | builtins.list[AsyncSandbox]:
         data = await self._client.request("POST", sandbox_path(self.id, "/fork"),
-                                          json=_fork_body(timeout, metadata))
-        return AsyncSandbox(SandboxInfo.from_wire(data), AsyncClient(self._client.config, self._client.transport))
+                                          json=_fork_body(timeout, metadata, count))
+        infos = _forked(data, count)
+        made = [AsyncSandbox(info, AsyncClient(self._client.config, self._client.transport)) for info in infos]
+        return made if count is not None else made[0]
 
     async def resume(self) -> SandboxInfo:
         self._info = SandboxInfo.from_wire(await self._client.request("POST", sandbox_path(self.id, "/resume")))

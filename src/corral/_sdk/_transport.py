@@ -174,9 +174,10 @@ class _BaseClient:
         """Seconds to wait before sending the request again, or None to give the answer to the caller.
 
         Only 429 (quota) and 503 (capacity, runtime) are retried: the API promises they changed nothing. The wait
-        is the server's `Retry-After`, else a short exponential backoff; a `Retry-After` longer than
-        `retry_max_wait` is the caller's decision (the error carries it), and a body streamed from a file object
-        cannot be sent twice.
+        is the server's `Retry-After`, else (503 only) a short exponential backoff: a 429 without one is a quota
+        that waiting does not free (snapshots, volumes, paused sandboxes, one sandbox's limits). A `Retry-After`
+        longer than `retry_max_wait` is the caller's decision (the error carries it), and a body streamed from a
+        file object cannot be sent twice.
         """
         if response.status_code not in _RETRIED_STATUSES or attempt >= self.config.max_retries:
             return None
@@ -185,6 +186,8 @@ class _BaseClient:
         try:
             wait = float(response.headers["retry-after"])
         except (KeyError, ValueError):
+            if response.status_code == 429:
+                return None
             wait = _BACKOFF_BASE * 2**attempt
         return wait if 0 <= wait <= self.config.retry_max_wait else None
 

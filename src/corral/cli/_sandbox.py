@@ -227,18 +227,22 @@ def resume(
 def fork(
     sandbox_id: str = typer.Argument(..., help="Sandbox id."),
     timeout: int | None = typer.Option(None, help="The child's seconds to live (default: the parent's timeout)."),
+    count: int | None = typer.Option(None, min=1, max=100, help="Start this many children of the same instant "
+                                     "(all or none); their ids one per line."),
     as_json: JsonOption = False,
     url: UrlOption = None,
     api_key: ApiKeyOption = None,
 ) -> None:
     """Start a new sandbox with this one's files as they are now; print its id."""
     with _attached(sandbox_id, url, api_key) as sb:
-        child = sb.fork(timeout=timeout)
+        children = sb.fork(count=count, timeout=timeout) if count is not None else [sb.fork(timeout=timeout)]
+    for child in children:
         child.close()
     if as_json:
-        print_json(dataclasses.asdict(child.info))
+        print_json([dataclasses.asdict(c.info) for c in children] if count is not None
+                   else dataclasses.asdict(children[0].info))
     else:
-        typer.echo(child.id)
+        typer.echo("\n".join(c.id for c in children))
 
 
 @sandbox_app.command("snapshot")

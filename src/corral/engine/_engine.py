@@ -488,12 +488,25 @@ class Engine:
                    spec: SandboxSpec | None = None) -> SandboxHandle:
         """A new running sandbox with the parent's files at this instant (`spec`: the parent's, by default),
         independent from then on: a snapshot that lives only as long as the child's create."""
+        return (await self.fork_many(sandbox_id, [child_id or f"sb-{secrets.token_hex(8)}"], spec=spec))[0]
+
+    async def fork_many(self, sandbox_id: str, child_ids: builtins.list[str], *,
+                        spec: SandboxSpec | None = None) -> builtins.list[SandboxHandle]:
+        """`len(child_ids)` forks of one instant: the parent is frozen and copied once, the children start
+        together. All or nothing: if one cannot start, those that did are destroyed and its error is raised."""
         parent = self._lookup(sandbox_id)
         artifact = await self.snapshot(sandbox_id)
         try:
-            return await self.create(spec or parent.spec, sandbox_id=child_id, source=artifact)
+            made = await asyncio.gather(*(self.create(spec or parent.spec, sandbox_id=child, source=artifact)
+                                          for child in child_ids), return_exceptions=True)
         finally:
             await asyncio.shield(self.delete_snapshot(artifact))
+        failed = [m for m in made if isinstance(m, BaseException)]
+        if failed:
+            started = [m for m in made if isinstance(m, SandboxHandle)]
+            await asyncio.shield(asyncio.gather(*(h.destroy() for h in started), return_exceptions=True))
+            raise failed[0]
+        return [m for m in made if isinstance(m, SandboxHandle)]
 
     def set_timeout(self, sandbox_id: str, seconds: float) -> SandboxInfo:
         """Make the sandbox expire `seconds` from now (paused to disk: `seconds` after it resumes)."""

@@ -60,6 +60,7 @@ def sandbox_json(record: SandboxRecord) -> dict[str, Any]:
         "file_roots": file_roots(record),
         "network": spec.network if isinstance(spec.network, str) else list(spec.network),
         "paused_to_disk": record.paused_to_disk,
+        "ttl_left": record.ttl_left,  # paused to disk: the seconds it gets when it resumes (its clock stands still)
         "on_timeout": spec.on_timeout,
         "volumes": dict(spec.volumes),
         "public_ports": spec.public_ports,
@@ -117,7 +118,12 @@ async def resume(sandbox_id: str, request: Request, principal: CurrentPrincipal)
 @router.post("/{sandbox_id}/fork", status_code=201)
 async def fork(sandbox_id: str, request: Request, principal: CurrentPrincipal,
                body: ForkSandbox | None = None) -> dict[str, Any]:
-    return sandbox_json(await service(request).sandboxes.fork(principal, sandbox_id, body or ForkSandbox()))
+    """The child's sandbox object; with `count`, `{"sandboxes": [...]}` (all of them started, or none)."""
+    asked = body or ForkSandbox()
+    children = await service(request).sandboxes.fork(principal, sandbox_id, asked)
+    if asked.count is None:
+        return sandbox_json(children[0])
+    return {"sandboxes": [sandbox_json(r) for r in children]}
 
 
 @router.post("/{sandbox_id}/snapshots", status_code=201)

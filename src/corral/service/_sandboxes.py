@@ -13,7 +13,7 @@ import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
@@ -74,13 +74,18 @@ class CreateSandbox(BaseModel):
         return params
 
 
+MAX_FORKS = 100  # children of one fork call
+
+
 class ForkSandbox(BaseModel):
-    """What may differ between a fork and its parent: its time to live and its metadata."""
+    """What may differ between a fork and its parent (its time to live, its metadata), and how many children of
+    the same instant to start (`count`: the parent is frozen and copied once)."""
 
     model_config = ConfigDict(extra="forbid")
 
     timeout: float | None = None
     metadata: dict[str, str] | None = None
+    count: Annotated[int, Field(ge=1, le=MAX_FORKS)] | None = None
 
 
 @dataclass(frozen=True)
@@ -125,13 +130,22 @@ class Sandboxes:
     async def _start(self, principal: Principal, spec: SandboxSpec, sandbox_id: str,
                      make: Callable[[], Awaitable[object]]) -> SandboxRecord:
         """Reserve (quotas), have the engine `make` it, record it running; undo the reservation on failure."""
-        record = await self._reserve(principal, spec, sandbox_id)
+        return (await self._start_many(principal, spec, [sandbox_id], make))[0]
+
+    async def _start_many(self, principal: Principal, spec: SandboxSpec, sandbox_ids: builtins.list[str],
+                          make: Callable[[], Awaitable[object]]) -> builtins.list[SandboxRecord]:
+        """`_start` for several sandboxes the engine makes in one call: every reservation first (a quota without
+        room for all of them refuses all), undone, each, if anything fails."""
+        reserved: builtins.list[SandboxRecord] = []
         try:
+            for sandbox_id in sandbox_ids:
+                reserved.append(await self._reserve(principal, spec, sandbox_id))
             await make()
         except BaseException:
-            await self._svc.store.mark_destroyed(record.id, failed=True)
+            for record in reserved:
+                await asyncio.shield(self._svc.store.mark_destroyed(record.id, failed=True))
             raise
-        return await self._mark_running(record.id)
+        return [await self._mark_running(record.id) for record in reserved]
 
     async def _source(self, principal: Principal, template: str) -> SnapshotArtifact | None:
         """A template that is the id of one of the tenant's snapshots starts from that snapshot."""
@@ -171,11 +185,12 @@ class Sandboxes:
             raise InvalidRequestError(exc.message, details={"template": spec.template}) from None
         return spec
 
-    async def fork(self, principal: Principal, sandbox_id: str, request: ForkSandbox) -> SandboxRecord:
-        """A new sandbox with the parent's files at this instant (and its spec, unless `request` changes the
-        timeout or metadata), counted against the tenant's quotas like any create."""
+    async def fork(self, principal: Principal, sandbox_id: str, request: ForkSandbox) -> builtins.list[SandboxRecord]:
+        """New sandboxes (`request.count`, default one) with the parent's files at this instant and its spec
+        (unless `request` changes the timeout or metadata), counted against the tenant's quotas like creates.
+        All or nothing: a quota that lacks room for all of them, or a child that cannot start, starts none."""
         svc = self._svc
-        child_id = f"sb-{secrets.token_hex(8)}"
+        child_ids = [f"sb-{secrets.token_hex(8)}" for _ in range(request.count or 1)]
         async with svc.audited(principal, "sandbox.fork", sandbox_id,
                                params=request.model_dump(mode="json"), status=201) as audit:
             await self.authorized(principal, sandbox_id, Action.SANDBOX_READ)
@@ -190,9 +205,9 @@ class Sandboxes:
                 spec = SandboxSpec.model_validate(spec.model_dump())
             except pydantic.ValidationError as exc:
                 raise InvalidRequestError(f"invalid fork: {exc.errors()[0]['msg']}") from None
-            audit.outcome["sandbox_id"] = child_id
-            return await self._start(principal, spec, child_id, lambda: svc.engine.fork(
-                sandbox_id, child_id=child_id, spec=spec))
+            audit.outcome["sandbox_ids"] = child_ids
+            return await self._start_many(principal, spec, child_ids, lambda: svc.engine.fork_many(
+                sandbox_id, child_ids, spec=spec))
 
     async def _reserve(self, principal: Principal, spec: SandboxSpec, sandbox_id: str) -> SandboxRecord:
         try:
