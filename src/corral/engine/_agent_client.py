@@ -83,16 +83,20 @@ class AgentClient:
         return await asyncio.wait_for(asyncio.open_connection(self.endpoint.host, self.endpoint.port, limit=limit),
                                       _TCP_CONNECT_TIMEOUT)
 
+    def _unreachable(self, exc: OSError) -> AgentError:
+        """A connection to the agent that failed: why, and what it likely means."""
+        if isinstance(exc, TimeoutError):
+            return AgentError(f"the agent of {self.label} did not accept a connection within "
+                              f"{_TCP_CONNECT_TIMEOUT:g}s; the sandbox may have stopped")
+        return AgentError(f"the agent of {self.label} is unreachable ({exc.strerror or exc}); "
+                          "the sandbox may have stopped")
+
     @contextlib.asynccontextmanager
     async def _op(self, op: str, **args: Any) -> AsyncIterator[_Conn]:
         try:
             reader, writer = await self._connect()
-        except TimeoutError as exc:
-            raise AgentError(f"the agent of {self.label} did not accept a connection within "
-                             f"{_TCP_CONNECT_TIMEOUT:g}s; the sandbox may have stopped") from exc
-        except OSError as exc:
-            raise AgentError(f"the agent of {self.label} is unreachable ({exc.strerror or exc}); "
-                             "the sandbox may have stopped") from exc
+        except (TimeoutError, OSError) as exc:
+            raise self._unreachable(exc) from exc
         conn = _Conn(reader, writer, self.label)
         try:
             await conn.send_json(protocol.REQUEST, {"op": op, "token": self.token, **args})
@@ -163,12 +167,8 @@ class AgentClient:
             except BaseException:
                 sock.close()
                 raise
-        except TimeoutError as exc:
-            raise AgentError(f"the agent of {self.label} did not accept a connection within "
-                             f"{_TCP_CONNECT_TIMEOUT:g}s; the sandbox may have stopped") from exc
-        except OSError as exc:
-            raise AgentError(f"the agent of {self.label} is unreachable ({exc.strerror or exc}); "
-                             "the sandbox may have stopped") from exc
+        except (TimeoutError, OSError) as exc:
+            raise self._unreachable(exc) from exc
         return sock
 
     @contextlib.contextmanager
