@@ -76,7 +76,8 @@ _LOG_TAIL = 40
 _SOCKET_POLL = 0.005  # seconds between looks for the agent's socket (it appears ~50 ms after the start)
 _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 _ALIVE_POLL = 0.5  # seconds between asking the daemon whether a container whose agent is slow still runs
-_PAUSE_ATTEMPTS = 6  # tries at freezing a sandbox whose processes keep forking (see `pause`)
+_PAUSE_ATTEMPTS = 12  # tries at freezing a sandbox whose processes keep forking (see `pause`): about 2.5 s
+_PAUSE_BACKOFF_MAX = 0.25
 _CGROUP_WAIT = 10.0  # seconds for a killed container's cgroup to be removed (by runc, through containerd)
 
 # What this backend cannot give that the local one does, each with its reason: for `corral check` and the docs.
@@ -245,7 +246,7 @@ class DockerBackend:
                 if "unable to freeze" not in exc.message:
                     raise
                 text = exc.message
-            await asyncio.sleep(0.05 * (attempt + 1))
+            await asyncio.sleep(min(_PAUSE_BACKOFF_MAX, 0.05 * (attempt + 1)))
         raise ConflictError(
             f"sandbox {rec.sandbox_id} could not be paused: its processes kept changing while the cgroup freezer "
             f"tried to stop them ({_PAUSE_ATTEMPTS} attempts: {text[-300:]}); it is still running, try again",
