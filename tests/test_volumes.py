@@ -29,8 +29,8 @@ from corral import (
     ServerError,
     Volume,
 )
-from corral.backends._idmap import CANONICAL_BASE
-from corral.backends._volumes import IMAGE, MOUNT, VOLUME_OWNER, HostVolumes, prepare_mountpoints, volume_extents
+from corral.backends._idmap import CANONICAL_BASE, canonical_to_sandbox
+from corral.backends._volumes import IMAGE, MOUNT, VOLUME_OWNER, HostVolumes, prepare_mountpoints
 from corral.backends.local import LocalBackend
 from corral.backends.local._bundle import SANDBOX_UID, BundleParams, build_config
 from corral.cli import app
@@ -150,7 +150,7 @@ async def test_a_restarted_server_counts_the_binds_it_finds(host: HostVolumes) -
 
 
 async def test_no_user_namespace_is_uid_base_zero(host: HostVolumes) -> None:
-    assert volume_extents(0) == [(CANONICAL_BASE, 0, 65536)]  # host root's own (0 -> 0) would overlap it
+    assert canonical_to_sandbox(0) == [(CANONICAL_BASE, 0, 65536)]  # host root's own (0 -> 0) would overlap it
     await host.create("vol-docker", 16 * MIB)
     t = target(host, "ctr-1")
     await host.attach("vol-docker", t, 0)

@@ -39,11 +39,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from .._exceptions import CapacityError, ConflictError, InvalidRequestError, NotFoundError, ServerError
-from ._idmap import CANONICAL_BASE, Extent, canonical_to_sandbox, idmapped_bind, user_namespace
+from ._idmap import CANONICAL_BASE, canonical_to_sandbox, idmapped_bind, user_namespace
 from ._mounts import in_thread, loop_backing, mount_table, umount
 
-__all__ = ["IMAGE", "MIN_VOLUME_SIZE", "MOUNT", "VOLUMES_DIR", "VOLUME_OWNER", "HostVolumes", "prepare_mountpoints",
-           "volume_extents"]
+__all__ = ["IMAGE", "MIN_VOLUME_SIZE", "MOUNT", "VOLUMES_DIR", "VOLUME_OWNER", "HostVolumes", "prepare_mountpoints"]
 
 logger = logging.getLogger("corral.backends.volumes")
 
@@ -57,12 +56,6 @@ _MKFS_TIMEOUT = 300.0  # seconds: lazy init makes even a 1 TiB image quick, but 
 _MOUNT_TIMEOUT = 60.0
 _LOOP_DETACH_WAIT = 5.0  # autoclear detaches a loop device at its last close, which may come a little later
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def volume_extents(uid_base: int) -> list[Extent]:
-    """The idmap that shows canonical files to a sandbox whose root is host uid `uid_base` (0: no user namespace,
-    the sandbox's ids are the host's own, and host root's files stay unmapped: `nobody`)."""
-    return canonical_to_sandbox(uid_base)
 
 
 class HostVolumes:
@@ -142,6 +135,8 @@ class HostVolumes:
 
     async def detach_all(self, parent: Path) -> None:
         """Detach every target under `parent` (a sandbox's `volumes/`) and remove `parent`. Idempotent."""
+        if not parent.is_dir():  # made by the first `attach`: a sandbox without volumes costs no mount-table read
+            return
         targets = set(await in_thread(_mounted_children, parent))
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             targets |= {p for p in parent.iterdir() if p.is_dir() and not p.is_symlink()}
@@ -245,7 +240,7 @@ def _attach(vdir: Path, volume_id: str, target: Path, uid_base: int) -> None:
         target.parent.mkdir(mode=0o711, exist_ok=True)
         os.chmod(target.parent, 0o711)  # noqa: S103 - traverse only: the sandbox's runtime binds the target
         target.mkdir(mode=0o700, exist_ok=True)
-        with user_namespace(volume_extents(uid_base)) as userns:
+        with user_namespace(canonical_to_sandbox(uid_base)) as userns:
             idmapped_bind(mnt, target, userns)
     except BaseException:
         _drop_target(target)
