@@ -158,6 +158,10 @@ FORBIDDEN = {
     "corral.egress": {"corral.server", "corral.service", "corral.engine", "corral.control"},
     "corral.templates": {"corral.server", "corral.service", "corral.engine", "corral.control"},
     "corral.agent": {"corral"},  # runs inside the sandbox: standard library and itself only
+    # A front end: the service layer (and the types of what it returns), never a backend, the store's insides or
+    # another front end; the REST server composes it, not the reverse.
+    "corral.e2b": {"corral.server", "corral.cli", "corral._sdk", "corral.backends", "corral.templates",
+                   "corral.egress", "corral.agent"},
 }
 
 

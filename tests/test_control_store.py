@@ -218,7 +218,9 @@ async def test_set_timeout_respects_the_maximum(store: ControlStore) -> None:
     with pytest.raises(QuotaExceededError, match="max_sandbox_timeout"):
         await store.set_sandbox_timeout(sb.id, 601)
     with pytest.raises(InvalidRequestError):
-        await store.set_sandbox_timeout(sb.id, 0)
+        await store.set_sandbox_timeout(sb.id, -1)
+    ended = await store.set_sandbox_timeout(sb.id, 0)  # 0: the TTL ends now (the reconciler acts on it)
+    assert [r.id for r in await store.expired_sandboxes()] == [ended.id]
 
 
 async def test_quotas_are_per_tenant(store: ControlStore) -> None:

@@ -146,7 +146,23 @@ async def test_custom_file_roots_confine_the_file_api(api: Api) -> None:
         assert (await dev.get(f"/v1/sandboxes/{sid}")).json()["file_roots"] == ["/workspace/out", "/srv/data"]
 
 
-@pytest.mark.parametrize("roots", [[], ["/"], ["relative"], ["/proc/self"], ["/dev"], ["/.corral/run"],
+async def test_root_as_file_root_still_refuses_kernel_and_corral_paths(api: Api) -> None:
+    """`["/"]` opens every path the sandbox user reaches (E2B's envd does), never /proc, /sys, /dev or /.corral:
+    /proc/self through the agent would be the agent itself."""
+    async with api.client("a_dev") as dev:
+        sid = (await create(dev, file_roots=["/"]))["id"]
+        url = f"/v1/sandboxes/{sid}/files"
+        assert (await dev.get(url, params={"path": "/etc/hostname"})).status_code == 200
+        for path in ("/proc/self/environ", "/proc/1/status", "/sys/kernel/uevent_seqnum", "/dev/null",
+                     "/.corral/agent/agent/server.py"):
+            r = await dev.get(url, params={"path": path})
+            assert r.status_code == 403 and "never touches" in r.json()["error"]["message"], (path, r.text)
+        await run(dev, sid, "ln -s /proc/self/environ /home/user/env")
+        r = await dev.get(url, params={"path": "/home/user/env"})
+        assert r.status_code == 403, r.text
+
+
+@pytest.mark.parametrize("roots", [[], ["relative"], ["/proc/self"], ["/dev"], ["/.corral/run"],
                                    ["/a/../etc"], ["//etc"], ["/a\x00b"], ["/x"] * 17, "nope"])
 async def test_bad_file_roots_are_400_and_create_nothing(api: Api, roots: object) -> None:
     async with api.client("a_dev") as dev:

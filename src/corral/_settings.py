@@ -6,6 +6,8 @@
 `postgresql+asyncpg://user@/db?host=/run/postgresql` for a Unix socket); default SQLite in `CORRAL_HOME`.
 `CORRAL_URL` is where clients find the API server; default `http://127.0.0.1:7770`.
 `CORRAL_API_KEY` is the API key clients send as a Bearer token.
+`CORRAL_ACCESS_SECRET` is the secret sandboxes' access tokens are derived from (several replicas share one); by
+default each server keeps one in `CORRAL_HOME/access.key`.
 """
 
 from __future__ import annotations
@@ -43,3 +45,8 @@ def api_url() -> str:
 def api_key() -> str | None:
     """`$CORRAL_API_KEY`, the key clients send as `Authorization: Bearer`, if set."""
     return os.environ.get("CORRAL_API_KEY") or None
+
+
+def access_secret() -> str | None:
+    """`$CORRAL_ACCESS_SECRET`, the secret sandboxes' access tokens are derived from, if set."""
+    return os.environ.get("CORRAL_ACCESS_SECRET") or None

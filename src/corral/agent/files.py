@@ -72,9 +72,17 @@ def check_path(value: Any, roots: Any = None) -> str:
     return path
 
 
+# Never through the file API, whatever the roots (even "/"): kernel interfaces (/proc/self would be the agent's
+# own, whose environ held its token) and Corral's own directory.
+NEVER = ("/proc", "/sys", "/dev", "/.corral")
+
+
 def _check_roots(path: str, roots: list[str]) -> None:
     # Resolve symlinks of everything but a missing tail: a link that leads out of the roots is refused.
     real = os.path.realpath(path)
+    for never in NEVER:
+        if real == never or real.startswith(never + "/"):
+            raise FileError("permission_denied", f"{path} is in {never}, which the file API never touches")
     for root in roots:
         real_root = os.path.realpath(root)
         if real == real_root or real.startswith(real_root.rstrip("/") + "/"):

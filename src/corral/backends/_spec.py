@@ -140,7 +140,8 @@ class SandboxSpec(BaseModel):
     network_private: tuple[str, ...] = ()
     # Lifecycle (docs/lifecycle.md): what the end of the TTL does, volumes mounted by path (volume ids: the
     # service resolves a tenant's names), and whether the sandbox's ports answer without the tenant's key.
-    on_timeout: Literal["kill", "pause"] = "kill"
+    # "pause": paused to disk when the TTL ends; "pause_memory": frozen in place (docs/lifecycle.md)
+    on_timeout: Literal["kill", "pause", "pause_memory"] = "kill"
     volumes: dict[str, str] = Field(default_factory=dict)
     public_ports: bool = False
 
@@ -202,11 +203,11 @@ def _file_root(root: str) -> str:
         raise ValueError("a file root contains a NUL byte")
     if not root.startswith("/"):
         raise ValueError(f"file root {root!r} is not an absolute path")
-    if posixpath.normpath(root) != root.rstrip("/") or "//" in root:
+    if posixpath.normpath(root) != (root.rstrip("/") or "/") or "//" in root:
         raise ValueError(f"file root {root!r} is not a normalized path (no '..', '.', or '//')")
     root = root.rstrip("/")
-    if not root:
-        raise ValueError("'/' cannot be a file root: name the directories the file API may touch")
+    if not root:  # every path the user reaches, but never the forbidden ones (the agent refuses those anyway)
+        return "/"
     for forbidden in _FORBIDDEN_ROOTS:
         if root == forbidden or root.startswith(forbidden + "/"):
             raise ValueError(f"file root {root!r} is inside {forbidden}, which the file API never touches")

@@ -33,7 +33,7 @@ from ._common import error_line
 # tests/test_client_standalone.py checks the two agree): a command that fails to import one names the extra.
 _EXTRA_OF_MODULE: dict[str, str] = {
     **dict.fromkeys(("fastapi", "starlette", "uvicorn", "h11", "sqlalchemy", "greenlet", "aiosqlite", "asyncpg",
-                     "pydantic", "pydantic_core", "idna", "httptools"), "server"),
+                     "pydantic", "pydantic_core", "idna", "httptools", "python_multipart", "multipart"), "server"),
     "docker": "docker",
 }
 
@@ -160,16 +160,25 @@ def serve(
                                 "(a local dockerd; needs corral[docker]). See docs/backends.md."),
     domain: str = typer.Option("localhost", help="Sandboxes' ports are served on this port at "
                                "<port>-<sandbox id>.<domain> (a wildcard DNS name to this server). See docs/ports.md."),
+    e2b_alias: list[str] = typer.Option([], "--e2b-alias", help="NAME=TEMPLATE: the template an E2B templateID "
+                                        "means (repeatable; default base=default, code-interpreter-v1=default). "
+                                        "See docs/e2b.md."),
 ) -> None:
     """Run the API server (state, templates and sandboxes in $CORRAL_HOME, default /var/lib/corral)."""
     from ..backends import BACKEND_NAMES
+    from ..e2b import DEFAULT_ALIASES, E2BConfig, parse_alias
     from ..engine import Capacity
     from ..server import serve as run_server  # FastAPI and uvicorn load only for this command
 
     if backend not in BACKEND_NAMES:
         raise typer.BadParameter(f"choose one of {', '.join(BACKEND_NAMES)}", param_hint="--backend")
+    try:
+        aliases = {**DEFAULT_ALIASES, **dict(parse_alias(text) for text in e2b_alias)}
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--e2b-alias") from None
     capacity = Capacity(max_sandboxes=max_sandboxes, memory_overcommit=memory_overcommit)
-    run_server(host, port, db_url=db, capacity=capacity, backend=backend, domain=domain)
+    run_server(host, port, db_url=db, capacity=capacity, backend=backend, domain=domain,
+               e2b=E2BConfig(aliases=aliases))
 
 
 @app.command()

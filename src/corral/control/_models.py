@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, ClassVar
@@ -257,6 +258,23 @@ class NewApiKey:
 
     def __repr__(self) -> str:  # never print the secret by accident
         return f"NewApiKey(id={self.info.id!r}, prefix={self.info.prefix!r}, role={self.info.role.value!r})"
+
+
+@dataclass(frozen=True)
+class SandboxQuery:
+    """Which of a tenant's live sandboxes to list, in which order, a page at a time.
+
+    `after` is where the previous page ended: the (created_at, id) of its last record; pages never repeat or
+    skip a sandbox that lives through the listing, whatever is created meanwhile.
+    """
+
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    states: frozenset[SandboxState] | None = None  # None: every live state
+    template: str | None = None
+    created_after: datetime | None = None
+    newest_first: bool = False
+    limit: int | None = None
+    after: tuple[datetime, str] | None = None
 
 
 SandboxStatus = SandboxState  # one lifecycle enum (backends/_spec.py); the store's older name

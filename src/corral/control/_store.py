@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import ColumnElement, and_, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -44,6 +44,7 @@ from ._models import (
     ApiKeyRow,
     NewApiKey,
     Quotas,
+    SandboxQuery,
     SandboxRecord,
     SandboxRow,
     SandboxStatus,
@@ -269,6 +270,25 @@ class ControlStore:
         async with self._db.write() as session:
             await session.execute(stmt)
 
+    async def key_principal(self, key_id: str) -> Principal:
+        """The principal of the key `key_id`, for a credential that stands for that key (a sandbox's access
+        token stands for the key that created the sandbox); `AuthenticationError` once the key is revoked or its
+        tenant disabled. Cached like `authenticate`, and invalidated with it."""
+        cache_key = f"id:{key_id}"
+        known = self._principals.get(cache_key)
+        if known is MISSING:
+            token = self._principals.token()
+            async with self._db.read() as session:
+                row = await session.get(ApiKeyRow, key_id)
+                tenant = await session.get(TenantRow, row.tenant_id) if row is not None else None
+            if row is None or row.revoked_at is not None:
+                raise AuthenticationError("the API key this credential stands for was revoked")
+            if tenant is None or tenant.disabled:
+                raise AuthenticationError("this credential's tenant is disabled")
+            known = _KnownKey(Principal(tenant_id=row.tenant_id, key_id=row.id, role=Role(row.role)), None)
+            self._principals.put(cache_key, known, token)
+        return known.principal
+
     async def bootstrap_admin(self, explicit_key: str | None) -> str | None:
         """Give a store without keys its first admin key; return the path of a generated key file.
 
@@ -371,8 +391,8 @@ class ControlStore:
     async def set_sandbox_timeout(self, sandbox_id: str, seconds: float) -> SandboxRecord:
         """Expire `seconds` from now (paused to disk: `seconds` after it resumes), within the tenant's
         `max_sandbox_timeout`."""
-        if not seconds > 0:
-            raise InvalidRequestError("timeout must be a positive number of seconds")
+        if not seconds >= 0:
+            raise InvalidRequestError("timeout must be 0 (end now) or a positive number of seconds")
         try:
             async with self._db.write() as session:
                 row = await _live_sandbox_row(session, sandbox_id)
@@ -421,6 +441,7 @@ class ControlStore:
                     if tenant is None:
                         raise NotFoundError(f"no tenant {row.tenant_id!r}")
                     await _check_totals(session, tenant, row)
+                if row.ttl_left is not None:  # its clock stood still while it was paused
                     row.expires_at = self._now() + timedelta(seconds=row.ttl_left or 1.0)
                 row.state, row.paused_to_disk, row.paused_at, row.ttl_left = \
                     SandboxStatus.RUNNING.value, False, None, None
@@ -428,11 +449,24 @@ class ControlStore:
             self._sandboxes.invalidate(sandbox_id)
         return sandbox_from_row(row)
 
+    async def auto_paused(self, sandbox_id: str) -> SandboxRecord:
+        """Record a sandbox frozen in place because its TTL ended (`on_timeout="pause_memory"`): its clock stops
+        (it resumes with its whole timeout) and `max_paused_seconds` starts, as for a pause to disk."""
+        try:
+            async with self._db.write() as session:
+                row = await _live_sandbox_row(session, sandbox_id)
+                row.state, row.paused_at = SandboxStatus.PAUSED.value, self._now()
+                row.ttl_left = float(row.spec.get("timeout") or 300.0)
+        finally:
+            self._sandboxes.invalidate(sandbox_id)
+        return sandbox_from_row(row)
+
     async def forgotten_paused(self) -> list[SandboxRecord]:
-        """Sandboxes paused to disk for longer than their tenant's `max_paused_seconds` (default 7 days)."""
+        """Sandboxes paused (to disk, or in place by their timeout) for longer than their tenant's
+        `max_paused_seconds` (default 7 days)."""
         stmt = (select(SandboxRow, TenantRow.max_paused_seconds)
                 .join(TenantRow, TenantRow.id == SandboxRow.tenant_id)
-                .where(SandboxRow.destroyed_at.is_(None), SandboxRow.paused_to_disk.is_(True)))
+                .where(SandboxRow.destroyed_at.is_(None), SandboxRow.paused_at.is_not(None)))
         now = self._now()
         async with self._db.read() as session:
             rows = (await session.execute(stmt)).all()
@@ -501,6 +535,11 @@ class ControlStore:
         assert record is not None
         return record
 
+    async def find_sandbox(self, sandbox_id: str) -> SandboxRecord | None:
+        """The sandbox's record (live or not) without authorizing anybody, served from the same cache as
+        `sandbox_for`; None if there is no such sandbox. For credentials that name the sandbox themselves."""
+        return await self._cached_sandbox(sandbox_id)
+
     async def _cached_sandbox(self, sandbox_id: str) -> SandboxRecord | None:
         record = self._sandboxes.get(sandbox_id)
         if record is not MISSING:
@@ -517,26 +556,41 @@ class ControlStore:
     async def list_sandboxes(self, tenant_id: str | None, *, key_id: str | None = None,
                              metadata: dict[str, str] | None = None,
                              include_destroyed: bool = False) -> list[SandboxRecord]:
-        """Sandboxes of a tenant (None: all tenants), optionally of one key, whose metadata has these pairs.
+        """Sandboxes of a tenant (None: all tenants), optionally of one key, whose metadata has these pairs."""
+        query = SandboxQuery(metadata=metadata or {})
+        return await self.query_sandboxes(tenant_id, query, key_id=key_id, include_destroyed=include_destroyed)
 
-        The metadata filter runs here, not in SQL: matching inside JSON differs between SQLite and PostgreSQL.
+    async def query_sandboxes(self, tenant_id: str | None, query: SandboxQuery, *, key_id: str | None = None,
+                              include_destroyed: bool = False) -> list[SandboxRecord]:
+        """The sandboxes `query` selects, in its order, at most `query.limit` of them.
+
+        The metadata filter runs here, not in SQL: matching inside JSON differs between SQLite and PostgreSQL;
+        rows are read in order and filtered until the page is full.
         """
-        stmt = select(SandboxRow).order_by(SandboxRow.created_at, SandboxRow.id)
+        stmt = select(SandboxRow).where(*_query_conditions(query))
+        order = (SandboxRow.created_at.desc(), SandboxRow.id.desc()) if query.newest_first else \
+            (SandboxRow.created_at, SandboxRow.id)
+        stmt = stmt.order_by(*order)
         if tenant_id is not None:
             stmt = stmt.where(SandboxRow.tenant_id == tenant_id)
         if key_id is not None:
             stmt = stmt.where(SandboxRow.key_id == key_id)
         if not include_destroyed:
             stmt = stmt.where(SandboxRow.destroyed_at.is_(None))
+        wanted = query.metadata.items()
+        found: list[SandboxRecord] = []
         async with self._db.read() as session:
-            rows = (await session.scalars(stmt)).all()
-        wanted = (metadata or {}).items()
-        return [sandbox_from_row(r) for r in rows if all(r.metadata_.get(k) == v for k, v in wanted)]
+            for row in await session.scalars(stmt):
+                if all(row.metadata_.get(k) == v for k, v in wanted):
+                    found.append(sandbox_from_row(row))
+                    if query.limit is not None and len(found) >= query.limit:
+                        break
+        return found
 
     async def expired_sandboxes(self) -> list[SandboxRecord]:
         """Live sandboxes past their timeout, for the reaper (paused to disk: their clock stands still)."""
         stmt = select(SandboxRow).where(SandboxRow.destroyed_at.is_(None), SandboxRow.expires_at <= self._now(),
-                                        SandboxRow.paused_to_disk.is_not(True))
+                                        SandboxRow.paused_to_disk.is_not(True), SandboxRow.paused_at.is_(None))
         async with self._db.read() as session:
             return [sandbox_from_row(r) for r in (await session.scalars(stmt.order_by(SandboxRow.expires_at))).all()]
 
@@ -764,3 +818,22 @@ async def _check_snapshot_totals(session: AsyncSession, tenant: TenantRow, size:
         return
     _check_limit(tenant, "max_snapshot_bytes", tenant.max_snapshot_bytes, used + size, "total snapshot size",
                  current=used, unit=" bytes")
+
+
+def _query_conditions(query: SandboxQuery) -> list[ColumnElement[bool]]:
+    """The SQL side of a sandbox query: state, template, creation time and where the last page ended."""
+    conditions: list[ColumnElement[bool]] = []
+    if query.states is not None:
+        conditions.append(SandboxRow.state.in_(sorted(state.value for state in query.states)))
+    if query.template is not None:
+        conditions.append(SandboxRow.template == query.template)
+    if query.created_after is not None:
+        conditions.append(SandboxRow.created_at > query.created_after)
+    if query.after is not None:
+        at, last_id = query.after
+        same_time = SandboxRow.created_at == at
+        if query.newest_first:
+            conditions.append(or_(SandboxRow.created_at < at, and_(same_time, SandboxRow.id < last_id)))
+        else:
+            conditions.append(or_(SandboxRow.created_at > at, and_(same_time, SandboxRow.id > last_id)))
+    return conditions

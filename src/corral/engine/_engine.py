@@ -510,8 +510,8 @@ class Engine:
 
     def set_timeout(self, sandbox_id: str, seconds: float) -> SandboxInfo:
         """Make the sandbox expire `seconds` from now (paused to disk: `seconds` after it resumes)."""
-        if not 0 < seconds <= 7 * 24 * 3600:
-            raise InvalidRequestError("timeout must be between 0 and 604800 seconds")
+        if not 0 <= seconds <= 7 * 24 * 3600:
+            raise InvalidRequestError("timeout must be between 0 (end now) and 604800 seconds")
         sb = self._lookup(sandbox_id)
         if sb.paused_to_disk:
             sb.ttl_left = seconds
@@ -623,6 +623,15 @@ class Engine:
         loopback-only): a connected, non-blocking socket, from now on a raw byte pipe to that port; the caller
         closes it. Nothing listening there is `AgentError` naming the port; a paused sandbox `ConflictError`."""
         return await self._running(sandbox_id).agent.open_port(port)
+
+    async def alive(self, sandbox_id: str, *, wait: float = 5.0) -> bool:
+        """Whether this engine runs the sandbox and its agent answers a ping within `wait` seconds."""
+        try:
+            sb = self._running(sandbox_id)
+            await asyncio.wait_for(self.agent(sb.id).ping(), wait)
+        except (CorralError, TimeoutError):
+            return False
+        return True
 
     def agent(self, sandbox_id: str) -> AgentClient:
         return self._running(sandbox_id).agent

@@ -13,6 +13,7 @@ import os
 
 from .._settings import admin_key, corral_home, database_url
 from ..control import ControlStore
+from ..e2b import E2BConfig
 from ..egress import EgressProxy, PackageMirror
 from ..engine import Capacity, Engine
 from ..service import DEFAULT_DOMAIN, STATUS_BY_CODE, status_for
@@ -27,12 +28,14 @@ DEFAULT_PORT = 7770
 
 def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
           home: str | os.PathLike[str] | None = None, db_url: str | None = None,
-          capacity: Capacity | None = None, backend: str = "local", domain: str = DEFAULT_DOMAIN) -> None:
+          capacity: Capacity | None = None, backend: str = "local", domain: str = DEFAULT_DOMAIN,
+          e2b: E2BConfig | None = None) -> None:
     """Run the API server until interrupted, with its state in `home` (default `CORRAL_HOME`), its control
     database at `db_url` (default `CORRAL_DB_URL`, else SQLite in `home`; PostgreSQL for several replicas),
     the machine's `capacity` for sandboxes (past it, creates answer 503 with `Retry-After`), and sandboxes on
     the `backend` of that name (`corral.backends.BACKEND_NAMES`; docs/backends.md), and sandboxes' ports
-    served at `<port>-<sandbox id>.<domain>` on the same port (docs/ports.md)."""
+    served at `<port>-<sandbox id>.<domain>` on the same port (docs/ports.md), and E2B's API with the `e2b`
+    settings (docs/e2b.md)."""
     import uvicorn
 
     state = corral_home(home)
@@ -51,6 +54,6 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
             print("corral: admin API key taken from CORRAL_ADMIN_KEY (used only if the server had no keys)",
                   flush=True)
 
-    app = create_app(engine, store, on_startup=bootstrap, domain=domain)
+    app = create_app(engine, store, on_startup=bootstrap, domain=domain, e2b=e2b)
     config = uvicorn.Config(app, host=host, port=port, lifespan="on", log_level="info")
     asyncio.run(uvicorn.Server(config).serve())

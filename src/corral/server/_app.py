@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from ..control import ControlStore
+from ..e2b import E2BConfig, E2BMiddleware
 from ..engine import Engine
 from ..service import DEFAULT_DOMAIN, Service, StartupHook
 from . import (
@@ -36,9 +37,10 @@ __all__ = ["create_app"]
 
 
 def create_app(engine: Engine, store: ControlStore, *, on_startup: StartupHook | None = None,
-               domain: str = DEFAULT_DOMAIN) -> FastAPI:
+               domain: str = DEFAULT_DOMAIN, e2b: E2BConfig | None = None) -> FastAPI:
     """The API app over `engine` and `store`; the lifespan starts and stops both (through the service).
-    Requests to `<port>-<sandbox id>.<domain>` hosts go to that port in the sandbox instead (docs/ports.md)."""
+    Requests to `<port>-<sandbox id>.<domain>` hosts go to that port in the sandbox instead (docs/ports.md);
+    E2B's API is served beside /v1, at the root (docs/e2b.md; `e2b`: its settings)."""
     service = Service(engine, store, on_startup=on_startup, domain=domain)
 
     @contextlib.asynccontextmanager
@@ -50,6 +52,8 @@ def create_app(engine: Engine, store: ControlStore, *, on_startup: StartupHook |
     app.state.corral = service
     install_error_handlers(app)
     app.add_middleware(PortsMiddleware, service=service)  # before any route: port hosts never reach the API
+    # Outermost: E2B's data plane names sandboxes by header (and its ports 49983/49999 by host) before any of it.
+    app.add_middleware(E2BMiddleware, service=service, config=e2b or E2BConfig())
 
     @app.get("/v1/health")
     async def health() -> dict[str, Any]:

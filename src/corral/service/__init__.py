@@ -1,5 +1,6 @@
 """The service layer: one method per operation, called by every front end (docs/architecture.md)."""
 
+from ._access import SandboxAccess, TokenPurpose
 from ._accounts import Keys, Tenants
 from ._audit import AuditFilter, AuditTrail
 from ._audited import Audited
@@ -11,10 +12,11 @@ from ._outcome import RETRY_AFTER_DETAIL, STATUS_BY_CODE, outcome_of, status_for
 from ._ports import DEFAULT_DOMAIN, PORT_ACTION, PortConnection, PortRequest, Ports, check_domain
 from ._processes import AttachStream, Processes, parse_signal
 from ._pty import Pty, PtyRequest, Terminal
-from ._sandboxes import CreateSandbox, ForkSandbox, KillReport, Sandboxes, check_network, file_roots
+from ._sandboxes import CreateSandbox, ForkSandbox, KillReport, Sandboxes, SandboxPage, check_network, file_roots
 from ._service import REQUEST_INVALID, ClientInfo, Service, StartupHook
 from ._snapshots import Snapshots
 from ._streamed import OutputCallback, Streamed
+from ._templates import Templates
 from ._volumes import VolumeDetail, Volumes
 
 __all__ = [
@@ -48,14 +50,18 @@ __all__ = [
     "Pty",
     "PtyRequest",
     "ResultCallback",
+    "SandboxAccess",
+    "SandboxPage",
     "Sandboxes",
     "ServerInfo",
     "Service",
     "Snapshots",
     "StartupHook",
     "Streamed",
+    "Templates",
     "Tenants",
     "Terminal",
+    "TokenPurpose",
     "VolumeDetail",
     "Volumes",
     "check_domain",

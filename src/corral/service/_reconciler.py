@@ -17,7 +17,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from .._exceptions import CorralError, NotFoundError, QuotaExceededError, SandboxTimeoutError
+from .._exceptions import ConflictError, CorralError, NotFoundError, QuotaExceededError, SandboxTimeoutError
 from ..control import AuditEvent, SandboxRecord
 
 if TYPE_CHECKING:
@@ -67,6 +67,10 @@ class Reconciler:
         ended: list[str] = []
         for record in await self._svc.store.expired_sandboxes():
             reason = "timeout"
+            if record.spec.on_timeout == "pause_memory":
+                if await self._auto_pause_in_memory(record):
+                    ended.append(record.id)
+                continue
             if record.spec.on_timeout == "pause":
                 paused = await self._auto_pause(record)
                 if paused is None:
@@ -93,10 +97,25 @@ class Reconciler:
             outcome={"status": "paused", "reason": "timeout", "to_disk": True}))
         return True
 
+    async def _auto_pause_in_memory(self, record: SandboxRecord) -> bool:
+        """Freeze in place at the end of the TTL (processes kept); False (logged, tried again) if it failed."""
+        try:
+            with contextlib.suppress(ConflictError):  # frozen already (paused by hand): only the record changes
+                await self._svc.engine.pause(record.id)
+            await self._svc.store.auto_paused(record.id)
+        except CorralError:
+            logger.exception("sandbox.auto_pause_failed", extra={"sandbox": record.id})
+            return False
+        await self._svc.store.audit.append(AuditEvent(
+            action="sandbox.auto_pause", target=record.id, tenant_id=record.tenant_id,
+            outcome={"status": "paused", "reason": "timeout", "to_disk": False}))
+        return True
+
     async def remove_forgotten(self) -> list[str]:
-        """Destroy sandboxes paused to disk for longer than their tenant allows; returns their ids."""
+        """Destroy sandboxes paused (to disk, or in place by their timeout) for longer than their tenant allows;
+        returns their ids."""
         return [record.id for record in await self._svc.store.forgotten_paused()
-                if await self._destroy(record, "paused to disk for longer than the tenant's max_paused_seconds")]
+                if await self._destroy(record, "paused for longer than the tenant's max_paused_seconds")]
 
     async def _destroy(self, record: SandboxRecord, reason: str) -> bool:
         svc = self._svc

@@ -8,11 +8,13 @@ record whose sandbox could not be made stops counting against the tenant's quota
 from __future__ import annotations
 
 import asyncio
+import base64
 import builtins
+import json
 import secrets
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import pydantic
@@ -28,7 +30,7 @@ from .._exceptions import (
     SandboxTimeoutError,
 )
 from ..backends import DEFAULT_FILE_ROOTS, Limits, SandboxSpec, SandboxState, SnapshotArtifact
-from ..control import Action, Principal, Role, SandboxRecord, TenantEgress, authorize
+from ..control import Action, Principal, Role, SandboxQuery, SandboxRecord, TenantEgress, authorize
 from ..egress import EgressPolicy
 from ._outcome import RETRY_AFTER_DETAIL
 from ._snapshots import SNAPSHOT_ID, artifact_of
@@ -36,8 +38,8 @@ from ._snapshots import SNAPSHOT_ID, artifact_of
 if TYPE_CHECKING:
     from ._service import Service
 
-__all__ = ["CHECKPOINT_UNAVAILABLE", "CreateSandbox", "ForkSandbox", "KillReport", "Sandboxes", "check_network",
-           "file_roots"]
+__all__ = ["CHECKPOINT_UNAVAILABLE", "CreateSandbox", "ForkSandbox", "KillReport", "SandboxPage", "Sandboxes",
+           "check_network", "file_roots"]
 
 # Why `pause(memory=True, to_disk=True)` is refused (docs/lifecycle.md, "Processes across a pause to disk").
 CHECKPOINT_UNAVAILABLE = (
@@ -64,7 +66,8 @@ class CreateSandbox(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     metadata: dict[str, str] = Field(default_factory=dict)
     file_roots: list[str] | None = None  # None: DEFAULT_FILE_ROOTS
-    on_timeout: Literal["kill", "pause"] = "kill"  # "pause": pause to disk when the TTL ends (docs/lifecycle.md)
+    # "pause": paused to disk when the TTL ends; "pause_memory": frozen in place, processes kept (docs/lifecycle.md)
+    on_timeout: Literal["kill", "pause", "pause_memory"] = "kill"
     volumes: dict[str, str] = Field(default_factory=dict)  # mount path -> the tenant's volume name
     public_ports: bool = False  # the sandbox's ports answer without the tenant's key (docs/lifecycle.md)
 
@@ -86,6 +89,28 @@ class ForkSandbox(BaseModel):
     timeout: float | None = None
     metadata: dict[str, str] | None = None
     count: Annotated[int, Field(ge=1, le=MAX_FORKS)] | None = None
+
+
+@dataclass(frozen=True)
+class SandboxPage:
+    """A page of sandboxes; `next_cursor` asks for the next one (None: this was the last)."""
+
+    records: builtins.list[SandboxRecord]
+    next_cursor: str | None
+
+
+def _encode_cursor(record: SandboxRecord) -> str:
+    raw = json.dumps([record.created_at.isoformat(), record.id]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        at, last_id = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        return datetime.fromisoformat(at), str(last_id)
+    except (ValueError, TypeError) as exc:
+        raise InvalidRequestError(f"malformed page token {cursor[:64]!r}: pass the one the previous page gave")\
+            from exc
 
 
 @dataclass(frozen=True)
@@ -244,6 +269,34 @@ class Sandboxes:
             audit.outcome["count"] = len(records)
         return records
 
+    async def page(self, principal: Principal, query: SandboxQuery, cursor: str | None = None) -> SandboxPage:
+        """One page of the tenant's live sandboxes that `query` selects; `cursor` is the previous page's
+        `next_cursor` (a malformed one is `InvalidRequestError`)."""
+        params = {"metadata": dict(query.metadata), "states": sorted(query.states or ()), "template": query.template,
+                  "newest_first": query.newest_first, "limit": query.limit}
+        async with self._svc.audited(principal, "sandbox.list", None, params=params) as audit:
+            authorize(principal, Action.SANDBOX_READ, principal.tenant_id)
+            limit = query.limit
+            wanted = replace(query, after=_decode_cursor(cursor) if cursor else None,
+                             limit=None if limit is None else limit + 1)
+            records = await self._svc.store.query_sandboxes(principal.tenant_id, wanted)
+            more = limit is not None and len(records) > limit
+            if more:
+                records = records[:limit]
+            audit.outcome["count"] = len(records)
+        return SandboxPage(records, _encode_cursor(records[-1]) if more else None)
+
+    async def alive(self, principal: Principal, sandbox_id: str) -> bool:
+        """Whether the sandbox runs and its agent answers: False for a paused, ended, unknown or wedged one."""
+        async with self._svc.audited(principal, "sandbox.health", sandbox_id) as audit:
+            try:
+                record = await self.authorized(principal, sandbox_id, Action.SANDBOX_READ)
+                alive = record.state is SandboxState.RUNNING and await self._svc.engine.alive(sandbox_id)
+            except NotFoundError:
+                alive = False
+            audit.outcome["alive"] = alive
+        return alive
+
     async def get(self, principal: Principal, sandbox_id: str) -> SandboxRecord:
         async with self._svc.audited(principal, "sandbox.get", sandbox_id):
             return await self.authorized(principal, sandbox_id, Action.SANDBOX_READ)
@@ -304,17 +357,37 @@ class Sandboxes:
 
     async def resume(self, principal: Principal, sandbox_id: str) -> SandboxRecord:
         async with self._svc.audited(principal, "sandbox.resume", sandbox_id):
+            return await self._resume(await self.authorized(principal, sandbox_id, Action.SANDBOX_UPDATE))
+
+    async def connect(self, principal: Principal, sandbox_id: str, timeout: float | None = None, *,
+                      resume: bool = True) -> tuple[SandboxRecord, bool]:
+        """Make the sandbox usable: resumed if it is paused (unless not `resume`), and alive at least `timeout`
+        more seconds (its end is only ever moved later, never earlier). Returns the record and whether it was
+        resumed."""
+        async with self._svc.audited(principal, "sandbox.connect", sandbox_id,
+                                     params={"timeout": timeout, "resume": resume}) as audit:
             record = await self.authorized(principal, sandbox_id, Action.SANDBOX_UPDATE)
-            if not record.paused_to_disk:
-                await self._svc.engine.resume(sandbox_id)
-                return await self._svc.store.set_sandbox_state(sandbox_id, SandboxState.RUNNING)
-            resumed = await self._svc.store.resumed(sandbox_id)  # the running quotas, reserved before it boots
-            try:
-                await self._svc.engine.resume(sandbox_id)
-            except BaseException:
-                await asyncio.shield(self._svc.store.pause_to_disk(sandbox_id))
-                raise
-            return resumed
+            was_paused = resume and record.state is SandboxState.PAUSED
+            if was_paused:
+                record = await self._resume(record)
+            if timeout is not None and record.expires_at < datetime.now(UTC) + timedelta(seconds=timeout):
+                record = await self._svc.store.set_sandbox_timeout(sandbox_id, timeout)
+                self._svc.engine.set_timeout(sandbox_id, timeout)
+            audit.outcome["resumed"] = was_paused
+        return record, was_paused
+
+    async def _resume(self, record: SandboxRecord) -> SandboxRecord:
+        sandbox_id = record.id
+        if not record.paused_to_disk:
+            await self._svc.engine.resume(sandbox_id)
+            return await self._svc.store.resumed(sandbox_id)
+        resumed = await self._svc.store.resumed(sandbox_id)  # the running quotas, reserved before it boots
+        try:
+            await self._svc.engine.resume(sandbox_id)
+        except BaseException:
+            await asyncio.shield(self._svc.store.pause_to_disk(sandbox_id))
+            raise
+        return resumed
 
     # -- shared by the other services ----------------------------------------------------------------------
 

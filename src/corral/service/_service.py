@@ -24,6 +24,7 @@ from .._exceptions import AuthenticationError, NotFoundError
 from ..control import Action, AuditEvent, ControlStore, Denial, Principal, Role, Tenant, authorize, parse_key
 from ..egress import PackageMirror
 from ..engine import Engine
+from ._access import SandboxAccess
 from ._accounts import Keys, Tenants
 from ._audit import AuditTrail
 from ._audited import Audited
@@ -38,6 +39,7 @@ from ._pty import Pty
 from ._reconciler import Reconciler
 from ._sandboxes import Sandboxes
 from ._snapshots import Snapshots
+from ._templates import Templates
 from ._volumes import Volumes
 
 __all__ = ["REQUEST_INVALID", "ClientInfo", "Service", "StartupHook"]
@@ -64,6 +66,7 @@ class Service:
         self.store = store
         self._on_startup = on_startup
         self.sandboxes = Sandboxes(self)
+        self.access = SandboxAccess(self)  # tokens for clients that reach a sandbox without the key
         self.snapshots = Snapshots(self)
         self.files = Files(self)
         self.commands = Commands(self)
@@ -77,6 +80,7 @@ class Service:
         self.audit = AuditTrail(self)
         self.info = Info(self)
         self.volumes = Volumes(self)  # docs/volumes.md
+        self.templates = Templates(self)
         self.reconciler = Reconciler(self)
 
     # -- lifecycle -----------------------------------------------------------------------------------------
@@ -85,6 +89,7 @@ class Service:
         """Store first (the audit trail), then the egress proxy (reattached sandboxes need their socket back),
         then the engine, then the reconciler."""
         await self.store.start()
+        self.access.start()
         if self._on_startup is not None:
             await self._on_startup(self.store)
         proxy = self.engine.egress

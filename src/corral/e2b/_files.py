@@ -1,0 +1,227 @@
+"""envd's REST file routes, `GET /files` and `POST /files`, on Corral's file service.
+
+Downloads stream the file, gzip-compressed when the client accepts it. Uploads take `application/octet-stream`
+(one file at `path`, optionally `Content-Encoding: gzip`) or `multipart/form-data` (one or more `file` parts, each
+named by `path` or by its filename); each file is written in place, like envd does, and answered with its entry.
+`X-Metadata-<key>` headers become the file's metadata. Relative paths start in the user's home.
+
+Signed URLs (`download_url`/`upload_url` of the SDKs) carry no sandbox header and no token: their signature,
+`v1_` + base64(sha256("path:operation:user:token[:expiry]")), names the sandbox by the token it was made with,
+so the sandbox is the one whose token reproduces it; an expired one is refused as envd refuses it.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import time
+import urllib.parse
+import zlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.datastructures import UploadFile
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from .._exceptions import AuthenticationError, CorralError, InvalidRequestError
+from ..control import Principal
+from ..service import TokenPurpose
+from ._auth import sandbox_caller
+from ._errors import corral_error, e2b_error
+from ._front import front_of
+from ._user import absolute_path, check_user
+
+__all__ = ["download", "sandbox_of", "upload"]
+
+SANDBOX_SCOPE_KEY = "corral.e2b.sandbox"
+_CHUNK = 1024 * 1024
+_METADATA_PREFIX = "x-metadata-"
+
+
+def sandbox_of(request: Request) -> str | None:
+    sandbox_id = request.scope.get(SANDBOX_SCOPE_KEY)
+    return sandbox_id if isinstance(sandbox_id, str) else None
+
+
+async def download(request: Request) -> Response:
+    try:
+        sandbox_id, principal, maybe_path = await _authorized(request, "read")
+        path = absolute_path(maybe_path)
+        chunks = await front_of(request).service.files.read(principal, sandbox_id, path)
+    except CorralError as exc:
+        return _file_error(exc)
+    headers = {"Content-Disposition": f"attachment; filename*=UTF-8''{_quote(path.rsplit('/', 1)[-1])}"}
+    encoding = _accepted_encoding(request.headers.get("accept-encoding", ""))
+    if encoding is None:
+        return e2b_error(406, "unsupported Accept-Encoding: use gzip or identity")
+    if encoding == "gzip":
+        headers["Content-Encoding"] = "gzip"
+        chunks = _gzip(chunks)
+    return StreamingResponse(chunks, media_type="application/octet-stream", headers=headers)
+
+
+async def upload(request: Request) -> Response:
+    try:
+        sandbox_id, principal, path = await _authorized(request, "write", path_required=False)
+        metadata = _metadata(request)
+        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if content_type == "multipart/form-data":
+            written = await _upload_parts(request, sandbox_id, principal, path, metadata)
+        else:
+            if path is None:
+                raise InvalidRequestError("path is required for an application/octet-stream upload")
+            body = _decoded(request.stream(), request.headers.get("content-encoding", ""))
+            await _write(request, sandbox_id, principal, path, body, metadata)
+            written = [path]
+    except CorralError as exc:
+        return _file_error(exc)
+    return JSONResponse([{"path": p, "name": p.rsplit("/", 1)[-1], "type": "file"} for p in written])
+
+
+async def _upload_parts(request: Request, sandbox_id: str, principal: Principal, path: str | None,
+                        metadata: dict[str, str] | None) -> list[str]:
+    try:
+        form = await request.form(max_files=1000, max_fields=0)
+    except Exception as exc:  # python-multipart's errors, and Starlette's limits, as the client's mistake
+        raise InvalidRequestError(f"the multipart body could not be read: {exc}") from exc
+    written: list[str] = []
+    try:
+        parts = [part for key, part in form.multi_items() if key == "file" and isinstance(part, UploadFile)]
+        if not parts:
+            raise InvalidRequestError("the multipart body has no 'file' part")
+        if path is not None and len(parts) > 1:
+            raise InvalidRequestError("several files need no 'path' parameter: each part's filename names it")
+        for part in parts:
+            target = path if path is not None else absolute_path(part.filename, what="a part's filename")
+            await _write(request, sandbox_id, principal, target, _part_chunks(part), metadata)
+            written.append(target)
+    finally:
+        await form.close()
+    return written
+
+
+async def _write(request: Request, sandbox_id: str, principal: Principal, path: str,
+                 data: AsyncIterator[bytes], metadata: dict[str, str] | None) -> None:
+    svc = front_of(request).service
+    await svc.files.write(principal, sandbox_id, path, data, **_write_options(metadata))
+
+
+def _write_options(metadata: dict[str, str] | None) -> dict[str, Any]:
+    return {}
+
+
+async def _part_chunks(part: UploadFile) -> AsyncIterator[bytes]:
+    while chunk := await part.read(_CHUNK):
+        yield chunk
+
+
+# -- who, which sandbox, which path ----------------------------------------------------------------------------
+
+
+async def _authorized(request: Request, operation: str, *,
+                      path_required: bool = True) -> tuple[str, Principal, str | None]:
+    """The sandbox, the caller and the (absolute) path of a file request, by header credentials or signature."""
+    params = request.query_params
+    check_user(params.get("username"))
+    raw_path = params.get("path")
+    path = absolute_path(raw_path) if raw_path or path_required else None
+    signature = params.get("signature")
+    sandbox_id = sandbox_of(request)
+    svc = front_of(request).service
+    if signature is None:
+        if sandbox_id is None:
+            raise InvalidRequestError("no sandbox: send the E2b-Sandbox-Id header")
+        return sandbox_id, await sandbox_caller(svc, request, sandbox_id), path
+    signed = _signed_sandbox(request, operation, raw_path or "", signature, sandbox_id)
+    record = await svc.store.find_sandbox(signed)
+    if record is None:
+        raise AuthenticationError("invalid signature")
+    return signed, await svc.access.creator(record), path
+
+
+def _signed_sandbox(request: Request, operation: str, path: str, signature: str, sandbox_id: str | None) -> str:
+    """The sandbox whose token made `signature` (only `sandbox_id`'s, when the request names one)."""
+    params = request.query_params
+    user = params.get("username") or ""
+    expiry = params.get("signature_expiration")
+    if expiry is not None and not expiry.lstrip("-").isdigit():
+        raise InvalidRequestError("signature_expiration is not a Unix time")
+    svc = front_of(request).service
+    candidates = [sandbox_id] if sandbox_id else [info.id for info in svc.engine.list()]
+    for candidate in candidates:
+        token = svc.access.token(candidate, TokenPurpose.SANDBOX)
+        raw = f"{path}:{operation}:{user}:{token}" + (f":{expiry}" if expiry is not None else "")
+        expected = "v1_" + base64.b64encode(hashlib.sha256(raw.encode()).digest()).decode().rstrip("=")
+        if hmac.compare_digest(expected.encode(), signature.encode()):
+            if expiry is not None and int(expiry) < time.time():
+                raise _Expired()
+            return candidate
+    raise AuthenticationError("invalid signature")
+
+
+class _Expired(AuthenticationError):
+    def __init__(self) -> None:
+        super().__init__("signature is already expired")
+
+
+def _metadata(request: Request) -> dict[str, str] | None:
+    found = {k[len(_METADATA_PREFIX):]: v for k, v in request.headers.items() if k.startswith(_METADATA_PREFIX)}
+    return found or None
+
+
+# -- encodings -------------------------------------------------------------------------------------------------
+
+
+def _accepted_encoding(header: str) -> str | None:
+    """gzip when the client accepts it, identity otherwise; None if it accepts neither."""
+    accepted = {part.split(";")[0].strip().lower(): part for part in header.split(",") if part.strip()}
+    if "gzip" in accepted and "q=0" not in accepted["gzip"].replace(" ", ""):
+        return "gzip"
+    if not accepted or "identity" in accepted or "*" in accepted:
+        return "identity"
+    return None
+
+
+async def _gzip(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    compressor = zlib.compressobj(6, zlib.DEFLATED, 31)
+    async for chunk in chunks:
+        if out := compressor.compress(chunk):
+            yield out
+    yield compressor.flush()
+
+
+async def _decoded(chunks: AsyncIterator[bytes], encoding: str) -> AsyncIterator[bytes]:
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        async for chunk in chunks:
+            yield chunk
+        return
+    if encoding != "gzip":
+        raise InvalidRequestError(f"unsupported Content-Encoding {encoding!r}: use gzip or none")
+    decompressor = zlib.decompressobj(31)
+    try:
+        async for chunk in chunks:
+            data = chunk
+            while data:  # bounded output per step: a small bomb never becomes one huge buffer
+                out = decompressor.decompress(data, _CHUNK)
+                if out:
+                    yield out
+                data = decompressor.unconsumed_tail
+        if not decompressor.eof:
+            raise InvalidRequestError("the gzip body is truncated")
+        if tail := decompressor.flush():
+            yield tail
+    except zlib.error as exc:
+        raise InvalidRequestError(f"the body is not valid gzip: {exc}") from None
+
+
+def _file_error(exc: CorralError) -> Response:
+    if isinstance(exc, _Expired):
+        return e2b_error(401, exc.message)
+    return corral_error(exc)
+
+
+def _quote(name: str) -> str:
+    return urllib.parse.quote(name, safe="")

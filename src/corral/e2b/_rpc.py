@@ -1,0 +1,98 @@
+"""The envd RPC calls as handlers: what a call gets (its sandbox, caller, user, message, deadline) and the table
+that routes `/<package>.<Service>/<Method>` to one.
+
+A unary handler returns the response message; a streaming one sends messages with `send` and returns at the end.
+Every call is authorized before its handler runs (the sandbox's access token, or an API key), and the handler calls
+the service with that principal, so tenancy, roles and audit are exactly /v1's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ..control import Principal
+from ..service import Service
+from ._auth import sandbox_caller
+from ._connect import RpcError, read_request, rpc_deadline, stream_response, unary_error, unary_response
+from ._front import front_of
+from ._user import request_user
+
+__all__ = ["Call", "Rpc", "Send", "rpc_endpoint"]
+
+Send = Callable[[Mapping[str, Any]], Awaitable[None]]
+_DEFAULT_KEEPALIVE = 90.0  # envd's default when the client names no interval
+
+
+@dataclass(frozen=True)
+class Call:
+    request: Request
+    service: Service
+    sandbox_id: str
+    principal: Principal
+    user: str
+    message: dict[str, Any]
+    deadline: float | None  # seconds the client gives the call (`Connect-Timeout-Ms`)
+
+
+@dataclass(frozen=True)
+class Rpc:
+    kind: Literal["unary", "stream"]
+    handler: Callable[..., Awaitable[Any]]
+    keepalive: Mapping[str, Any] | None = None  # the stream's keep-alive message
+
+
+def rpc_endpoint(table: Mapping[str, Rpc], sandbox_of: Callable[[Request], str | None]
+                 ) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        name = request.url.path.lstrip("/")
+        rpc = table.get(name)
+        if rpc is None:
+            return unary_error(RpcError("unimplemented", f"{name} is not implemented by Corral's envd"))
+        try:
+            call = await _begin(request, sandbox_of)
+        except Exception as exc:
+            return _refused(rpc, exc)
+        if rpc.kind == "unary":
+            try:
+                return unary_response(await rpc.handler(call))
+            except Exception as exc:
+                return unary_error(exc)
+
+        async def produce(send: Send) -> None:
+            await rpc.handler(call, send)
+
+        return stream_response(produce, keepalive=rpc.keepalive, interval=_keepalive_interval(request))
+
+    return endpoint
+
+
+async def _begin(request: Request, sandbox_of: Callable[[Request], str | None]) -> Call:
+    sandbox_id = sandbox_of(request)
+    if sandbox_id is None:
+        raise RpcError("invalid_argument", "no sandbox: send the E2b-Sandbox-Id header")
+    service = front_of(request).service
+    principal = await sandbox_caller(service, request, sandbox_id)
+    user = request_user(request)
+    message = await read_request(request)
+    return Call(request, service, sandbox_id, principal, user, message, rpc_deadline(request))
+
+
+def _refused(rpc: Rpc, exc: Exception) -> Response:
+    """A call refused before it began: a unary error, or a stream that ends at once with the error."""
+    if rpc.kind == "unary":
+        return unary_error(exc)
+
+    async def fail(send: Send) -> None:
+        raise exc
+
+    return stream_response(fail)
+
+
+def _keepalive_interval(request: Request) -> float:
+    raw = request.headers.get("keepalive-ping-interval", "")
+    return float(raw) if raw.isdigit() and int(raw) > 0 else _DEFAULT_KEEPALIVE

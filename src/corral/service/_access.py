@@ -1,0 +1,106 @@
+"""Sandbox access tokens: credentials for one sandbox that stand for the API key that created it.
+
+Some clients reach a sandbox without the API key: E2B's SDKs send its envd an `X-Access-Token`, and its ports
+(the code interpreter's among them) a traffic token, both handed out when the sandbox was created. A token here
+is `HMAC-SHA256(secret, purpose, sandbox id)`: nothing is stored per sandbox, every replica that shares the
+secret derives the same token, and a token names its sandbox, so it opens no other. It is only as good as the
+key behind it: a call with a token runs as that key's principal, with its role and tenant, so revoking the key
+(or disabling its tenant) ends the token too, and every operation is authorized and audited as if the key itself
+had been sent.
+
+The secret is `CORRAL_ACCESS_SECRET` if set (several replicas must share one), else `<CORRAL_HOME>/access.key`,
+made on the first start (0600). Replacing it invalidates every token handed out before.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import os
+import secrets
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .._atomic import write_atomic
+from .._exceptions import AuthenticationError
+from .._settings import access_secret
+from ..control import Principal, SandboxRecord
+
+if TYPE_CHECKING:
+    from ._service import ClientInfo, Service
+
+__all__ = ["ACCESS_KEY_FILE", "SandboxAccess", "TokenPurpose"]
+
+ACCESS_KEY_FILE = "access.key"
+_SECRET_BYTES = 32
+
+
+class TokenPurpose(StrEnum):
+    """What a token opens: the whole sandbox (files, processes, code), or only its ports."""
+
+    SANDBOX = "sandbox"
+    PORTS = "ports"
+
+
+class SandboxAccess:
+    def __init__(self, service: Service, secret: bytes | None = None) -> None:
+        self._svc = service
+        self._secret = secret
+
+    def start(self) -> None:
+        """Load the secret (or make one); call before handing out or checking tokens."""
+        if self._secret is not None:
+            return
+        configured = access_secret()
+        self._secret = configured.encode() if configured else _secret_file(self._svc.store.home / ACCESS_KEY_FILE)
+
+    def token(self, sandbox_id: str, purpose: TokenPurpose = TokenPurpose.SANDBOX) -> str:
+        if self._secret is None:  # a service used without start() (tests drive the app alone)
+            self.start()
+        assert self._secret is not None
+        mac = hmac.new(self._secret, f"{purpose.value}\0{sandbox_id}".encode(), hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(mac).decode().rstrip("=")
+
+    def matches(self, sandbox_id: str, token: str, purpose: TokenPurpose) -> bool:
+        return hmac.compare_digest(self.token(sandbox_id, purpose).encode(), token.encode())
+
+    async def authenticate(self, sandbox_id: str, token: str | None, client: ClientInfo, *,
+                           purposes: tuple[TokenPurpose, ...] = (TokenPurpose.SANDBOX,)) -> Principal:
+        """The principal `token` stands for on `sandbox_id`: the key that created the sandbox. A missing or
+        wrong token, or a revoked key, is `AuthenticationError`, recorded like every refused credential."""
+        try:
+            if not token:
+                raise AuthenticationError("missing access token for the sandbox")
+            if not any(self.matches(sandbox_id, token, purpose) for purpose in purposes):
+                raise AuthenticationError(f"wrong access token for sandbox {sandbox_id}")
+            record = await self._svc.store.find_sandbox(sandbox_id)
+            if record is None:  # a token of a sandbox this deployment never made: its secret changed
+                raise AuthenticationError(f"wrong access token for sandbox {sandbox_id}")
+            return await self.creator(record)
+        except AuthenticationError as exc:
+            await self._svc.record_denial(client, exc, None)
+            raise
+
+    async def creator(self, record: SandboxRecord) -> Principal:
+        """The principal of the key that created `record`'s sandbox (`AuthenticationError` once revoked)."""
+        return await self._svc.store.key_principal(record.key_id)
+
+
+def _secret_file(path: Path) -> bytes:
+    """The secret kept at `path`, made (random, 0600) if there is none yet."""
+    try:
+        return path.read_bytes().strip()
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staged = path.with_name(f".{path.name}.new-{secrets.token_hex(4)}")
+    write_atomic(staged, secrets.token_hex(_SECRET_BYTES).encode() + b"\n", mode=0o600)
+    try:
+        os.link(staged, path)  # never replaces: two servers starting at once end up with the same secret
+    except FileExistsError:
+        pass
+    finally:
+        staged.unlink()
+    return path.read_bytes().strip()

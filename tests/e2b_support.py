@@ -1,0 +1,84 @@
+"""Fixtures for the E2B API tests: a real `corral serve` (one per session, started on first use), tenants with keys,
+and the three environment variables an E2B user sets, so that E2B's own SDKs (`e2b`, `e2b-code-interpreter` from
+PyPI) are driven exactly as a user drives them. Sandboxes made by a test are killed when it ends."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+
+from corral.server import ServerProcess
+
+from .conftest import TEMPLATE_HOME, TEST_HOME
+
+
+@dataclass
+class E2BServer:
+    server: ServerProcess
+    keys: dict[str, str]  # "a_dev", "a_aud", "b_dev" -> raw key
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def env(self, who: str = "a_dev") -> dict[str, str]:
+        """What an E2B user exports to use Corral instead of E2B's cloud."""
+        return {"E2B_API_URL": self.url, "E2B_SANDBOX_URL": self.url, "E2B_API_KEY": self.keys[who],
+                "E2B_VALIDATE_API_KEY": "false"}
+
+
+@dataclass
+class Cleanup:
+    """Sandbox ids to kill when the test ends, whatever happened (through the admin's /v1 API)."""
+
+    server: E2BServer
+    ids: list[str] = field(default_factory=list)
+
+    def add(self, sandbox: Any) -> Any:
+        self.ids.append(sandbox.sandbox_id)
+        return sandbox
+
+
+def _admin(server: ServerProcess) -> httpx.Client:
+    return httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.admin_key}"}, timeout=60)
+
+
+@pytest.fixture(scope="session")
+def e2b_server() -> Iterator[E2BServer]:
+    TEST_HOME.mkdir(parents=True, exist_ok=True)
+    home = TEST_HOME / f"e2b-{uuid.uuid4().hex[:8]}"  # not pytest's 0700 tmp_path: sandboxes must reach it
+    with ServerProcess(home, template_home=TEMPLATE_HOME) as server, _admin(server) as admin:
+        keys = {}
+        for tenant in ("a", "b"):
+            assert admin.post("/v1/tenants", json={"name": tenant}).status_code == 201
+        for who, tenant, role in (("a_dev", "a", "developer"), ("a_aud", "a", "auditor"), ("b_dev", "b", "developer")):
+            r = admin.post("/v1/keys", json={"tenant": tenant, "role": role, "name": who})
+            assert r.status_code == 201, r.text
+            keys[who] = r.json()["key"]
+        yield E2BServer(server, keys)
+    shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture
+def e2b_env(e2b_server: E2BServer, monkeypatch: pytest.MonkeyPatch) -> E2BServer:
+    """The E2B variables set for tenant a's developer, and E2B's own ones that would point elsewhere unset."""
+    for name in ("E2B_DEBUG", "E2B_DOMAIN", "E2B_ACCESS_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in e2b_server.env().items():
+        monkeypatch.setenv(name, value)
+    return e2b_server
+
+
+@pytest.fixture
+def cleanup(e2b_server: E2BServer) -> Iterator[Cleanup]:
+    found = Cleanup(e2b_server)
+    yield found
+    with _admin(e2b_server.server) as admin:
+        for sandbox_id in found.ids:
+            admin.delete(f"/v1/sandboxes/{sandbox_id}")
