@@ -21,7 +21,7 @@ import os
 import sys
 import threading
 
-from . import protocol
+from . import charts, protocol
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -38,8 +38,11 @@ REPR_METHODS = (
     ("_repr_markdown_", "text/markdown"),
     ("_repr_latex_", "text/latex"),
     ("_repr_json_", "application/json"),
+    ("_repr_e2b_chart_", "e2b/chart"),  # E2B's: a figure's data as a chart (agent/charts.py)
 )
 BINARY_MIMES = frozenset({"image/png", "image/jpeg"})
+JSON_MIMES = frozenset({"application/json", "e2b/chart"})
+FIGURE_EVENT_SLACK = 16 * 1024  # a figure's result event besides its PNG and chart: the repr, the JSON around
 
 
 class Wire:
@@ -248,17 +251,24 @@ class PythonRunner:
 
 
 class _PNG:
-    """A matplotlib figure as a rich result: its PNG and a text stand-in."""
+    """A matplotlib figure as a rich result: its PNG, its chart (read after the PNG drew it) and a text stand-in."""
 
     def __init__(self, fig: Any) -> None:
         self.fig = fig
+        self.png_size = 0
 
     def _repr_png_(self) -> bytes:
         import io
 
         buf = io.BytesIO()
         self.fig.savefig(buf, format="png")
+        self.png_size = buf.tell()
         return buf.getvalue()
+
+    def _repr_e2b_chart_(self) -> str | None:
+        # The result event must stay one frame (the agent reads it whole): the chart gets what the PNG leaves.
+        room = protocol.CHUNK - (self.png_size + 2) // 3 * 4 - FIGURE_EVENT_SLACK
+        return charts.chart_json(self.fig, room)
 
     def __repr__(self) -> str:
         return repr(self.fig)
@@ -333,7 +343,7 @@ def _encode(mime: str, value: object) -> str:
         import base64
 
         return base64.b64encode(value).decode() if isinstance(value, bytes) else str(value)
-    if mime == "application/json" and not isinstance(value, str):
+    if mime in JSON_MIMES and not isinstance(value, str):
         return str(json.dumps(value))
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 

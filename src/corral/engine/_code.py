@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,6 +11,7 @@ from .._output import OutputText
 
 # java, go, rust and typescript need the polyglot template (its toolchains); the others work in the default one.
 LANGUAGES = ("python", "bash", "javascript", "c", "cpp", "java", "go", "rust", "typescript")
+CHART_MIME = "e2b/chart"  # a matplotlib figure's data as a chart, JSON text (docs/code.md, "Charts")
 
 
 @dataclass(frozen=True)
@@ -18,6 +20,17 @@ class RichResult:
 
     is_main_result: bool
     data: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def chart(self) -> dict[str, Any] | None:
+        """The chart of a figure (E2B's format: docs/code.md, "Charts"), or None: no chart, or not a JSON object
+        (an object's own `_repr_e2b_chart_` may return any text)."""
+        text = self.data.get(CHART_MIME)
+        try:
+            chart = json.loads(text) if text is not None else None
+        except ValueError:
+            return None
+        return chart if isinstance(chart, dict) else None
 
 
 @dataclass(frozen=True)
