@@ -52,7 +52,7 @@ class E2BMiddleware:
         elif scope["type"] == "http" and scope["path"].startswith(_control.CONTROL_PREFIXES):
             await self.control(scope, receive, send)
         else:
-            await self.app(scope, receive, send)
+            await self.app(_with_traffic_token(scope), receive, send)
 
     async def _data_plane(self, scope: Scope, receive: Receive, send: Send, target: tuple[str, int]) -> None:
         sandbox_id, port = target
@@ -63,7 +63,7 @@ class E2BMiddleware:
         # Another port: Corral's port relay serves it, as the host that names it.
         host = f"{port}-{sandbox_id}.{self.service.ports.domain}".encode()
         headers = [(k, v) for k, v in scope["headers"] if k != b"host"]
-        await self.app({**scope, "headers": [(b"host", host), *headers]}, receive, send)
+        await self.app(_with_traffic_token({**scope, "headers": [(b"host", host), *headers]}), receive, send)
 
     def _target(self, scope: Scope) -> tuple[str, int] | None:
         """(sandbox id, port) of a data-plane request, else None."""
@@ -87,3 +87,13 @@ class E2BMiddleware:
             return None
         port = int(match.group(1))
         return (match.group(2), port) if port in (ENVD_PORT, INTERPRETER_PORT) else None
+
+
+def _with_traffic_token(scope: Scope) -> Scope:
+    """E2B's SDKs send a sandbox's ports its traffic token in `E2B-Traffic-Access-Token`; Corral's port relay takes
+    a sandbox's tokens as Bearer credentials. The app's own `Authorization` header, if any, is left alone."""
+    token = next((v for k, v in scope["headers"] if k == b"e2b-traffic-access-token"), None)
+    if token is None or any(k == b"authorization" for k, _ in scope["headers"]):
+        return scope
+    headers = [(k, v) for k, v in scope["headers"] if k != b"e2b-traffic-access-token"]
+    return {**scope, "headers": [*headers, (b"authorization", b"Bearer " + token)]}

@@ -1,11 +1,13 @@
 """A sandbox's ports from outside (`sb.get_host(port)`, docs/ports.md): who may reach them, the connection to
 the port through the agent, and one audit record per HTTP request or WebSocket (`sandbox.port`).
 
-Who may: the owning tenant's keys (any role that may exec in the sandbox), or anybody when the sandbox was
-created with `public_ports=True`. Another tenant's key, or a sandbox that does not exist, is `NotFoundError`;
-no key (or a refused one) on a sandbox that is not public is `AuthenticationError`, recorded as `auth.denied` like
-any other 401, and said the same way whether the sandbox exists or not, so ids cannot be probed without a key.
-A public sandbox's ports never look at the caller's credentials: the `Authorization` header may be the app's own.
+Who may: the owning tenant's keys (any role that may exec in the sandbox), the sandbox's own access tokens (a
+Bearer credential that stands for the key that created it: E2B's SDKs send its traffic token), or anybody when the
+sandbox was created with `public_ports=True`. Another tenant's key, or a sandbox that does not exist, is
+`NotFoundError`; no key (or a refused one) on a sandbox that is not public is `AuthenticationError`, recorded as
+`auth.denied` like any other 401, and said the same way whether the sandbox exists or not, so ids cannot be
+probed without a key. A public sandbox's ports never look at the caller's credentials: the `Authorization`
+header may be the app's own.
 
 The front end carries the bytes (HTTP or WebSocket over `connection.socket`, a raw pipe to the port) and closes
 the connection when the exchange ends, saying how; that writes the one record.
@@ -28,7 +30,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from .._exceptions import AuthenticationError, CorralError, InvalidRequestError, NotFoundError, ServerError
-from ..control import Action, AuditEvent, ControlStore, parse_key, require_sandbox
+from ..control import Action, AuditEvent, ControlStore, Principal, parse_key, require_sandbox
+from ._access import TokenPurpose
 from ._outcome import outcome_of
 
 if TYPE_CHECKING:
@@ -132,7 +135,7 @@ class Ports:
         if public:
             audit = _Record(self._svc.store, owner, None, None, request, client.client, public=True)
         else:
-            principal = await self._svc.authenticate(key, client)
+            principal = await self._caller(key, client, request.sandbox_id)
             audit = _Record(self._svc.store, principal.tenant_id, principal.key_id, principal.role.value, request,
                             client.client, public=False)
         try:
@@ -147,6 +150,13 @@ class Ports:
             await audit.write({"disconnected": True} if left else outcome_of(exc, 0, {}))
             raise
         return PortConnection(sock, principal is None and not _is_corral_key(key), audit)
+
+    async def _caller(self, credential: str | None, client: ClientInfo, sandbox_id: str) -> Principal:
+        """An API key, or one of the sandbox's own access tokens (its ports token, as E2B's SDKs send it)."""
+        if credential is not None and not _is_corral_key(credential):
+            return await self._svc.access.authenticate(sandbox_id, credential, client,
+                                                       purposes=(TokenPurpose.PORTS, TokenPurpose.SANDBOX))
+        return await self._svc.authenticate(credential, client)
 
     async def _owner(self, sandbox_id: str) -> tuple[str | None, bool]:
         """The sandbox's tenant (None: no such live sandbox) and whether its ports are public.
