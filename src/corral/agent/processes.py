@@ -196,6 +196,8 @@ class Process:
 
     def write_stdin(self, data: bytes) -> None:
         fd = self.master_fd if self.is_pty else self.stdin_fd
+        if fd is None and self.is_pty:
+            raise ProcessError("conflict", f"process {self.id} has ended; its terminal is gone")
         if fd is None:
             raise ProcessError("conflict", "this process was started without stdin")
         view = memoryview(data)
