@@ -357,3 +357,22 @@ async def test_a_commands_env_layers_over_the_sandboxs_and_never_leaks(engine: E
         assert r.stdout == "sandbox 1 none\n"
     finally:
         await sandbox.destroy()
+
+
+async def test_followers_that_leave_are_gone_from_the_agent(sandbox: SandboxHandle) -> None:
+    async def agent_threads() -> int:
+        r = await sandbox.exec("awk '/^Threads:/ {print $2}' /proc/1/status")
+        return int(r.stdout)
+
+    p = await sandbox.processes.start("sleep 60")
+    baseline = await agent_threads()
+    for replay in (True, False) * 5:
+        seen = Seen()
+        task = asyncio.create_task(sandbox.processes.attach(p.id, replay=replay, on_start=seen.start))
+        await asyncio.wait_for(seen.arrived.wait(), BOUND)
+        await _cancel(task)
+    async with asyncio.timeout(BOUND):  # each follower's thread noticed its host leave and ended
+        while await agent_threads() > baseline:
+            await asyncio.sleep(0.05)
+    assert (await sandbox.processes.get(p.id)).running
+    await sandbox.processes.kill(p.id)

@@ -386,23 +386,18 @@ class ProcessTable:
     def spawn(self, req: dict[str, Any]) -> Process:
         """Start the command `req` describes. Its environment: the base, then `env` (the sandbox's), then
         `cmd_env` (the command's own, which `ps` shows); `tag` names it, unique among running processes."""
-        proc, env = self._prepare(req)
-        self._claim(proc.tag)
+        tag = _check_tag(req.get("tag"))
+        self._claim(tag)
         try:
-            if proc.is_pty:
-                env.setdefault("TERM", "xterm-256color")
-                self._spawn_pty(proc, env, proc.cwd, req["pty"])
-            else:
-                self._spawn_pipes(proc, env, proc.cwd, want_stdin=bool(req.get("stdin")))
+            proc, env = self._prepare(req, tag)
+            self._start(proc, env, req)
             with self.lock:
                 self.processes[proc.id] = proc
         finally:
-            if proc.tag is not None:
-                with self.lock:
-                    self._claimed.discard(proc.tag)
+            self._release(tag)
         return proc
 
-    def _prepare(self, req: dict[str, Any]) -> tuple[Process, dict[str, str]]:
+    def _prepare(self, req: dict[str, Any], tag: str | None) -> tuple[Process, dict[str, str]]:
         """The process `req` asks for (checked, not started yet) and the environment it runs with."""
         argv = build_argv(req.get("cmd"))
         cwd = req.get("cwd") or "/workspace"
@@ -415,9 +410,20 @@ class ProcessTable:
         if max_output < 4:
             raise ProcessError("invalid_request", "max_output must be at least 4 bytes")
         proc = Process(str(next(self._ids)), argv, background=bool(req.get("background")), timeout=timeout,
-                       max_output=max_output, is_pty=req.get("pty") is not None, cwd=cwd, env=own_env,
-                       tag=_check_tag(req.get("tag")))
+                       max_output=max_output, is_pty=req.get("pty") is not None, cwd=cwd, env=own_env, tag=tag)
         return proc, env
+
+    def _start(self, proc: Process, env: dict[str, str], req: dict[str, Any]) -> None:
+        try:
+            if proc.is_pty:
+                env.setdefault("TERM", "xterm-256color")
+                self._spawn_pty(proc, env, proc.cwd, req["pty"])
+            else:
+                self._spawn_pipes(proc, env, proc.cwd, want_stdin=bool(req.get("stdin")))
+        except BaseException:  # it never ran, so no pump will close its wake pipe
+            _close_quietly(proc._wake_r)
+            _close_quietly(proc._wake_w)
+            raise
 
     def _claim(self, tag: str | None) -> None:
         """Hold `tag` for a process about to start: a running process (or a start under way) with it is a
@@ -431,6 +437,11 @@ class ProcessTable:
                 raise ProcessError("conflict", f"a running process already has the tag {tag!r}; tags name one "
                                    "running process each")
             self._claimed.add(tag)
+
+    def _release(self, tag: str | None) -> None:
+        if tag is not None:
+            with self.lock:
+                self._claimed.discard(tag)
 
     def pump(self, proc: Process) -> None:
         """Start moving output; call after attaching sinks (until then output waits in the pipes)."""
