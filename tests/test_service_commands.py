@@ -47,7 +47,8 @@ class FakeProcesses:
     hang: bool = False  # attach and wait block until cancelled (or their timeout)
 
     async def start(self, cmd: str | list[str], *, cwd: str | None, env: dict[str, str] | None,
-                    timeout: float | None, max_output: int | None, stdin: bool) -> ProcessInfo:
+                    timeout: float | None, max_output: int | None, stdin: bool, tag: str | None = None,
+                    pty: object = None) -> ProcessInfo:
         self.calls.append(("start", cmd, cwd, env, timeout, max_output, stdin))
         info = ProcessInfo(id="p-2", pid=43, argv=["/bin/bash", "-lc", str(cmd)], running=True)
         self.infos[info.id] = info
@@ -55,6 +56,11 @@ class FakeProcesses:
 
     async def list(self) -> list[ProcessInfo]:
         return list(self.infos.values())
+
+    async def get(self, process_id: str) -> ProcessInfo:
+        if process_id not in self.infos:
+            raise NotFoundError(f"no process with id {process_id!r} in this sandbox")
+        return self.infos[process_id]
 
     async def send_stdin(self, process_id: str, data: bytes, *, eof: bool = False) -> None:
         self.calls.append(("send_stdin", process_id, data, eof))
@@ -66,7 +72,8 @@ class FakeProcesses:
         return None if self.hang else self.result
 
     async def attach(self, process_id: str, on_stdout: Output | None = None,
-                     on_stderr: Output | None = None) -> ExecResult:
+                     on_stderr: Output | None = None, *, replay: bool = True,
+                     on_start: Callable[[str, int], Awaitable[None]] | None = None) -> ExecResult:
         await _emit(self.output, on_stdout, on_stderr)
         if self.hang:
             await asyncio.sleep(3600)
@@ -150,7 +157,8 @@ class FakeEngine:
 
     async def exec(self, sandbox_id: str, cmd: str | list[str], *, cwd: str | None, env: dict[str, str] | None,
                    stdin: bytes | None, timeout: float | None, max_output: int | None,
-                   on_stdout: Output | None = None, on_stderr: Output | None = None) -> ExecResult:
+                   on_stdout: Output | None = None, on_stderr: Output | None = None,
+                   **process: Any) -> ExecResult:  # on_start, detached, tag, pty, keep_stdin: not played here
         self.info(sandbox_id)
         self.calls.append(("exec", (cmd, cwd, env, stdin, timeout, max_output)))
         await self._script(on_stdout, on_stderr)

@@ -37,7 +37,9 @@ PR_SET_CHILD_SUBREAPER = 36
 DEFAULT_MAX_OUTPUT = 16 * 1024 * 1024
 EXIT_GRACE = 0.1  # after the root exits, how long leftover holders of its pipes may keep us reading
 KILL_PASSES = 200
+REAP_WAIT = 5.0  # after a SIGKILL, how long `kill` waits for the root's exit status (a D-state root may linger)
 FINISHED_KEPT = 64
+MAX_TAG = 256
 CHILD_OOM_SCORE_ADJ = 500
 # Built by the host from spawn.c next to this file; see there for why. Absent: fall back to preexec_fn.
 SPAWN_SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corral-spawn")
@@ -107,14 +109,23 @@ class OutputBuffer:
 
 
 class Process:
-    """A command and its kept output; foreground processes also stream to a live sink."""
+    """A command and its kept output; foreground processes also stream to a live sink.
+
+    `env` is the command's own environment (what it asked for on top of the base and the sandbox's), `tag` the
+    name it was started under, if any: both are what `ps` shows, not what it runs with.
+    """
 
     def __init__(self, pid_id: str, argv: list[str], *, background: bool, timeout: float | None,
-                 max_output: int, is_pty: bool) -> None:
+                 max_output: int, is_pty: bool, cwd: str = "/workspace", env: dict[str, str] | None = None,
+                 tag: str | None = None) -> None:
         self.id = pid_id
         self.argv = argv
         self.background = background
         self.is_pty = is_pty
+        self.cwd = cwd
+        self.env = env or {}
+        self.tag = tag
+        self.max_output = max_output
         self.pid = 0
         self.started = time.monotonic()
         self.started_wall = time.time()
@@ -128,10 +139,12 @@ class Process:
         self.killed = False
         self.duration = 0.0
         self.done = threading.Event()
+        self.exited = threading.Event()  # the root's exit status is in: its pid is free again (no zombie)
         self.lock = threading.Lock()
         self.fds: dict[int, str] = {}  # our read ends: fd -> "stdout" | "stderr"
         self.sinks: list[Sink] = []
         self.follow: list[Sink] = []  # attached followers get every byte, not only the head
+        self.on_done: list[Callable[[], None]] = []  # called (without the lock) once `done` is set
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
 
@@ -140,6 +153,7 @@ class Process:
     def on_exit(self, status: int) -> None:
         self.status = status
         self.duration = time.monotonic() - self.started
+        self.exited.set()
         try:
             os.write(self._wake_w, b"x")
         except OSError:
@@ -167,7 +181,10 @@ class Process:
         return {
             "id": self.id,
             "pid": self.pid,
+            "tag": self.tag,
             "argv": self.argv,
+            "cwd": self.cwd,
+            "env": self.env,
             "background": self.background,
             "pty": self.is_pty,
             "running": not self.done.is_set(),
@@ -179,6 +196,8 @@ class Process:
 
     def write_stdin(self, data: bytes) -> None:
         fd = self.master_fd if self.is_pty else self.stdin_fd
+        if fd is None and self.is_pty:
+            raise ProcessError("conflict", f"process {self.id} has ended; its terminal is gone")
         if fd is None:
             raise ProcessError("conflict", "this process was started without stdin")
         view = memoryview(data)
@@ -203,23 +222,47 @@ class Process:
             _close_quietly(fd)
 
     def resize(self, rows: int, cols: int) -> None:
-        if self.master_fd is None:
+        if not self.is_pty:
             raise ProcessError("conflict", "resize needs a process started with a PTY")
-        fcntl.ioctl(self.master_fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+        fd = self.master_fd
+        try:
+            if fd is None:
+                raise OSError(errno.EBADF, "closed")
+            fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+        except OSError as exc:  # its terminal is closed: the process ended (maybe while we looked)
+            raise ProcessError("conflict", f"process {self.id} has ended; its terminal is gone") from exc
 
     def signal(self, sig: int) -> None:
-        if not self.done.is_set() and self.pid:
+        """`sig` to the process group the root leads (its own session: the command and its jobs)."""
+        if not self.exited.is_set() and self.pid:
             try:
                 os.killpg(self.pid, sig)
             except ProcessLookupError:
                 pass
 
+    def check_stdin_closable(self) -> None:
+        """Refuse a host's request to close a terminal's input: a terminal has no EOF (its ^D is input)."""
+        if self.is_pty:
+            raise ProcessError("invalid_request", f"process {self.id} runs in a terminal, whose input cannot be "
+                               "closed; send Ctrl-D (the byte 0x04) as input to end it instead")
+
     def kill_tree(self, *, timed_out: bool = False) -> None:
-        if self.done.is_set():
+        # Once the root is reaped its pid may be another process's: never signal it again.
+        if self.done.is_set() or self.exited.is_set():
             return
         self.timed_out = self.timed_out or timed_out
         self.killed = self.killed or not timed_out
         kill_tree(self.pid)
+
+    def kill_and_reap(self) -> bool:
+        """SIGKILL the tree and wait (bounded) until the root's exit status is collected, so that its pid no
+        longer answers (`kill -0`) when the caller hears back, and its end is recorded (no longer running, its
+        tag free). False: the root outlived the wait."""
+        deadline = time.monotonic() + REAP_WAIT
+        self.kill_tree()
+        reaped = self.exited.wait(REAP_WAIT)
+        self.done.wait(max(0.0, deadline - time.monotonic()))  # follows within EXIT_GRACE, unless output stalls
+        return reaped
 
 
 def decode_status(status: int | None) -> tuple[int | None, int | None]:
@@ -338,28 +381,67 @@ class ProcessTable:
         self.finished: collections.deque[str] = collections.deque()
         self.lock = threading.Lock()
         self._ids = itertools.count(1)
+        self._claimed: set[str] = set()  # tags of processes being spawned (not in `processes` yet)
 
     def spawn(self, req: dict[str, Any]) -> Process:
+        """Start the command `req` describes. Its environment: the base, then `env` (the sandbox's), then
+        `cmd_env` (the command's own, which `ps` shows); `tag` names it, unique among running processes."""
+        tag = _check_tag(req.get("tag"))
+        self._claim(tag)
+        try:
+            proc, env = self._prepare(req, tag)
+            self._start(proc, env, req)
+            with self.lock:
+                self.processes[proc.id] = proc
+        finally:
+            self._release(tag)
+        return proc
+
+    def _prepare(self, req: dict[str, Any], tag: str | None) -> tuple[Process, dict[str, str]]:
+        """The process `req` asks for (checked, not started yet) and the environment it runs with."""
         argv = build_argv(req.get("cmd"))
         cwd = req.get("cwd") or "/workspace"
         if not isinstance(cwd, str) or not os.path.isdir(cwd):
             raise ProcessError("invalid_request", f"working directory {cwd!r} does not exist in the sandbox")
-        env = build_env(req.get("env"))
+        own_env = build_env(req.get("cmd_env"), base={})
+        env = {**build_env(req.get("env")), **own_env}
         timeout = _positive_or_none(req.get("timeout"), "timeout")
         max_output = int(req.get("max_output") or DEFAULT_MAX_OUTPUT)
         if max_output < 4:
             raise ProcessError("invalid_request", "max_output must be at least 4 bytes")
-        pty_size = req.get("pty")
-        proc = Process(str(next(self._ids)), argv, background=bool(req.get("background")),
-                       timeout=timeout, max_output=max_output, is_pty=pty_size is not None)
-        if pty_size is not None:
-            env.setdefault("TERM", "xterm-256color")
-            self._spawn_pty(proc, env, cwd, pty_size)
-        else:
-            self._spawn_pipes(proc, env, cwd, want_stdin=bool(req.get("stdin")))
+        proc = Process(str(next(self._ids)), argv, background=bool(req.get("background")), timeout=timeout,
+                       max_output=max_output, is_pty=req.get("pty") is not None, cwd=cwd, env=own_env, tag=tag)
+        return proc, env
+
+    def _start(self, proc: Process, env: dict[str, str], req: dict[str, Any]) -> None:
+        try:
+            if proc.is_pty:
+                env.setdefault("TERM", "xterm-256color")
+                self._spawn_pty(proc, env, proc.cwd, req["pty"])
+            else:
+                self._spawn_pipes(proc, env, proc.cwd, want_stdin=bool(req.get("stdin")))
+        except BaseException:  # it never ran, so no pump will close its wake pipe
+            _close_quietly(proc._wake_r)
+            _close_quietly(proc._wake_w)
+            raise
+
+    def _claim(self, tag: str | None) -> None:
+        """Hold `tag` for a process about to start: a running process (or a start under way) with it is a
+        conflict, found before anything is spawned."""
+        if tag is None:
+            return
         with self.lock:
-            self.processes[proc.id] = proc
-        return proc
+            taken = tag in self._claimed or any(p.tag == tag and not p.done.is_set()
+                                                for p in self.processes.values())
+            if taken:
+                raise ProcessError("conflict", f"a running process already has the tag {tag!r}; tags name one "
+                                   "running process each")
+            self._claimed.add(tag)
+
+    def _release(self, tag: str | None) -> None:
+        if tag is not None:
+            with self.lock:
+                self._claimed.discard(tag)
 
     def pump(self, proc: Process) -> None:
         """Start moving output; call after attaching sinks (until then output waits in the pipes)."""
@@ -394,7 +476,7 @@ class ProcessTable:
         proc.fds = {out_r: "stdout", err_r: "stderr"}
 
     def _spawn_pty(self, proc: Process, env: dict[str, str], cwd: str, size: Any) -> None:
-        rows, cols = _pty_size(size)
+        rows, cols = pty_size(size)
         master, slave = os.openpty()
         fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
         try:
@@ -484,8 +566,12 @@ class ProcessTable:
                 proc.close_stdin()
             _close_quietly(proc._wake_r)
             _close_quietly(proc._wake_w)
-            proc.done.set()
+            with proc.lock:  # with the lock: a follower registering now either sees `done` or is called
+                proc.done.set()
+                callbacks = list(proc.on_done)
             self._retire(proc)
+            for callback in callbacks:
+                callback()
 
     def _read_into(self, proc: Process, fd: int, stream: str) -> bool:
         try:
@@ -523,6 +609,28 @@ class ProcessTable:
             raise ProcessError("not_found", f"no process with id {pid_id!r} in this sandbox")
         return proc
 
+    def find(self, req: dict[str, Any]) -> Process:
+        """The process `req` names by exactly one of `id` (ours), `pid` (inside the sandbox) or `tag`.
+
+        A pid or a tag may have named a finished process before a running one (pids are reused, tags are free
+        again once their process ends): the running one wins, else the newest.
+        """
+        given = [key for key in ("id", "pid", "tag") if req.get(key) is not None]
+        if len(given) != 1:
+            raise ProcessError("invalid_request", "name the process by exactly one of id, pid or tag")
+        key = given[0]
+        if key == "id":
+            return self.get(req["id"])
+        value = req[key]
+        if key == "pid" and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+            raise ProcessError("invalid_request", f"pid must be a positive integer, not {value!r}")
+        with self.lock:
+            found = [p for p in self.processes.values() if getattr(p, key) == value]
+        running = [p for p in found if not p.done.is_set()]
+        if not found:
+            raise ProcessError("not_found", f"no process with {key} {value!r} in this sandbox")
+        return (running or found)[-1]
+
     def list(self) -> list[dict[str, Any]]:
         with self.lock:
             procs = list(self.processes.values())
@@ -542,7 +650,7 @@ def _positive_or_none(value: Any, name: str) -> float | None:
     return float(value)
 
 
-def _pty_size(size: Any) -> tuple[int, int]:
+def pty_size(size: Any) -> tuple[int, int]:
     try:
         rows, cols = int(size["rows"]), int(size["cols"])
     except (TypeError, KeyError, ValueError) as exc:
@@ -563,8 +671,17 @@ def build_argv(cmd: Any) -> list[str]:
     raise ProcessError("invalid_request", "cmd must be a shell string or a non-empty list of strings")
 
 
-def build_env(extra: Any) -> dict[str, str]:
-    env = dict(BASE_ENV)
+def _check_tag(tag: Any) -> str | None:
+    if tag is None:
+        return None
+    if not isinstance(tag, str) or not 0 < len(tag) <= MAX_TAG:
+        raise ProcessError("invalid_request", f"tag must be a string of 1 to {MAX_TAG} characters")
+    _check_text(tag, "tag")
+    return tag
+
+
+def build_env(extra: Any, *, base: dict[str, str] = BASE_ENV) -> dict[str, str]:
+    env = dict(base)
     if extra is None:
         return env
     if not isinstance(extra, dict):

@@ -10,7 +10,8 @@ from _operator import _compare_digest  # what hmac.compare_digest is, without im
 
 from . import files, protocol
 from .channel import Channel, Closed
-from .processes import SIGKILL, Process, ProcessError, ProcessTable
+from .follow import follow, send_all_kept
+from .processes import SIGKILL, Process, ProcessError, ProcessTable, pty_size
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is slow to import, and the agent's start-up is every sandbox's start-up
@@ -63,15 +64,11 @@ class Agent:
         elif op == "exec":
             self.op_exec(ch, req)
         elif op == "ps":
-            ch.event(event="done", processes=self.table.list())
+            self.op_ps(ch, req)
         elif op == "kill":
-            proc = self.table.get(req.get("id"))
-            sig = int(req.get("signal") or SIGKILL)
-            if sig == SIGKILL:
-                proc.kill_tree()
-            else:
-                proc.signal(sig)
-            ch.event(event="done")
+            self.op_kill(ch, req)
+        elif op == "resize":
+            self.op_resize(ch, req)
         elif op == "stdin":
             self.op_stdin(ch, req)
         elif op == "wait":
@@ -91,6 +88,9 @@ class Agent:
 
     def op_exec(self, ch: Channel, req: dict[str, Any]) -> None:
         background = bool(req.get("background"))
+        if req.get("stream") and not background:
+            raise ProcessError("invalid_request", "stream applies to background processes (a foreground "
+                               "command streams anyway)")
 
         def live(stream: str, data: bytes) -> None:
             try:
@@ -101,7 +101,14 @@ class Agent:
         proc = self.table.spawn(req)
         if not background:
             proc.sinks.append(live)
-        ch.event(event="started", id=proc.id, pid=proc.pid)
+        started = {"event": "started", "id": proc.id, "pid": proc.pid, "max_output": proc.max_output}
+        if background and req.get("stream"):
+            # A background process that streams to this request until it ends or the host leaves: output made
+            # before the follower is in place is in the kept output, which it sends first.
+            self.table.pump(proc)
+            follow(ch, proc, first=started, replay=True)
+            return
+        ch.send_json(protocol.EVENT, started)
         if background:
             self.table.pump(proc)
             return
@@ -158,15 +165,19 @@ class Agent:
                 proc.kill_tree()
 
     def op_stdin(self, ch: Channel, req: dict[str, Any]) -> None:
-        proc = self.table.get(req.get("id"))
-        if proc.stdin_fd is None and not proc.is_pty:  # refuse before "ready", while the host still listens
+        proc = self.table.find(req)
+        # Refuse before "ready", while the host still listens and before any byte is written.
+        if proc.stdin_fd is None and not proc.is_pty:
             raise ProcessError("conflict", f"process {proc.id} was started without stdin (or its stdin is closed)")
+        if req.get("eof"):  # the host says up front that it will close: a terminal refuses now
+            proc.check_stdin_closable()
         ch.event(event="ready")
         while True:
             kind, payload = ch.recv()
             if kind == protocol.STDIN:
                 proc.write_stdin(payload)
             elif kind == protocol.STDIN_EOF:
+                proc.check_stdin_closable()
                 proc.close_stdin()
                 break
             elif kind == protocol.DATA_END:
@@ -174,34 +185,45 @@ class Agent:
         ch.event(event="done")
 
     def op_wait(self, ch: Channel, req: dict[str, Any]) -> None:
-        proc = self.table.get(req.get("id"))
+        proc = self.table.find(req)
         timeout = req.get("timeout")
         if not proc.done.wait(None if timeout is None else float(timeout)):
             ch.event(event="running", id=proc.id)
             return
         if req.get("output", True):
-            _send_all_kept(ch, proc)
+            send_all_kept(ch, proc)
         ch.send_json(protocol.EVENT, proc.result())
 
     def op_attach(self, ch: Channel, req: dict[str, Any]) -> None:
-        """Replay what is kept, then follow every new byte live until the process ends."""
-        proc = self.table.get(req.get("id"))
+        """Replay what is kept (unless `replay` is false), then follow every new byte live until the process
+        ends, or until the host leaves (the process goes on)."""
+        proc = self.table.find(req)
+        attached = {"event": "attached", "id": proc.id, "pid": proc.pid, "max_output": proc.max_output}
+        follow(ch, proc, first=attached, replay=bool(req.get("replay", True)))
 
-        def follow(stream: str, data: bytes) -> None:
-            try:
-                ch.send(protocol.STDOUT if stream == "stdout" else protocol.STDERR, data)
-            except Closed:
-                pass
+    def op_ps(self, ch: Channel, req: dict[str, Any]) -> None:
+        """Every process the table holds; with a selector (id, pid or tag), just that one."""
+        if any(req.get(key) is not None for key in ("id", "pid", "tag")):
+            ch.event(event="done", process=self.table.find(req).info())
+        else:
+            ch.event(event="done", processes=self.table.list())
 
-        with proc.lock:
-            _send_all_kept(ch, proc)
-            proc.follow.append(follow)
-        try:
-            proc.done.wait()
-            ch.send_json(protocol.EVENT, proc.result())
-        finally:
-            with proc.lock:
-                proc.follow.remove(follow)
+    def op_kill(self, ch: Channel, req: dict[str, Any]) -> None:
+        """SIGKILL (the default) ends the whole tree and answers once the root is reaped (its pid free: no
+        zombie answers `kill -0`), or after a bounded wait (`reaped` false); other signals go to the group."""
+        proc = self.table.find(req)
+        sig = int(req.get("signal") or SIGKILL)
+        if sig == SIGKILL:
+            ch.event(event="done", reaped=proc.kill_and_reap())
+        else:
+            proc.signal(sig)
+            ch.event(event="done")
+
+    def op_resize(self, ch: Channel, req: dict[str, Any]) -> None:
+        proc = self.table.find(req)
+        rows, cols = pty_size(req)
+        proc.resize(rows, cols)
+        ch.event(event="done")
 
 
 def _control(proc: Process, msg: dict[str, Any]) -> None:
@@ -217,15 +239,6 @@ def _control(proc: Process, msg: dict[str, Any]) -> None:
 def _send_kept(ch: Channel, proc: Process) -> None:
     """After a foreground run: what the live stream could not carry (past the head) is the kept tail."""
     for name, buf, kind in (("stdout", proc.stdout, protocol.STDOUT), ("stderr", proc.stderr, protocol.STDERR)):
-        if buf.tail_len:
-            ch.event(event="tail", stream=name, omitted=buf.omitted)
-            ch.send(kind, buf.tail_bytes())
-
-
-def _send_all_kept(ch: Channel, proc: Process) -> None:
-    for name, buf, kind in (("stdout", proc.stdout, protocol.STDOUT), ("stderr", proc.stderr, protocol.STDERR)):
-        if buf.head:
-            ch.send(kind, bytes(buf.head))
         if buf.tail_len:
             ch.event(event="tail", stream=name, omitted=buf.omitted)
             ch.send(kind, buf.tail_bytes())

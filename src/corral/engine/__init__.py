@@ -1,6 +1,6 @@
 """The sandbox engine: an async Python API over isolated sandboxes (what the control plane serves)."""
 
-from ._agent_client import AgentClient, PtySession
+from ._agent_client import AgentClient, PtySession, StartCallback
 from ._capacity import Capacity, MachineUsage
 from ._code import CodeError, CodeResult, CodeSession, RichResult
 from ._engine import Engine, Files, Processes, SandboxHandle, read_agent_address
@@ -10,6 +10,9 @@ from ._models import (
     ExecResult,
     Limits,
     ProcessInfo,
+    ProcessRef,
+    ProcessSelector,
+    PtySize,
     Runtime,
     SandboxInfo,
     SandboxSpec,
@@ -31,14 +34,18 @@ __all__ = [
     "Limits",
     "MachineUsage",
     "ProcessInfo",
+    "ProcessRef",
+    "ProcessSelector",
     "Processes",
     "PtySession",
+    "PtySize",
     "RichResult",
     "Runtime",
     "SandboxHandle",
     "SandboxInfo",
     "SandboxSpec",
     "SandboxState",
+    "StartCallback",
     "parse_size",
     "read_agent_address",
 ]

@@ -18,9 +18,19 @@ from .._exceptions import AgentError, CorralError, error_from_code
 from ..agent import protocol
 from ..backends import Endpoint, UnixEndpoint
 from ._code import CodeResult, CodeSession, ResultCallback, RichResult, code_result, code_session, rich_result
-from ._models import Entry, ExecResult, OutputCollector, ProcessInfo
+from ._models import (
+    Entry,
+    ExecResult,
+    FollowedOutput,
+    OutputCollector,
+    ProcessInfo,
+    ProcessRef,
+    ProcessSelector,
+    PtySize,
+)
 
 OutputCallback = Callable[[bytes], Awaitable[None] | None]
+StartCallback = Callable[[str, int], Awaitable[None] | None]  # (Corral's process id, its pid in the sandbox)
 Roots = list[str] | None  # directories the file API may touch; None: anywhere the user can
 Source = bytes | bytearray | memoryview | str | IO[bytes] | AsyncIterable[bytes] | Iterable[bytes]
 _TCP_CONNECT_TIMEOUT = 10.0
@@ -197,14 +207,18 @@ class AgentClient:
         max_output: int | None = None,
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,
-        on_start: Callable[[str, int], None] | None = None,
+        on_start: StartCallback | None = None,
+        cmd_env: dict[str, str] | None = None,
+        tag: str | None = None,
     ) -> ExecResult:
+        """Run `cmd` in the foreground: hanging up (cancelling) kills its tree. `env` goes over the agent's base
+        environment, `cmd_env` (the command's own, what `ps` shows) over that."""
         args = {"cmd": cmd, "cwd": cwd, "env": env, "timeout": timeout, "max_output": max_output,
-                "stdin": stdin is not None}
+                "stdin": stdin is not None, **_optional(cmd_env=cmd_env, tag=tag)}
         async with self._op("exec", **args) as conn:
             started = await conn.event()
             if on_start is not None:
-                on_start(str(started["id"]), int(started["pid"]))
+                await _call_start(on_start, started)
             feeder = None
             if stdin is not None:
                 feeder = asyncio.create_task(_feed_stdin(conn, stdin))
@@ -220,44 +234,102 @@ class AgentClient:
 
     async def start(self, cmd: str | list[str], *, cwd: str | None = None, env: dict[str, str] | None = None,
                     timeout: float | None = None, max_output: int | None = None,
-                    stdin: bool = False) -> ProcessInfo:
+                    stdin: bool = False, cmd_env: dict[str, str] | None = None, tag: str | None = None,
+                    pty: PtySize | None = None) -> ProcessInfo:
         args = {"cmd": cmd, "cwd": cwd, "env": env, "timeout": timeout, "max_output": max_output,
-                "stdin": stdin, "background": True}
+                "stdin": stdin, "background": True, **_optional(cmd_env=cmd_env, tag=tag, pty=_pty(pty))}
         async with self._op("exec", **args) as conn:
             ev = await conn.event()
         argv = cmd if isinstance(cmd, list) else ["/bin/bash", "-lc", cmd]
-        return ProcessInfo(id=str(ev["id"]), pid=int(ev["pid"]), argv=argv, running=True)
+        return ProcessInfo(id=str(ev["id"]), pid=int(ev["pid"]), argv=argv, running=True, pty=pty is not None,
+                           tag=tag, env=dict(cmd_env or {}))
+
+    async def exec_detached(self, cmd: str | list[str], *, cwd: str | None = None,
+                            env: dict[str, str] | None = None, cmd_env: dict[str, str] | None = None,
+                            stdin: Source | None = None, keep_stdin: bool = False, timeout: float | None = None,
+                            max_output: int | None = None, tag: str | None = None, pty: PtySize | None = None,
+                            on_start: StartCallback | None = None, on_stdout: OutputCallback | None = None,
+                            on_stderr: OutputCallback | None = None) -> ExecResult:
+        """Start `cmd` as a background process and follow it from this call: `on_start(id, pid)` first, then
+        every byte of its output as produced (a terminal's is stdout), then its result, whose output is bounded
+        as a foreground command's. Hanging up (cancelling) only stops following: the process goes on.
+
+        `stdin` is written after the start, then closed unless `keep_stdin` (a terminal's input never is);
+        with `keep_stdin` alone it stays open for `send_stdin`. A terminal's input is always open."""
+        args = {"cmd": cmd, "cwd": cwd, "env": env, "timeout": timeout, "max_output": max_output,
+                "stdin": stdin is not None or keep_stdin, "background": True, "stream": True,
+                **_optional(cmd_env=cmd_env, tag=tag, pty=_pty(pty))}
+        async with self._op("exec", **args) as conn:
+            started = await conn.event()
+            if on_start is not None:
+                await _call_start(on_start, started)
+            feeder = None
+            if stdin is not None:
+                ref = ProcessRef(id=str(started["id"]))
+                feeder = asyncio.create_task(self._feed(ref, stdin, eof=not keep_stdin and pty is None))
+            try:
+                return await _follow(conn, on_stdout, on_stderr, int(started["max_output"]))
+            finally:
+                if feeder is not None:
+                    feeder.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, OSError, CorralError):
+                        await feeder
+
+    async def _feed(self, ref: ProcessRef, data: Source, *, eof: bool) -> None:
+        async with self._op("stdin", **ref.selector(), eof=eof) as conn:
+            await conn.event()
+            async for chunk in _chunks(data):
+                await conn.send(protocol.STDIN, chunk)
+            await conn.send(protocol.STDIN_EOF if eof else protocol.DATA_END)
+            await conn.event()
 
     async def ps(self) -> builtins.list[ProcessInfo]:
         ev = await self._simple("ps")
         return [_process_info(p) for p in ev["processes"]]
 
-    async def kill(self, process_id: str, signal: int | None = None) -> None:
-        await self._simple("kill", id=process_id, signal=signal)
+    async def process(self, ref: ProcessSelector) -> ProcessInfo:
+        """The one process `ref` names (`NotFoundError` if none)."""
+        ev = await self._simple("ps", **ProcessRef.of(ref).selector())
+        return _process_info(ev["process"])
 
-    async def send_stdin(self, process_id: str, data: bytes, *, eof: bool = False) -> None:
-        async with self._op("stdin", id=process_id) as conn:
-            await conn.event()
-            if data:
-                await conn.send(protocol.STDIN, data)
-            await conn.send(protocol.STDIN_EOF if eof else protocol.DATA_END)
-            await conn.event()
+    async def kill(self, ref: ProcessSelector, signal: int | None = None) -> None:
+        """`signal` to the process's group; None (or 9): SIGKILL to its whole tree, answered once its root is
+        reaped (so its pid is gone), or after the agent's bounded wait for that."""
+        await self._simple("kill", **ProcessRef.of(ref).selector(), signal=signal)
 
-    async def wait(self, process_id: str, timeout: float | None = None) -> ExecResult | None:
+    async def send_stdin(self, ref: ProcessSelector, data: bytes, *, eof: bool = False) -> None:
+        """Write `data` to the process's stdin (a terminal's input, for a PTY), then close it with `eof`; a
+        terminal refuses `eof` (`InvalidRequestError`: send Ctrl-D), before anything is written."""
+        await self._feed(ProcessRef.of(ref), data, eof=eof)
+
+    async def close_stdin(self, ref: ProcessSelector) -> None:
+        await self._feed(ProcessRef.of(ref), b"", eof=True)
+
+    async def resize(self, ref: ProcessSelector, rows: int, cols: int) -> None:
+        """Resize a PTY process's terminal (`ConflictError` for one without a terminal, or that ended)."""
+        await self._simple("resize", **ProcessRef.of(ref).selector(), rows=rows, cols=cols)
+
+    async def wait(self, ref: ProcessSelector, timeout: float | None = None) -> ExecResult | None:
         """The result with the kept output, or None if still running after `timeout` seconds."""
-        async with self._op("wait", id=process_id, timeout=timeout) as conn:
+        async with self._op("wait", **ProcessRef.of(ref).selector(), timeout=timeout) as conn:
             return await _collect(conn, None, None, allow_running=True)
 
-    async def attach(self, process_id: str, on_stdout: OutputCallback | None = None,
-                     on_stderr: OutputCallback | None = None) -> ExecResult:
-        async with self._op("attach", id=process_id) as conn:
-            result = await _collect(conn, on_stdout, on_stderr)
-            assert result is not None  # only `wait` may see a running process
-            return result
+    async def attach(self, ref: ProcessSelector, on_stdout: OutputCallback | None = None,
+                     on_stderr: OutputCallback | None = None, *, replay: bool = True,
+                     on_start: StartCallback | None = None) -> ExecResult:
+        """Follow the process until it ends: `on_start(id, pid)`, then the output kept so far (not with
+        `replay=False`), then every new byte, then its result. Hanging up (cancelling) never kills it."""
+        async with self._op("attach", **ProcessRef.of(ref).selector(), replay=replay) as conn:
+            attached = await conn.event()
+            if on_start is not None:
+                await _call_start(on_start, attached)
+            return await _follow(conn, on_stdout, on_stderr, int(attached["max_output"]))
 
     async def pty(self, cmd: str | list[str], *, rows: int = 24, cols: int = 80, cwd: str | None = None,
-                  env: dict[str, str] | None = None, timeout: float | None = None) -> PtySession:
-        cm = self._op("exec", cmd=cmd, cwd=cwd, env=env, timeout=timeout, pty={"rows": rows, "cols": cols})
+                  env: dict[str, str] | None = None, timeout: float | None = None,
+                  cmd_env: dict[str, str] | None = None) -> PtySession:
+        cm = self._op("exec", cmd=cmd, cwd=cwd, env=env, timeout=timeout, pty={"rows": rows, "cols": cols},
+                      **_optional(cmd_env=cmd_env))
         conn = await cm.__aenter__()
         try:
             started = await conn.event()
@@ -461,6 +533,44 @@ async def _collect(conn: _Conn, on_stdout: OutputCallback | None, on_stderr: Out
             raise protocol.ProtocolError(f"unexpected frame kind {kind} in command output")
 
 
+async def _follow(conn: _Conn, on_stdout: OutputCallback | None, on_stderr: OutputCallback | None,
+                  limit: int) -> ExecResult:
+    """A followed process's frames until its exit: every byte to the callbacks (also past a `tail` event, which
+    marks bytes the agent no longer had), and a copy bounded by the process's `limit` into the result."""
+    kept = {protocol.STDOUT: FollowedOutput(limit), protocol.STDERR: FollowedOutput(limit)}
+    callbacks = {protocol.STDOUT: on_stdout, protocol.STDERR: on_stderr}
+    while True:
+        kind, payload = await conn.recv()
+        if kind in kept:
+            kept[kind].feed(payload)
+            if (callback := callbacks[kind]) is not None:
+                await _call(callback, payload)
+        elif kind == protocol.EVENT:
+            ev = protocol.decode_json(payload)
+            if ev.get("event") == "tail" and ev.get("omitted"):
+                kept[protocol.STDOUT if ev.get("stream") == "stdout" else protocol.STDERR].gap()
+            elif ev.get("event") == "exit":
+                (out, out_cut), (err, err_cut) = kept[protocol.STDOUT].kept(), kept[protocol.STDERR].kept()
+                return _result(ev, out, err, out_cut, err_cut)
+        else:
+            raise protocol.ProtocolError(f"unexpected frame kind {kind} in a followed process's output")
+
+
+async def _call_start(cb: StartCallback, started: dict[str, Any]) -> None:
+    res = cb(str(started["id"]), int(started["pid"]))
+    if res is not None:
+        await res
+
+
+def _optional(**fields: Any) -> dict[str, Any]:
+    """Request fields worth sending: older requests stay byte-for-byte what they were."""
+    return {key: value for key, value in fields.items() if value is not None}
+
+
+def _pty(size: PtySize | None) -> dict[str, int] | None:
+    return None if size is None else {"rows": size.rows, "cols": size.cols}
+
+
 async def _call(cb: OutputCallback, data: bytes) -> None:
     res = cb(data)
     if res is not None:
@@ -570,4 +680,5 @@ def _process_info(p: dict[str, Any]) -> ProcessInfo:
     exit_ = p.get("exit") or {}
     return ProcessInfo(id=str(p["id"]), pid=int(p["pid"]), argv=list(p["argv"]), running=bool(p["running"]),
                        pty=bool(p.get("pty")), started_at=float(p.get("started_at") or 0),
-                       exit_code=exit_.get("exit_code"))
+                       exit_code=exit_.get("exit_code"), tag=p.get("tag"), cwd=p.get("cwd"),
+                       env=dict(p.get("env") or {}))

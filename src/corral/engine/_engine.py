@@ -45,10 +45,19 @@ from .._exceptions import (
 from .._settings import corral_home
 from ..backends import AgentAddress, Backend, BackendRecord, SnapshotArtifact, load_backend
 from ..templates import Template, TemplateStore
-from ._agent_client import AgentClient, OutputCallback, PtySession, Source
+from ._agent_client import AgentClient, OutputCallback, PtySession, Source, StartCallback
 from ._capacity import Capacity, MachineUsage
 from ._code import CodeError, CodeResult, CodeSession, ResultCallback
-from ._models import Entry, ExecResult, ProcessInfo, SandboxInfo, SandboxSpec, SandboxState
+from ._models import (
+    Entry,
+    ExecResult,
+    ProcessInfo,
+    ProcessSelector,
+    PtySize,
+    SandboxInfo,
+    SandboxSpec,
+    SandboxState,
+)
 
 if TYPE_CHECKING:
     from ..egress import EgressProxy
@@ -525,13 +534,32 @@ class Engine:
     async def exec(self, sandbox_id: str, cmd: str | builtins.list[str], *, cwd: str | None = None,
                    env: dict[str, str] | None = None, stdin: Source | None = None, timeout: float | None = None,
                    max_output: int | None = None, on_stdout: OutputCallback | None = None,
-                   on_stderr: OutputCallback | None = None) -> ExecResult:
-        """Run a shell string (`bash -lc`) or an argv list. Never raises for exit codes, timeouts or OOM."""
+                   on_stderr: OutputCallback | None = None, on_start: StartCallback | None = None,
+                   detached: bool = False, tag: str | None = None, pty: PtySize | None = None,
+                   keep_stdin: bool = False) -> ExecResult:
+        """Run a shell string (`bash -lc`) or an argv list. Never raises for exit codes, timeouts or OOM.
+
+        `env` is the command's own, over the sandbox's (and never seen by a later command); `on_start(id, pid)`
+        comes before any output; `tag` names the process while it runs (unique: `ConflictError`).
+        `detached`: the command is a background process that this call follows: cancelling the call only stops
+        following, and the process goes on, listed and addressable by id, pid or tag (E2B runs every command
+        so). Only a detached command may run in a terminal (`pty`: its output is stdout) or `keep_stdin` open
+        for `processes.send_stdin`."""
+        if not detached and (pty is not None or keep_stdin):
+            raise InvalidRequestError("pty and keep_stdin need a detached command (a terminal bound to its caller "
+                                      "is SandboxHandle.pty)")
         sb = self._running(sandbox_id)
         before = await self.backend.oom_kills(sb.record)
         started = time.time()
-        result = await sb.agent.exec(cmd, cwd=cwd, env=self._env(sb, env), stdin=stdin, timeout=timeout,
-                                     max_output=max_output, on_stdout=on_stdout, on_stderr=on_stderr)
+        if detached:
+            result = await sb.agent.exec_detached(
+                cmd, cwd=cwd, env=self._env(sb, None), cmd_env=env or None, stdin=stdin, keep_stdin=keep_stdin,
+                timeout=timeout, max_output=max_output, tag=tag, pty=pty, on_start=on_start, on_stdout=on_stdout,
+                on_stderr=on_stderr)
+        else:
+            result = await sb.agent.exec(cmd, cwd=cwd, env=self._env(sb, None), cmd_env=env or None, stdin=stdin,
+                                         timeout=timeout, max_output=max_output, on_stdout=on_stdout,
+                                         on_stderr=on_stderr, on_start=on_start, tag=tag)
         return self._with_denials(sb, await self._with_oom(sb, result, before), started)
 
     async def run_code(self, sandbox_id: str, code: str, *, language: str = "python", session: str | None = None,
@@ -806,7 +834,8 @@ class SandboxHandle:
                   cwd: str | None = None, env: dict[str, str] | None = None,
                   timeout: float | None = None) -> PtySession:
         return await self._engine.agent(self.id).pty(cmd, rows=rows, cols=cols, cwd=cwd,
-                                                     env=self._engine.sandbox_env(self.id, env), timeout=timeout)
+                                                     env=self._engine.sandbox_env(self.id), cmd_env=env,
+                                                     timeout=timeout)
 
     async def pause(self, *, memory: bool = True) -> None:
         await self._engine.pause(self.id, memory=memory)
@@ -939,31 +968,52 @@ class Files:
 
 
 class Processes:
-    """Background processes: start, list, send stdin, kill, wait, fetch output."""
+    """Background processes: start, list, get, send stdin, resize, kill, wait, follow.
+
+    Each method that names a process takes a `ProcessSelector`: Corral's id as a `str`, or a `ProcessRef` by
+    id, pid (inside the sandbox) or tag. An unknown one is `NotFoundError`."""
 
     def __init__(self, engine: Engine, sandbox_id: str) -> None:
         self._engine = engine
         self._id = sandbox_id
 
+    def _agent(self) -> AgentClient:
+        return self._engine.agent(self._id)
+
     async def start(self, cmd: str | list[str], *, cwd: str | None = None, env: dict[str, str] | None = None,
                     timeout: float | None = None, max_output: int | None = None,
-                    stdin: bool = False) -> ProcessInfo:
-        return await self._engine.agent(self._id).start(
-            cmd, cwd=cwd, env=self._engine.sandbox_env(self._id, env), timeout=timeout, max_output=max_output,
-            stdin=stdin)
+                    stdin: bool = False, tag: str | None = None, pty: PtySize | None = None) -> ProcessInfo:
+        """Start `cmd` in the background (in a terminal of size `pty`, if given; named `tag`, if given)."""
+        return await self._agent().start(
+            cmd, cwd=cwd, env=self._engine.sandbox_env(self._id), cmd_env=env or None, timeout=timeout,
+            max_output=max_output, stdin=stdin, tag=tag, pty=pty)
 
     async def list(self) -> list[ProcessInfo]:
-        return await self._engine.agent(self._id).ps()
+        return await self._agent().ps()
 
-    async def send_stdin(self, process_id: str, data: bytes, *, eof: bool = False) -> None:
-        await self._engine.agent(self._id).send_stdin(process_id, data, eof=eof)
+    async def get(self, ref: ProcessSelector) -> ProcessInfo:
+        return await self._agent().process(ref)
 
-    async def kill(self, process_id: str, signal: int | None = None) -> None:
-        await self._engine.agent(self._id).kill(process_id, signal)
+    async def send_stdin(self, ref: ProcessSelector, data: bytes, *, eof: bool = False) -> None:
+        await self._agent().send_stdin(ref, data, eof=eof)
 
-    async def wait(self, process_id: str, timeout: float | None = None) -> ExecResult | None:
-        return await self._engine.agent(self._id).wait(process_id, timeout)
+    async def close_stdin(self, ref: ProcessSelector) -> None:
+        """EOF on the process's stdin; a terminal's is refused (`InvalidRequestError`: send Ctrl-D, 0x04)."""
+        await self._agent().close_stdin(ref)
 
-    async def attach(self, process_id: str, on_stdout: OutputCallback | None = None,
-                     on_stderr: OutputCallback | None = None) -> ExecResult:
-        return await self._engine.agent(self._id).attach(process_id, on_stdout, on_stderr)
+    async def resize(self, ref: ProcessSelector, rows: int, cols: int) -> None:
+        await self._agent().resize(ref, rows, cols)
+
+    async def kill(self, ref: ProcessSelector, signal: int | None = None) -> None:
+        """`signal` to the process's group; None (SIGKILL): its whole tree, answered once its pid is free."""
+        await self._agent().kill(ref, signal)
+
+    async def wait(self, ref: ProcessSelector, timeout: float | None = None) -> ExecResult | None:
+        return await self._agent().wait(ref, timeout)
+
+    async def attach(self, ref: ProcessSelector, on_stdout: OutputCallback | None = None,
+                     on_stderr: OutputCallback | None = None, *, replay: bool = True,
+                     on_start: StartCallback | None = None) -> ExecResult:
+        """Follow the process to its end: the output kept so far (not with `replay=False`: only what comes
+        after), then every new byte. Cancelling only detaches."""
+        return await self._agent().attach(ref, on_stdout, on_stderr, replay=replay, on_start=on_start)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from .._exceptions import InvalidRequestError
 from .._output import OutputText  # a leaf shared with the SDK, which must not import the engine
 from ..backends._spec import DEFAULT_FILE_ROOTS, Limits, Runtime, SandboxSpec, SandboxState, parse_size
 
@@ -14,8 +15,9 @@ if TYPE_CHECKING:
     from ..egress import EgressEvent
 
 __all__ = [
-    "DEFAULT_FILE_ROOTS", "Entry", "ExecResult", "Limits", "OutputCollector", "ProcessInfo", "Runtime",
-    "SandboxInfo", "SandboxSpec", "SandboxState", "parse_size",
+    "DEFAULT_FILE_ROOTS", "Entry", "ExecResult", "FollowedOutput", "Limits", "OutputCollector", "ProcessInfo",
+    "ProcessRef", "ProcessSelector", "PtySize", "Runtime", "SandboxInfo", "SandboxSpec", "SandboxState",
+    "parse_size",
 ]
 
 
@@ -63,7 +65,10 @@ class ExecResult(OutputText):
 
 @dataclass(frozen=True)
 class ProcessInfo:
-    """A background (or running) process inside a sandbox."""
+    """A background (or running) process inside a sandbox.
+
+    `env` is the command's own environment, what it was started with on top of the sandbox's (which `ps`
+    never shows); `tag` the name it was started under, if any."""
 
     id: str
     pid: int
@@ -72,6 +77,52 @@ class ProcessInfo:
     pty: bool = False
     started_at: float = 0.0
     exit_code: int | None = None
+    tag: str | None = None
+    cwd: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PtySize:
+    """A terminal's size in character cells."""
+
+    rows: int
+    cols: int
+
+
+@dataclass(frozen=True)
+class ProcessRef:
+    """Which process of a sandbox: Corral's `id`, the `pid` inside the sandbox, or the `tag` it was started
+    with; exactly one. Wherever a `ProcessSelector` is taken, a plain `str` is Corral's id.
+
+    A pid or a tag can have named a finished process before a running one (pids are reused; a tag is free once
+    its process ended): the running one is meant, else the newest. The agent checks the values.
+    """
+
+    id: str | None = None
+    pid: int | None = None
+    tag: str | None = None
+
+    def __post_init__(self) -> None:
+        if sum(value is not None for value in (self.id, self.pid, self.tag)) != 1:
+            raise InvalidRequestError("name a process by exactly one of id, pid or tag")
+
+    @classmethod
+    def of(cls, ref: ProcessSelector) -> ProcessRef:
+        return ref if isinstance(ref, ProcessRef) else cls(id=ref)
+
+    def selector(self) -> dict[str, str | int]:
+        """The one field that names the process, as the agent's requests (and audit records) carry it."""
+        if self.pid is not None:
+            return {"pid": self.pid}
+        return {"tag": self.tag} if self.tag is not None else {"id": str(self.id)}
+
+    def __str__(self) -> str:
+        [(key, value)] = self.selector().items()
+        return f"{key} {value!r}"
+
+
+ProcessSelector = ProcessRef | str
 
 
 @dataclass(frozen=True)
@@ -101,3 +152,42 @@ class OutputCollector:
     def mark_tail(self, omitted: int) -> None:
         if omitted:
             self.cut = len(self.data)
+
+
+@dataclass
+class FollowedOutput:
+    """One stream of a followed process as the host keeps it (I/O-free): all of it up to `limit` bytes, past
+    that the first 3/4 of the limit and the newest 1/4 (the agent's own rule), so that following a process for
+    days costs bounded memory. `gap()`: the agent left bytes out here (its kept output had a tail)."""
+
+    limit: int
+    head: bytearray = field(default_factory=bytearray)
+    tail: bytearray = field(default_factory=bytearray)
+    omitted: bool = False
+
+    def feed(self, data: bytes) -> None:
+        if not self.omitted:
+            room = max(0, self.limit - self.limit // 4 - len(self.head))
+            self.head += data[:room]
+            data = data[room:]
+        self.tail += data
+        if len(self.tail) > 2 * self._tail_cap:  # trimmed now and then, not per chunk: amortized O(1)
+            self._trim()
+
+    def gap(self) -> None:
+        self.omitted = True
+
+    def kept(self) -> tuple[bytes, int | None]:
+        """The bytes kept and where the omitted middle was in them (None: nothing omitted)."""
+        self._trim()
+        return bytes(self.head + self.tail), len(self.head) if self.omitted else None
+
+    @property
+    def _tail_cap(self) -> int:
+        return self.limit // 4
+
+    def _trim(self) -> None:
+        excess = len(self.tail) - self._tail_cap
+        if excess > 0:
+            del self.tail[:excess]
+            self.omitted = True

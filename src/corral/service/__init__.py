@@ -5,7 +5,7 @@ from ._accounts import Keys, Tenants
 from ._audit import AuditFilter, AuditTrail
 from ._audited import Audited
 from ._code import Cell, Code, CodeStream, ResultCallback
-from ._commands import Command, Commands, CommandStream, exec_outcome
+from ._commands import Command, Commands, CommandStream, StartCallback, exec_outcome
 from ._files import Files
 from ._info import Info, ServerInfo
 from ._outcome import RETRY_AFTER_DETAIL, STATUS_BY_CODE, outcome_of, status_for
@@ -56,6 +56,7 @@ __all__ = [
     "ServerInfo",
     "Service",
     "Snapshots",
+    "StartCallback",
     "StartupHook",
     "Streamed",
     "Templates",

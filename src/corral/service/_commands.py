@@ -2,27 +2,39 @@
 
 Audited as `sandbox.exec` with the command verbatim and the names (never the values) of its environment; the
 outcome carries how it ended. Neither a non-zero exit, nor a timeout, nor an OOM kill is an error.
+
+A `detached` command is a background process that the call follows (E2B runs every command so): a client that
+leaves stops following, and the process goes on, to be found with `service.processes` by id, pid or tag.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..control import Action, Principal
-from ..engine import ExecResult
+from ..engine import ExecResult, PtySize
 from ._audited import Audited
 from ._streamed import OutputCallback, Streamed, refusals
 
 if TYPE_CHECKING:
     from ._service import Service
 
-__all__ = ["Command", "CommandStream", "Commands", "exec_outcome"]
+__all__ = ["Command", "CommandStream", "Commands", "StartCallback", "exec_outcome"]
+
+StartCallback = Callable[[str, int], Awaitable[None]]  # (Corral's process id, its pid inside the sandbox)
 
 
 @dataclass(frozen=True)
 class Command:
-    """What to run: a shell string (`bash -lc`) or an argv list, and how."""
+    """What to run: a shell string (`bash -lc`) or an argv list, and how.
+
+    `env` is the command's own, over the sandbox's, and never reaches a later command. `detached`: a background
+    process that the call follows, named by `tag` (unique among running processes) if given, in a terminal of
+    size `pty` (its output is stdout; a detached command only), its stdin kept open for `processes.send_stdin`
+    with `keep_stdin` (after `stdin`, if any).
+    """
 
     cmd: str | list[str]
     cwd: str | None = None
@@ -30,10 +42,22 @@ class Command:
     timeout: float | None = None
     max_output: int | None = None
     stdin: bytes | None = None
+    detached: bool = False
+    tag: str | None = None
+    pty: PtySize | None = None
+    keep_stdin: bool = False
 
     def audit_params(self) -> dict[str, Any]:
-        return {"cmd": self.cmd, "cwd": self.cwd, "env_names": sorted(self.env), "timeout": self.timeout,
-                "max_output": self.max_output, "stdin_size": None if self.stdin is None else len(self.stdin)}
+        params = {"cmd": self.cmd, "cwd": self.cwd, "env_names": sorted(self.env), "timeout": self.timeout,
+                  "max_output": self.max_output, "stdin_size": None if self.stdin is None else len(self.stdin)}
+        return {**params, **self._process_params()}
+
+    def _process_params(self) -> dict[str, Any]:
+        """How it runs as a process, only where that differs from a plain command (whose record stays as it
+        always was)."""
+        given = {"detached": self.detached, "tag": self.tag, "keep_stdin": self.keep_stdin,
+                 "pty": None if self.pty is None else {"rows": self.pty.rows, "cols": self.pty.cols}}
+        return {key: value for key, value in given.items() if value}
 
 
 def exec_outcome(result: ExecResult) -> dict[str, Any]:
@@ -44,7 +68,7 @@ def exec_outcome(result: ExecResult) -> dict[str, Any]:
 
 class CommandStream(Streamed[ExecResult]):
     """A command authorized on a sandbox the engine has, not started yet: `run` starts it. Cancelling `run`
-    kills the command's process tree."""
+    kills the command's process tree; a detached command's it only stops following."""
 
     def __init__(self, service: Service, audit: Audited, sandbox_id: str, command: Command) -> None:
         super().__init__(audit)
@@ -52,10 +76,11 @@ class CommandStream(Streamed[ExecResult]):
         self._sandbox_id = sandbox_id
         self._command = command
 
-    async def run(self, on_stdout: OutputCallback | None = None,
-                  on_stderr: OutputCallback | None = None) -> ExecResult:
-        return await self._run(lambda: _exec(self._svc, self._sandbox_id, self._command, on_stdout, on_stderr),
-                               exec_outcome)
+    async def run(self, on_stdout: OutputCallback | None = None, on_stderr: OutputCallback | None = None,
+                  on_start: StartCallback | None = None) -> ExecResult:
+        """Run it: `on_start(id, pid)` once the process exists, before any output; then the output as produced."""
+        return await self._run(lambda: _exec(self._svc, self._sandbox_id, self._command, self._audit, on_stdout,
+                                             on_stderr, on_start), exec_outcome)
 
 
 class Commands:
@@ -65,7 +90,7 @@ class Commands:
     async def run(self, principal: Principal, sandbox_id: str, command: Command) -> ExecResult:
         async with self._audited(principal, sandbox_id, command, stream=False) as audit:
             await self._svc.sandboxes.authorized(principal, sandbox_id, Action.SANDBOX_EXEC)
-            result = await _exec(self._svc, sandbox_id, command)
+            result = await _exec(self._svc, sandbox_id, command, audit)
             audit.outcome.update(exec_outcome(result))
         return result
 
@@ -82,8 +107,17 @@ class Commands:
                                  params={**command.audit_params(), "stream": stream})
 
 
-async def _exec(svc: Service, sandbox_id: str, command: Command, on_stdout: OutputCallback | None = None,
-                on_stderr: OutputCallback | None = None) -> ExecResult:
+async def _exec(svc: Service, sandbox_id: str, command: Command, audit: Audited,
+                on_stdout: OutputCallback | None = None, on_stderr: OutputCallback | None = None,
+                on_start: StartCallback | None = None) -> ExecResult:
+    async def started(process_id: str, pid: int) -> None:
+        if command.detached:  # the process outlives the call: its record says which one it was
+            audit.outcome.update({"process": process_id, "pid": pid})
+        if on_start is not None:
+            await on_start(process_id, pid)
+
     return await svc.engine.exec(sandbox_id, command.cmd, cwd=command.cwd, env=command.env or None,
                                  stdin=command.stdin, timeout=command.timeout, max_output=command.max_output,
-                                 on_stdout=on_stdout, on_stderr=on_stderr)
+                                 on_stdout=on_stdout, on_stderr=on_stderr, on_start=started,
+                                 detached=command.detached, tag=command.tag, pty=command.pty,
+                                 keep_stdin=command.keep_stdin)

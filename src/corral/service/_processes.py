@@ -1,8 +1,9 @@
-"""Background processes: start, list, get, send stdin, kill, wait for, and attach to one.
+"""Background processes: start, list, get, send stdin, resize, kill, wait for, and attach to one.
 
 A background process belongs to its sandbox, not to the call that started it: it ends by itself, at its own
 timeout, when killed, or with the sandbox. Ending an attach (or any other call) never kills it. Every
-operation is audited as `process.<operation>` on the sandbox, with the process's id in its params.
+operation is audited as `process.<operation>` on the sandbox, with the process in its params: its id, or
+`{"pid": n}` / `{"tag": t}` when named so (a `ProcessRef`; a plain `str` is Corral's id).
 """
 
 from __future__ import annotations
@@ -11,15 +12,16 @@ import asyncio
 import builtins
 import signal as signals
 from collections.abc import AsyncIterable
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from .._exceptions import InvalidRequestError, NotFoundError
+from .._exceptions import InvalidRequestError
 from ..control import Action, Principal
-from ..engine import ExecResult, ProcessInfo
+from ..engine import ExecResult, ProcessInfo, ProcessSelector
 from ..engine import Processes as EngineProcesses
 from ._audited import Audited
-from ._commands import Command, exec_outcome
+from ._commands import Command, StartCallback, exec_outcome
 from ._streamed import OutputCallback, Streamed, refusals
 
 if TYPE_CHECKING:
@@ -44,23 +46,28 @@ def parse_signal(value: int | str | None) -> int | None:
 
 
 class AttachStream(Streamed[ExecResult | None]):
-    """An attach to a process known to exist: `run` hands over the kept output so far, then every new byte, and
-    returns the result, or None when `timeout` passed first. Cancelling `run` only detaches."""
+    """An attach to a process known to exist: `run` hands over the kept output so far (only what comes after,
+    without `replay`), then every new byte, and returns the result, or None when `timeout` passed first.
+    `on_start(id, pid)` comes first, before any output. Cancelling `run` only detaches."""
 
-    def __init__(self, audit: Audited, processes: EngineProcesses, process_id: str, timeout: float | None) -> None:
+    def __init__(self, audit: Audited, processes: EngineProcesses, ref: ProcessSelector, timeout: float | None,
+                 *, replay: bool = True) -> None:
         super().__init__(audit)
         self._processes = processes
-        self._process_id = process_id
+        self._ref = ref
         self._timeout = timeout
+        self._replay = replay
 
-    async def run(self, on_stdout: OutputCallback | None = None,
-                  on_stderr: OutputCallback | None = None) -> ExecResult | None:
-        return await self._run(lambda: self._follow(on_stdout, on_stderr), _ended_outcome)
+    async def run(self, on_stdout: OutputCallback | None = None, on_stderr: OutputCallback | None = None,
+                  on_start: StartCallback | None = None) -> ExecResult | None:
+        return await self._run(lambda: self._follow(on_stdout, on_stderr, on_start), _ended_outcome)
 
-    async def _follow(self, on_stdout: OutputCallback | None, on_stderr: OutputCallback | None) -> ExecResult | None:
+    async def _follow(self, on_stdout: OutputCallback | None, on_stderr: OutputCallback | None,
+                      on_start: StartCallback | None) -> ExecResult | None:
         try:
             async with asyncio.timeout(self._timeout):
-                return await self._processes.attach(self._process_id, on_stdout, on_stderr)
+                return await self._processes.attach(self._ref, on_stdout, on_stderr, replay=self._replay,
+                                                    on_start=on_start)
         except TimeoutError:
             return None
 
@@ -75,19 +82,21 @@ class Processes:
 
     async def start(self, principal: Principal, sandbox_id: str, command: Command, *,
                     keep_stdin: bool = False) -> ProcessInfo:
-        """Start `command` in the background. Its stdin is `command.stdin` then EOF, or stays open for
-        `send_stdin` with `keep_stdin` (after `command.stdin`, if any); else it is /dev/null."""
+        """Start `command` in the background (named `command.tag`, in a terminal of `command.pty`, if given).
+        Its stdin is `command.stdin` then EOF, or stays open for `send_stdin` with `keep_stdin` (or
+        `command.keep_stdin`; after `command.stdin`, if any); else it is /dev/null. A terminal's is its input."""
+        keep_stdin = keep_stdin or command.keep_stdin
         params = {**command.audit_params(), "stdin": keep_stdin}
         async with self._svc.audited(principal, "process.start", sandbox_id, params=params, status=201) as audit:
             processes = await self._processes(principal, sandbox_id)
             info = await processes.start(command.cmd, cwd=command.cwd, env=command.env or None,
                                          timeout=command.timeout, max_output=command.max_output,
-                                         stdin=keep_stdin or command.stdin is not None)
+                                         stdin=keep_stdin or command.stdin is not None, tag=command.tag,
+                                         pty=command.pty)
             audit.outcome.update({"process": info.id, "pid": info.pid})
             if command.stdin is not None:
-                await processes.send_stdin(info.id, command.stdin, eof=not keep_stdin)
-        return ProcessInfo(id=info.id, pid=info.pid, argv=info.argv, running=True,
-                           started_at=datetime.now(UTC).timestamp())
+                await processes.send_stdin(info.id, command.stdin, eof=not keep_stdin and command.pty is None)
+        return replace(info, running=True, started_at=datetime.now(UTC).timestamp())
 
     async def list(self, principal: Principal, sandbox_id: str) -> builtins.list[ProcessInfo]:
         async with self._svc.audited(principal, "process.list", sandbox_id) as audit:
@@ -95,15 +104,17 @@ class Processes:
             audit.outcome["count"] = len(found)
         return found
 
-    async def get(self, principal: Principal, sandbox_id: str, process_id: str) -> ProcessInfo:
-        async with self._svc.audited(principal, "process.get", sandbox_id, params={"process": process_id}):
-            return await _find(await self._processes(principal, sandbox_id), process_id)
+    async def get(self, principal: Principal, sandbox_id: str, ref: ProcessSelector) -> ProcessInfo:
+        """The process `ref` names; a pid or tag that named several, the running one (else the newest)."""
+        async with self._svc.audited(principal, "process.get", sandbox_id, params={"process": _param(ref)}):
+            return await (await self._processes(principal, sandbox_id)).get(ref)
 
-    async def send_stdin(self, principal: Principal, sandbox_id: str, process_id: str,
+    async def send_stdin(self, principal: Principal, sandbox_id: str, ref: ProcessSelector,
                          data: bytes | AsyncIterable[bytes], *, eof: bool = False) -> int:
-        """Write `data` (bytes, or chunks as they arrive) to the process's stdin; the bytes written. A process
-        started without `keep_stdin` refuses it (ConflictError)."""
-        params: dict[str, Any] = {"process": process_id, "eof": eof}
+        """Write `data` (bytes, or chunks as they arrive) to the process's stdin (a PTY's: its terminal); the
+        bytes written. A process started without `keep_stdin` refuses it (ConflictError); a terminal refuses
+        `eof` (InvalidRequestError: send Ctrl-D, 0x04, as input)."""
+        params: dict[str, Any] = {"process": _param(ref), "eof": eof}
         async with self._svc.audited(principal, "process.stdin", sandbox_id, params=params) as audit:
             processes = await self._processes(principal, sandbox_id)
             sent = 0
@@ -111,39 +122,54 @@ class Processes:
             async for chunk in _chunks(data):
                 batch += chunk
                 if len(batch) >= _STDIN_BATCH:
-                    await processes.send_stdin(process_id, bytes(batch))
+                    await processes.send_stdin(ref, bytes(batch))
                     sent += len(batch)
                     batch.clear()
-            await processes.send_stdin(process_id, bytes(batch), eof=eof)
+            await processes.send_stdin(ref, bytes(batch), eof=eof)
             sent += len(batch)
             audit.params["size"] = sent
         return sent
 
-    async def kill(self, principal: Principal, sandbox_id: str, process_id: str,
+    async def close_stdin(self, principal: Principal, sandbox_id: str, ref: ProcessSelector) -> None:
+        """EOF on the process's stdin, without data (audited as a `process.stdin` of 0 bytes with `eof`)."""
+        await self.send_stdin(principal, sandbox_id, ref, b"", eof=True)
+
+    async def resize(self, principal: Principal, sandbox_id: str, ref: ProcessSelector, rows: int,
+                     cols: int) -> None:
+        """Resize a PTY process's terminal (ConflictError for a process without one, or one that ended)."""
+        params: dict[str, Any] = {"process": _param(ref), "rows": rows, "cols": cols}
+        async with self._svc.audited(principal, "process.resize", sandbox_id, params=params):
+            await (await self._processes(principal, sandbox_id)).resize(ref, rows, cols)
+
+    async def kill(self, principal: Principal, sandbox_id: str, ref: ProcessSelector,
                    signal: int | str | None = None) -> None:
-        """Send `signal` (a number or a name) to the process; None: SIGKILL to its whole tree."""
-        params: dict[str, Any] = {"process": process_id, "signal": signal}
+        """Send `signal` (a number or a name) to the process's group; None: SIGKILL to its whole tree, which
+        returns once the process is reaped (its pid no longer answers)."""
+        params: dict[str, Any] = {"process": _param(ref), "signal": signal}
         async with self._svc.audited(principal, "process.kill", sandbox_id, params=params, status=204):
             processes = await self._processes(principal, sandbox_id)
-            await processes.kill(process_id, parse_signal(signal))
+            await processes.kill(ref, parse_signal(signal))
 
-    async def wait(self, principal: Principal, sandbox_id: str, process_id: str,
+    async def wait(self, principal: Principal, sandbox_id: str, ref: ProcessSelector,
                    timeout: float | None = None) -> ExecResult | None:
         """The process's result once it ends; None if it still runs after `timeout` seconds."""
-        params: dict[str, Any] = {"process": process_id, "timeout": timeout}
+        params: dict[str, Any] = {"process": _param(ref), "timeout": timeout}
         async with self._svc.audited(principal, "process.wait", sandbox_id, params=params) as audit:
-            result = await (await self._processes(principal, sandbox_id)).wait(process_id, timeout)
+            result = await (await self._processes(principal, sandbox_id)).wait(ref, timeout)
             audit.outcome.update(_ended_outcome(result))
         return result
 
-    async def attach(self, principal: Principal, sandbox_id: str, process_id: str,
-                     timeout: float | None = None) -> AttachStream:
-        """The attach begun: an unknown process is refused here (NotFoundError), before any output."""
-        params: dict[str, Any] = {"process": process_id, "timeout": timeout}
+    async def attach(self, principal: Principal, sandbox_id: str, ref: ProcessSelector,
+                     timeout: float | None = None, *, replay: bool = True) -> AttachStream:
+        """The attach begun: an unknown process is refused here (NotFoundError), before any output. Without
+        `replay`, only output produced after the attach is handed over."""
+        params: dict[str, Any] = {"process": _param(ref), "timeout": timeout}
+        if not replay:
+            params["replay"] = False
         async with refusals(self._svc.audited(principal, "process.attach", sandbox_id, params=params)) as audit:
             processes = await self._processes(principal, sandbox_id)
-            await _find(processes, process_id)
-        return AttachStream(audit, processes, process_id, timeout)
+            await processes.get(ref)
+        return AttachStream(audit, processes, ref, timeout, replay=replay)
 
     async def _processes(self, principal: Principal, sandbox_id: str) -> EngineProcesses:
         # Ownership first: another tenant's sandbox is a 404 before anything about its processes is looked at.
@@ -151,11 +177,11 @@ class Processes:
         return self._svc.engine.get(sandbox_id).processes
 
 
-async def _find(processes: EngineProcesses, process_id: str) -> ProcessInfo:
-    for info in await processes.list():
-        if info.id == process_id:
-            return info
-    raise NotFoundError(f"no process with id {process_id!r} in this sandbox")
+def _param(ref: ProcessSelector) -> str | dict[str, str | int]:
+    """The process as its audit records name it: Corral's id as it always was, else the selector given."""
+    if isinstance(ref, str):
+        return ref
+    return ref.id if ref.id is not None else ref.selector()
 
 
 async def _chunks(data: bytes | AsyncIterable[bytes]) -> AsyncIterable[bytes]:
