@@ -7,8 +7,8 @@ and server streams (`application/connect+json`: one enveloped request, then enve
 end-of-stream envelope carrying `{}` or `{"error": {...}}`). An envelope is a flags byte (0x02: end of stream), a
 big-endian u32 length and the JSON payload. Compression is never negotiated by those clients and is refused.
 
-A stream whose sandbox vanished (killed, expired, paused) is cut off at the transport instead of ended cleanly:
-that is what E2B's SDKs read as "the sandbox is gone" (they then ask `/health`, which answers 502).
+A stream whose sandbox vanished (killed, expired, paused) ends with `unavailable` and a message that says so; E2B's
+SDKs then ask `/health`, which answers 502, and tell their caller the sandbox is gone.
 """
 
 from __future__ import annotations
@@ -202,10 +202,11 @@ async def _stream(produce: Producer, keepalive: Mapping[str, Any] | None,
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-    if error is not None and _sandbox_gone(error):
-        raise ConnectionAbortedError("the sandbox went away during the stream") from error
     if error is None:
         yield envelope({}, end=True)
         return
     code, message = connect_code(error)
+    if _sandbox_gone(error):
+        code, message = "unavailable", ("the connection to the sandbox ended before the stream completed: the sandbox "
+                                        f"was killed or reached its end of life ({message})")
     yield envelope({"error": {"code": code, "message": message}}, end=True)

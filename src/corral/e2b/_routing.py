@@ -22,9 +22,12 @@ from ._envd import ENVD_PORT, envd_app
 from ._files import SANDBOX_SCOPE_KEY
 from ._front import Front
 from ._interpreter import INTERPRETER_PORT, interpreter_app
+from ._process import PROCESS_RPCS
 from ._rpc import Rpc
 
-__all__ = ["E2BMiddleware"]
+__all__ = ["ENVD_RPCS", "E2BMiddleware"]
+
+ENVD_RPCS: Mapping[str, Rpc] = {**PROCESS_RPCS}
 
 _LABEL = re.compile(r"([1-9][0-9]{0,4})-(sb-[a-z0-9][a-z0-9-]*)")
 
@@ -37,7 +40,7 @@ class E2BMiddleware:
         front = Front(service, config or E2BConfig())
         self.control = Starlette(routes=_control.routes())
         self.control.state.front = front
-        self.envd = envd_app(front, rpcs or {})
+        self.envd = envd_app(front, rpcs if rpcs is not None else ENVD_RPCS)
         self.interpreter = interpreter_app(front)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

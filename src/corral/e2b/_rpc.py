@@ -18,7 +18,18 @@ from starlette.responses import Response
 from ..control import Principal
 from ..service import Service
 from ._auth import sandbox_caller
-from ._connect import RpcError, read_request, rpc_deadline, stream_response, unary_error, unary_response
+from ._connect import (
+    STREAM_TYPE,
+    RpcError,
+    connect_code,
+    envelope,
+    read_request,
+    read_stream,
+    rpc_deadline,
+    stream_response,
+    unary_error,
+    unary_response,
+)
 from ._front import front_of
 from ._user import request_user
 
@@ -41,7 +52,7 @@ class Call:
 
 @dataclass(frozen=True)
 class Rpc:
-    kind: Literal["unary", "stream"]
+    kind: Literal["unary", "stream", "client"]  # a client stream's handler also gets its messages
     handler: Callable[..., Awaitable[Any]]
     keepalive: Mapping[str, Any] | None = None  # the stream's keep-alive message
 
@@ -54,7 +65,7 @@ def rpc_endpoint(table: Mapping[str, Rpc], sandbox_of: Callable[[Request], str |
         if rpc is None:
             return unary_error(RpcError("unimplemented", f"{name} is not implemented by Corral's envd"))
         try:
-            call = await _begin(request, sandbox_of)
+            call = await _begin(request, sandbox_of, read=rpc.kind != "client")
         except Exception as exc:
             return _refused(rpc, exc)
         if rpc.kind == "unary":
@@ -62,6 +73,8 @@ def rpc_endpoint(table: Mapping[str, Rpc], sandbox_of: Callable[[Request], str |
                 return unary_response(await rpc.handler(call))
             except Exception as exc:
                 return unary_error(exc)
+        if rpc.kind == "client":
+            return await _client_stream(rpc, call)
 
         async def produce(send: Send) -> None:
             await rpc.handler(call, send)
@@ -71,15 +84,27 @@ def rpc_endpoint(table: Mapping[str, Rpc], sandbox_of: Callable[[Request], str |
     return endpoint
 
 
-async def _begin(request: Request, sandbox_of: Callable[[Request], str | None]) -> Call:
+async def _begin(request: Request, sandbox_of: Callable[[Request], str | None], *, read: bool = True) -> Call:
     sandbox_id = sandbox_of(request)
     if sandbox_id is None:
         raise RpcError("invalid_argument", "no sandbox: send the E2b-Sandbox-Id header")
     service = front_of(request).service
     principal = await sandbox_caller(service, request, sandbox_id)
     user = request_user(request)
-    message = await read_request(request)
+    message = await read_request(request) if read else {}
     return Call(request, service, sandbox_id, principal, user, message, rpc_deadline(request))
+
+
+async def _client_stream(rpc: Rpc, call: Call) -> Response:
+    """A client stream's answer: its one message, then the end of the stream (or the error), enveloped."""
+    try:
+        reply = await rpc.handler(call, read_stream(call.request))
+    except Exception as exc:
+        code, message = connect_code(exc)
+        body = envelope({"error": {"code": code, "message": message}}, end=True)
+    else:
+        body = envelope(reply) + envelope({}, end=True)
+    return Response(body, media_type=STREAM_TYPE)
 
 
 def _refused(rpc: Rpc, exc: Exception) -> Response:
