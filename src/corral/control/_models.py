@@ -271,7 +271,7 @@ class SandboxQuery:
     metadata: Mapping[str, str] = field(default_factory=dict)
     states: frozenset[SandboxState] | None = None  # None: every live state
     template: str | None = None
-    created_after: datetime | None = None
+    created_after: datetime | None = None  # inclusive: a sandbox created at that instant is listed
     newest_first: bool = False
     limit: int | None = None
     after: tuple[datetime, str] | None = None

@@ -828,7 +828,7 @@ def _query_conditions(query: SandboxQuery) -> list[ColumnElement[bool]]:
     if query.template is not None:
         conditions.append(SandboxRow.template == query.template)
     if query.created_after is not None:
-        conditions.append(SandboxRow.created_at > query.created_after)
+        conditions.append(SandboxRow.created_at >= query.created_after)
     if query.after is not None:
         at, last_id = query.after
         same_time = SandboxRow.created_at == at
