@@ -28,6 +28,7 @@ class FakeAgent:
 
     files: dict[str, bytes] = field(default_factory=dict)
     calls: list[tuple[str, str, list[str] | None]] = field(default_factory=list)
+    writes: list[dict[str, Any]] = field(default_factory=list)
     fail_after_first_chunk: bool = False
 
     def _call(self, op: str, path: str, roots: list[str] | None) -> None:
@@ -51,8 +52,10 @@ class FakeAgent:
         yield b"TAR:" + path.encode()
 
     async def write_file(self, path: str, data: AsyncIterable[bytes], *, mode: int = 0o644,
-                         roots: list[str] | None = None) -> int:
+                         roots: list[str] | None = None, in_place: bool = False,
+                         metadata: dict[str, str] | None = None) -> int:
         self._call("write", path, roots)
+        self.writes.append({"in_place": in_place, "metadata": metadata})
         body = b""
         async for chunk in data:
             body += chunk
@@ -65,7 +68,7 @@ class FakeAgent:
         self._call("tar_put", path, roots)
         return len([chunk async for chunk in data])
 
-    async def list(self, path: str, *, roots: list[str] | None = None) -> builtins.list[Entry]:
+    async def list(self, path: str, *, roots: list[str] | None = None, depth: int = 1) -> builtins.list[Entry]:
         self._call("list", path, roots)
         return [_entry(p) for p in sorted(self.files) if p.startswith(path.rstrip("/") + "/")]
 
@@ -88,9 +91,10 @@ class FakeAgent:
         del self.files[path]
 
     async def rename(self, src: str, dst: str, *, overwrite: bool = False,
-                     roots: builtins.list[str] | None = None) -> None:
+                     roots: builtins.list[str] | None = None, parents: bool = False) -> Entry:
         self._call("rename", f"{src} -> {dst}", roots)
         self.files[dst] = self.files.pop(src)
+        return _entry(dst, len(self.files[dst]))
 
 
 def _entry(path: str, size: int = 0) -> Entry:

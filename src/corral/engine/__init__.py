@@ -1,6 +1,6 @@
 """The sandbox engine: an async Python API over isolated sandboxes (what the control plane serves)."""
 
-from ._agent_client import AgentClient, PtySession
+from ._agent_client import AgentClient, PtySession, WatchStream
 from ._capacity import Capacity, MachineUsage
 from ._code import CodeError, CodeResult, CodeSession, RichResult
 from ._engine import Engine, Files, Processes, SandboxHandle, read_agent_address
@@ -14,6 +14,8 @@ from ._models import (
     SandboxInfo,
     SandboxSpec,
     SandboxState,
+    WatchEvent,
+    WatchEventType,
     parse_size,
 )
 
@@ -39,6 +41,9 @@ __all__ = [
     "SandboxInfo",
     "SandboxSpec",
     "SandboxState",
+    "WatchEvent",
+    "WatchEventType",
+    "WatchStream",
     "parse_size",
     "read_agent_address",
 ]
