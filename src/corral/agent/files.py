@@ -58,8 +58,14 @@ class FileError(Exception):
         return cls(code, f"{path}: {reason}")
 
 
-def check_path(value: Any, roots: Any = None) -> str:
-    """Validate a request path: absolute, valid UTF-8, no NUL; inside `roots` when given."""
+# Never changed through the file API, whatever its roots (a sandbox given "/" may read them): the kernel's
+# interfaces (the agent's own /proc/1/mem among them) and Corral's directory.
+NEVER_WRITTEN = ("/proc", "/sys", "/.corral")
+
+
+def check_path(value: Any, roots: Any = None, *, write: bool = False) -> str:
+    """Validate a request path: absolute, valid UTF-8, no NUL; inside `roots` when given; for an operation that
+    changes it (`write`), not in `NEVER_WRITTEN`."""
     if not isinstance(value, str) or not value:
         raise FileError("invalid_request", "path must be a non-empty string")
     if "\x00" in value:
@@ -75,7 +81,16 @@ def check_path(value: Any, roots: Any = None) -> str:
         path = "/" + path.lstrip("/")
     if roots:
         _check_roots(path, roots)
+    if write:
+        _check_writable(path)
     return path
+
+
+def _check_writable(path: str) -> None:
+    real = os.path.realpath(path)
+    for kept in NEVER_WRITTEN:
+        if real == kept or real.startswith(kept + "/"):
+            raise FileError("permission_denied", f"{path} is in {kept}, which the file API never changes")
 
 
 def _check_roots(path: str, roots: list[str]) -> None:
@@ -93,18 +108,19 @@ class Names:
     """uid -> user name and gid -> group name, from the sandbox's /etc/passwd and /etc/group, each read at most
     once: one `Names` per request keeps a listing of a big directory at one read of each file."""
 
-    def __init__(self) -> None:
+    def __init__(self, passwd: str = "/etc/passwd", group: str = "/etc/group") -> None:
+        self._files = (passwd, group)
         self._users: dict[int, str] | None = None
         self._groups: dict[int, str] | None = None
 
     def user(self, uid: int) -> str:
         if self._users is None:
-            self._users = _read_ids("/etc/passwd")
+            self._users = _read_ids(self._files[0])
         return self._users.get(uid, str(uid))
 
     def group(self, gid: int) -> str:
         if self._groups is None:
-            self._groups = _read_ids("/etc/group")
+            self._groups = _read_ids(self._files[1])
         return self._groups.get(gid, str(gid))
 
 
@@ -236,7 +252,19 @@ def replace_metadata(fd: int, metadata: dict[str, str], path: str) -> None:
             raise FileError("invalid_request",
                             f"{path}: this file system does not keep file metadata (extended attributes "
                             "user.*); write the file elsewhere or without metadata") from exc
+        if exc.errno in (errno.ENOSPC, errno.E2BIG) and not _disk_full(fd):
+            # ext4 keeps a file's attributes in one block: about 4 KB, a little less than the rule allows.
+            raise FileError("invalid_request", f"{path}: the metadata does not fit in the space this file system "
+                            "keeps for one file's attributes; use fewer or shorter values") from exc
         raise FileError.from_os(exc, path) from exc
+
+
+def _disk_full(fd: int) -> bool:
+    try:
+        st = os.fstatvfs(fd)
+    except OSError:
+        return True
+    return st.f_bavail * st.f_frsize < 64 * 1024
 
 
 # -- operations ------------------------------------------------------------------------------------
@@ -270,7 +298,7 @@ def op_read(ch: Channel, req: dict[str, Any]) -> None:
 
 
 def op_write(ch: Channel, req: dict[str, Any]) -> None:
-    path = check_path(req.get("path"), req.get("roots"))
+    path = check_path(req.get("path"), req.get("roots"), write=True)
     mode = int(req.get("mode", 0o644)) & 0o7777
     metadata = check_metadata(req.get("metadata"))
     if os.path.isdir(path):
@@ -348,6 +376,8 @@ def _open_target(path: str, mode: int) -> tuple[int, bool]:
         except FileExistsError:
             fd = os.open(path, flags | os.O_NONBLOCK)
     except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a FIFO nobody reads, a socket
+            raise FileError("invalid_request", f"{path} is not a regular file") from exc
         raise FileError.from_os(exc, path) from exc
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
@@ -484,7 +514,7 @@ def op_exists(ch: Channel, req: dict[str, Any]) -> None:
 
 
 def op_mkdir(ch: Channel, req: dict[str, Any]) -> None:
-    path = check_path(req.get("path"), req.get("roots"))
+    path = check_path(req.get("path"), req.get("roots"), write=True)
     created = not os.path.isdir(path)
     try:
         if req.get("parents", True):
@@ -497,7 +527,7 @@ def op_mkdir(ch: Channel, req: dict[str, Any]) -> None:
 
 
 def op_remove(ch: Channel, req: dict[str, Any]) -> None:
-    path = check_path(req.get("path"), req.get("roots"))
+    path = check_path(req.get("path"), req.get("roots"), write=True)
     if path == "/":
         raise FileError("invalid_request", "refusing to remove /")
     try:
@@ -520,8 +550,8 @@ def op_rename(ch: Channel, req: dict[str, Any]) -> None:
     """Move `src` to `dst`; with `parents`, dst's missing parent directories are made first (envd's Move). A
     missing source is refused before anything is made. Answers with the entry at `dst`."""
     roots = req.get("roots")
-    src = check_path(req.get("src"), roots)
-    dst = check_path(req.get("dst"), roots)
+    src = check_path(req.get("src"), roots, write=True)
+    dst = check_path(req.get("dst"), roots, write=True)
     try:
         os.lstat(src)
         if not req.get("overwrite", False) and os.path.lexists(dst):
