@@ -50,7 +50,7 @@ async def test_a_symlink_entry_names_its_text_where_it_leads_and_what_is_there(s
     assert (dangling.target, dangling.resolved, dangling.target_type) == ("nowhere", "/workspace/l/nowhere", None)
 
 
-def test_names_come_from_passwd_and_group_and_unknown_ids_are_numbers(tmp_path: Path):
+def test_names_come_from_passwd_and_group_and_unknown_ids_are_numbers(tmp_path: Path) -> None:
     passwd, group = tmp_path / "passwd", tmp_path / "group"
     passwd.write_text("root:x:0:0::/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/bash\nalias:x:1000:1:::\n")
     group.write_text("root:x:0:\nusers:x:1000:\nbroken line\n")
@@ -204,7 +204,7 @@ async def test_metadata_at_its_limits(sandbox):
     assert (await sandbox.files.stat("/workspace/b")).metadata == almost
 
 
-def test_metadata_on_a_file_system_without_user_attributes_is_a_clear_refusal():
+def test_metadata_on_a_file_system_without_user_attributes_is_a_clear_refusal() -> None:
     # procfs keeps no user.* attributes (tmpfs before Linux 6.6 neither): called in this process, on a file of it.
     fd = os.open("/proc/self/comm", os.O_RDONLY)
     try:

@@ -10,7 +10,7 @@ import pytest
 
 from corral import AgentError, InvalidRequestError, NotFoundError, PermissionDeniedError, QuotaExceededError
 from corral.agent.watch import MAX_QUEUED, MAX_WATCHES
-from corral.engine import Files, WatchEvent, WatchStream
+from corral.engine import Files, SandboxHandle, WatchEvent, WatchStream
 
 pytestmark = [pytest.mark.anyio, pytest.mark.runc]
 
@@ -22,7 +22,7 @@ def pairs(events: list[WatchEvent]) -> list[tuple[str, str]]:
 
 
 @pytest.fixture
-async def files(sandbox) -> AsyncIterator[Files]:
+async def files(sandbox: SandboxHandle) -> AsyncIterator[Files]:
     await sandbox.files.make_dir(W)
     yield sandbox.files
 

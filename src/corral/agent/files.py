@@ -108,8 +108,8 @@ class Names:
     """uid -> user name and gid -> group name, from the sandbox's /etc/passwd and /etc/group, each read at most
     once: one `Names` per request keeps a listing of a big directory at one read of each file."""
 
-    def __init__(self, passwd: str = "/etc/passwd", group: str = "/etc/group") -> None:
-        self._files = (passwd, group)
+    def __init__(self, users: str = "/etc/passwd", groups: str = "/etc/group") -> None:
+        self._files = (users, groups)
         self._users: dict[int, str] | None = None
         self._groups: dict[int, str] | None = None
 
