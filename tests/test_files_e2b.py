@@ -251,6 +251,8 @@ async def test_with_root_slash_system_files_and_proc_can_be_read_stated_and_list
     assert b"user:x:1000:1000" in await files.read("/etc/passwd")
     assert "passwd" in [e.name for e in await files.list("/etc")]
     assert "1" in [e.name for e in await files.list("/proc")]
+    top = {e.name: e.path for e in await files.list("/")}
+    assert top["etc"] == "/etc" and top["home"] == "/home"
     shown = (await sandbox.exec(["stat", "-c", "%U %G %A", "/etc/passwd"])).stdout.split()
     passwd = await files.stat("/etc/passwd")
     assert [passwd.owner, passwd.group, passwd.permissions] == shown

@@ -181,7 +181,7 @@ def _link(path: str) -> dict[str, Any]:
 
 METADATA_PREFIX = "user.e2b."
 _MAX_XATTR_NAME = 255  # the kernel's limit on a whole attribute name, prefix included
-_MAX_METADATA = 4096  # names (with prefix) plus values: what fits the xattr space of one ext4 inode block
+_MAX_METADATA = 4096  # names (with prefix) plus values, envd's rule (ext4 keeps a little less: replace_metadata)
 _UNSUPPORTED = (errno.ENOTSUP, errno.EOPNOTSUPP)
 
 
@@ -445,14 +445,14 @@ def op_list(ch: Channel, req: dict[str, Any]) -> None:
         raise FileError.from_os(exc, path) from exc
     batch = _Batch(ch)
     names = Names()
-    stack = [(path, iter(top), 1)]
+    stack = [(path.rstrip("/") + "/", iter(top), 1)]  # each directory as the prefix of its entries' paths
     while stack:
-        directory, children, level = stack[-1]
+        prefix, children, level = stack[-1]
         child = next(children, None)
         if child is None:
             stack.pop()
             continue
-        full = posixpath.join(directory, child.name)
+        full = prefix + child.name
         try:
             st = child.stat(follow_symlinks=False)
         except OSError:
@@ -463,7 +463,7 @@ def op_list(ch: Channel, req: dict[str, Any]) -> None:
         batch.add(entry(full, st, child.name, names))
         if level < depth and stat.S_ISDIR(st.st_mode):
             try:
-                stack.append((full, iter(_sorted_dir(full)), level + 1))
+                stack.append((full + "/", iter(_sorted_dir(full)), level + 1))
             except OSError:
                 pass
     batch.flush()

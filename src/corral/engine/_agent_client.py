@@ -653,10 +653,12 @@ async def _sock_read_exactly(sock: socket.socket, n: int) -> bytes:
 
 
 def _entry(e: dict[str, Any]) -> Entry:
+    # Called once per entry of a listing (tens of thousands): no more work than the fields need.
+    metadata = e.get("metadata")
     return Entry(name=e["name"], path=e["path"], type=e["type"], size=int(e["size"]), mode=int(e["mode"]),
-                 mtime=float(e["mtime"]), target=e.get("target"), owner=str(e.get("owner", "")),
-                 group=str(e.get("group", "")), permissions=str(e.get("permissions", "")),
-                 metadata={str(k): str(v) for k, v in (e.get("metadata") or {}).items()},
+                 mtime=float(e["mtime"]), target=e.get("target"), owner=e.get("owner", ""),
+                 group=e.get("group", ""), permissions=e.get("permissions", ""),
+                 metadata={str(k): str(v) for k, v in metadata.items()} if metadata else {},
                  resolved=e.get("resolved"), target_type=e.get("target_type"))
 
 
