@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
 from corral import AgentError, InvalidRequestError, NotFoundError, PermissionDeniedError, QuotaExceededError
-from corral.agent.watch import MAX_QUEUED, MAX_WATCHES
+from corral.agent import watch as agent_watch
+from corral.agent.files import FileError
+from corral.agent.watch import MAX_QUEUED, MAX_WATCHES, Watch, Watches
 from corral.engine import Files, SandboxHandle, WatchEvent, WatchStream
 
 pytestmark = [pytest.mark.anyio, pytest.mark.runc]
@@ -195,3 +198,26 @@ async def test_a_stream_of_a_sandbox_that_goes_away_ends_with_an_error_not_a_han
     await sandbox.destroy()
     with pytest.raises(AgentError):
         await waiting
+
+
+# -- the agent's bounds, in this process (inotify works here too) ---------------------------------------------------
+
+
+def test_a_recursive_watch_of_too_many_directories_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(agent_watch, "MAX_DIRS", 4)
+    for name in ("a/b", "c", "d"):
+        (tmp_path / name).mkdir(parents=True)
+    with pytest.raises(FileError) as refused:
+        Watch(str(tmp_path), recursive=True)
+    assert refused.value.code == "quota_exceeded"
+    Watch(str(tmp_path / "a"), recursive=True).close()  # a smaller tree is fine
+
+
+def test_a_watcher_nobody_polls_expires(tmp_path: Path) -> None:
+    registry = Watches()
+    idle, fresh = Watch(str(tmp_path)), Watch(str(tmp_path))
+    registry._watchers.update({"w-idle": (idle, "o"), "w-fresh": (fresh, "o")})
+    idle.last_used -= agent_watch.IDLE_SECONDS + 1
+    registry._expire()
+    assert list(registry._watchers) == ["w-fresh"] and idle.closed and not fresh.closed
+    fresh.close()
