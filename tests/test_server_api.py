@@ -489,7 +489,9 @@ async def test_file_operations(api: Api) -> None:
         entries = (await c.get(f"{base}/list", params={"path": "d/e"})).json()["entries"]
         assert [(e["name"], e["path"], e["type"], e["size"], e["mode"] & 0o777) for e in entries] == \
             [("f.txt", "/workspace/d/e/f.txt", "file", 5, 0o600)]
-        assert set(entries[0]) == {"name", "path", "type", "size", "mode", "mtime"}
+        assert set(entries[0]) == {"name", "path", "type", "size", "mode", "mtime", "owner", "group", "permissions",
+                                   "target", "metadata"}
+        assert (entries[0]["owner"], entries[0]["permissions"], entries[0]["metadata"]) == ("user", "-rw-------", {})
         r = await c.post(f"{base}/rename", json={"src": "d/e/f.txt", "dst": "d/g.txt"})
         assert r.status_code == 204
         assert (await c.get(f"{base}/exists", params={"path": "d/e/f.txt"})).json() == {"exists": False}

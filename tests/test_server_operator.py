@@ -147,16 +147,20 @@ async def test_custom_file_roots_confine_the_file_api(api: Api) -> None:
 
 
 async def test_root_as_file_root_still_refuses_kernel_and_corral_paths(api: Api) -> None:
-    """`["/"]` opens every path the sandbox user reaches (E2B's envd does), never /proc, /sys, /dev or /.corral:
-    /proc/self through the agent would be the agent itself."""
+    """`["/"]` opens every path the sandbox user reaches (E2B's envd does), but never /proc (bar its read-only
+    /proc/sys) or /.corral: /proc/self through the agent would be the agent itself. /sys and /dev are never changed
+    (and only regular files are ever read)."""
     async with api.client("a_dev") as dev:
         sid = (await create(dev, file_roots=["/"]))["id"]
         url = f"/v1/sandboxes/{sid}/files"
         assert (await dev.get(url, params={"path": "/etc/hostname"})).status_code == 200
-        for path in ("/proc/self/environ", "/proc/1/status", "/sys/kernel/uevent_seqnum", "/dev/null",
-                     "/.corral/agent/agent/server.py"):
+        assert (await dev.get(url, params={"path": "/proc/sys/kernel/hostname"})).status_code == 200
+        for path in ("/proc/self/environ", "/proc/1/status", "/.corral/agent/agent/server.py"):
             r = await dev.get(url, params={"path": path})
             assert r.status_code == 403 and "never touches" in r.json()["error"]["message"], (path, r.text)
+        assert (await dev.get(url, params={"path": "/dev/null"})).status_code == 400  # not a regular file
+        r = await dev.put(url, params={"path": "/sys/kernel/uevent_helper"}, content=b"/tmp/x")
+        assert r.status_code == 403 and "never changes" in r.json()["error"]["message"], r.text
         await run(dev, sid, "ln -s /proc/self/environ /home/user/env")
         r = await dev.get(url, params={"path": "/home/user/env"})
         assert r.status_code == 403, r.text

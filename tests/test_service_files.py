@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import hashlib
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
@@ -14,12 +15,38 @@ import pytest
 from corral import AgentError, NotFoundError, PermissionDeniedError
 from corral.backends import DEFAULT_FILE_ROOTS
 from corral.control import ControlStore, Principal, Role
-from corral.engine import Engine, Entry, SandboxSpec
+from corral.engine import Engine, Entry, SandboxSpec, WatchEvent
 from corral.service import Service
 
 pytestmark = pytest.mark.anyio
 
 ROOTS = ["/workspace/out", "/tmp"]
+
+
+class FakeWatch:
+    """What the agent client's `watch` returns: its events, then (`fail`) the sandbox going away, else a wait
+    like a live watch's."""
+
+    def __init__(self, events: list[WatchEvent], fail: bool) -> None:
+        self.events = list(events)
+        self.fail = fail
+        self.closed = False
+
+    def __aiter__(self) -> FakeWatch:
+        return self
+
+    async def __anext__(self) -> WatchEvent:
+        if self.closed:
+            raise StopAsyncIteration
+        if self.events:
+            return self.events.pop(0)
+        if self.fail:
+            raise AgentError("the agent went away")
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    async def aclose(self) -> None:
+        self.closed = True
 
 
 @dataclass
@@ -28,6 +55,12 @@ class FakeAgent:
 
     files: dict[str, bytes] = field(default_factory=dict)
     calls: list[tuple[str, str, list[str] | None]] = field(default_factory=list)
+    writes: list[dict[str, Any]] = field(default_factory=list)
+    watch_events: list[WatchEvent] = field(default_factory=lambda: [WatchEvent("create", "a"),
+                                                                     WatchEvent("write", "a")])
+    fail_watch: bool = False
+    watches: list[FakeWatch] = field(default_factory=list)
+    watchers: dict[str, str] = field(default_factory=dict)  # id -> owner
     fail_after_first_chunk: bool = False
 
     def _call(self, op: str, path: str, roots: list[str] | None) -> None:
@@ -51,8 +84,10 @@ class FakeAgent:
         yield b"TAR:" + path.encode()
 
     async def write_file(self, path: str, data: AsyncIterable[bytes], *, mode: int = 0o644,
-                         roots: list[str] | None = None) -> int:
+                         roots: list[str] | None = None, in_place: bool = False,
+                         metadata: dict[str, str] | None = None) -> int:
         self._call("write", path, roots)
+        self.writes.append({"in_place": in_place, "metadata": metadata})
         body = b""
         async for chunk in data:
             body += chunk
@@ -65,7 +100,7 @@ class FakeAgent:
         self._call("tar_put", path, roots)
         return len([chunk async for chunk in data])
 
-    async def list(self, path: str, *, roots: list[str] | None = None) -> builtins.list[Entry]:
+    async def list(self, path: str, *, roots: list[str] | None = None, depth: int = 1) -> builtins.list[Entry]:
         self._call("list", path, roots)
         return [_entry(p) for p in sorted(self.files) if p.startswith(path.rstrip("/") + "/")]
 
@@ -88,9 +123,40 @@ class FakeAgent:
         del self.files[path]
 
     async def rename(self, src: str, dst: str, *, overwrite: bool = False,
-                     roots: builtins.list[str] | None = None) -> None:
+                     roots: builtins.list[str] | None = None, parents: bool = False) -> Entry:
         self._call("rename", f"{src} -> {dst}", roots)
         self.files[dst] = self.files.pop(src)
+        return _entry(dst, len(self.files[dst]))
+
+
+    async def watch(self, path: str, *, recursive: bool = False, include_entry: bool = False,
+                    roots: builtins.list[str] | None = None) -> FakeWatch:
+        self._call("watch", path, roots)
+        if path.endswith("/missing"):
+            raise NotFoundError(f"{path}: No such file or directory")
+        self.watches.append(FakeWatch(self.watch_events, self.fail_watch))
+        return self.watches[-1]
+
+    async def create_watcher(self, path: str, *, recursive: bool = False, include_entry: bool = False,
+                             owner: str = "", roots: builtins.list[str] | None = None) -> str:
+        self._call("watcher_create", path, roots)
+        watcher_id = f"w-{len(self.watchers)}"
+        self.watchers[watcher_id] = owner
+        return watcher_id
+
+    def _watcher(self, watcher_id: str, owner: str) -> None:
+        if self.watchers.get(watcher_id) != owner:
+            raise NotFoundError(f"no watcher {watcher_id!r}")
+
+    async def watcher_events(self, watcher_id: str, *, owner: str = "") -> builtins.list[WatchEvent]:
+        self._call("watcher_events", watcher_id, None)
+        self._watcher(watcher_id, owner)
+        return list(self.watch_events)
+
+    async def remove_watcher(self, watcher_id: str, *, owner: str = "") -> None:
+        self._call("watcher_remove", watcher_id, None)
+        self._watcher(watcher_id, owner)
+        del self.watchers[watcher_id]
 
 
 def _entry(path: str, size: int = 0) -> Entry:
@@ -287,6 +353,10 @@ async def _every_operation(world: World, who: str, sid: str) -> dict[str, BaseEx
         "make_dir": lambda: files.make_dir(principal, sid, "/workspace/out/d"),
         "remove": lambda: files.remove(principal, sid, "/workspace/out/a"),
         "rename": lambda: files.rename(principal, sid, "/workspace/out/a", "/workspace/out/b"),
+        "watch": lambda: files.watch(principal, sid, "/workspace/out"),
+        "create_watcher": lambda: files.create_watcher(principal, sid, "/workspace/out"),
+        "watcher_events": lambda: files.watcher_events(principal, sid, "w-0"),
+        "remove_watcher": lambda: files.remove_watcher(principal, sid, "w-0"),
     }
     raised: dict[str, BaseException | None] = {}
     for name, call in calls.items():
@@ -321,6 +391,111 @@ async def test_an_auditor_can_neither_read_nor_write(world: World) -> None:
     records = await world.records(sid)
     assert {r["action"] for r in records} == {"files.read", "archive.read", "files.write", "archive.write",
                                               "files.list", "files.stat", "files.exists", "files.mkdir",
-                                              "files.remove", "files.rename"}
+                                              "files.remove", "files.rename", "files.watch",
+                                              "files.watcher_create", "files.watcher_events",
+                                              "files.watcher_remove"}
     assert all(r["outcome"] == {"status": 403, "error": "permission_denied"} for r in records)
     assert all(r["role"] == "auditor" for r in records)
+
+
+# -- E2B's semantics: writes in place with metadata, listings with depth, moves with parents --------------------------
+
+
+async def test_write_in_place_with_metadata_records_the_keys_not_the_values(world: World) -> None:
+    sid, agent = await world.sandbox()
+    await world.service.files.write(world.principals["dev"], sid, "/workspace/out/a", chunks([b"ab"]),
+                                    in_place=True, metadata={"secret": "value", "author": "me"})
+    assert agent.writes == [{"in_place": True, "metadata": {"secret": "value", "author": "me"}}]
+    record = await world.last(sid)
+    assert record["params"] == {"mode": 0o644, "path": "/workspace/out/a", "in_place": True,
+                                "metadata_keys": ["author", "secret"], "size": 2,
+                                "sha256": hashlib.sha256(b"ab").hexdigest()}
+    assert "value" not in str(record)
+
+
+async def test_list_with_depth_and_move_with_parents(world: World) -> None:
+    sid, agent = await world.sandbox()
+    files, dev = world.service.files, world.principals["dev"]
+    agent.files["/workspace/out/a"] = b"xyz"
+    assert [e.path for e in await files.list(dev, sid, "/workspace/out", depth=3)] == ["/workspace/out/a"]
+    moved = await files.rename(dev, sid, "/workspace/out/a", "/workspace/out/new/b", parents=True)
+    assert (moved.path, moved.size) == ("/workspace/out/new/b", 3)
+    got = [(r["action"], r["params"], r["outcome"]) for r in await world.records(sid)]
+    assert got == [
+        ("files.list", {"path": "/workspace/out", "depth": 3}, {"status": 200, "entries": 1}),
+        ("files.rename", {"src": "/workspace/out/a", "dst": "/workspace/out/new/b", "overwrite": False,
+                          "parents": True}, {"status": 204}),
+    ]
+
+
+# -- watches ---------------------------------------------------------------------------------------------------------
+
+
+async def test_a_watch_streams_its_events_and_is_recorded_once_when_closed(world: World) -> None:
+    sid, agent = await world.sandbox()
+    stream = await world.service.files.watch(world.principals["dev"], sid, "/workspace/out", recursive=True)
+    assert agent.calls == [("watch", "/workspace/out", ROOTS)]  # begun before it returned
+    assert [(await anext(stream)).type, (await anext(stream)).type] == ["create", "write"]
+    assert await world.records(sid) == []  # recorded when it ends
+    await stream.aclose()
+    assert agent.watches[0].closed
+    [record] = await world.records(sid)
+    assert record["action"] == "files.watch"
+    assert record["params"] == {"path": "/workspace/out", "recursive": True, "include_entry": False}
+    assert record["outcome"] == {"status": 200, "events": 2}
+
+
+async def test_a_refused_watch_raises_before_any_event(world: World) -> None:
+    sid, _ = await world.sandbox()
+    with pytest.raises(NotFoundError):
+        await world.service.files.watch(world.principals["dev"], sid, "/workspace/out/missing")
+    assert (await world.last(sid))["outcome"] == {"status": 404, "error": "not_found"}
+
+
+async def test_a_watch_the_sandbox_ends_is_recorded_with_its_error(world: World) -> None:
+    sid, agent = await world.sandbox()
+    agent.fail_watch = True
+    stream = await world.service.files.watch(world.principals["dev"], sid, "/workspace/out")
+    with pytest.raises(AgentError):
+        async for _ in stream:
+            pass
+    assert (await world.last(sid))["outcome"] == {"status": 502, "error": "agent_error", "events": 2}
+
+
+async def test_a_watch_whose_consumer_is_cancelled_is_closed_and_recorded(world: World) -> None:
+    sid, agent = await world.sandbox()
+    stream = await world.service.files.watch(world.principals["dev"], sid, "/workspace/out")
+    received: list[WatchEvent] = []
+
+    async def consume() -> None:
+        async for event in stream:
+            received.append(event)
+
+    task = asyncio.ensure_future(consume())
+    while len(received) < 2:  # then it waits for a third, like a client that left would
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert agent.watches[0].closed
+    assert (await world.last(sid))["outcome"] == {"status": 200, "events": 2}
+
+
+async def test_watchers_are_kept_for_the_key_that_made_them_and_each_call_is_recorded(world: World) -> None:
+    sid, agent = await world.sandbox()
+    files, dev = world.service.files, world.principals["dev"]
+    watcher = await files.create_watcher(dev, sid, "/workspace/out", include_entry=True)
+    assert agent.watchers == {watcher: dev.key_id}
+    assert [e.name for e in await files.watcher_events(dev, sid, watcher)] == ["a", "a"]
+    await files.remove_watcher(dev, sid, watcher)
+    with pytest.raises(NotFoundError):
+        await files.watcher_events(dev, sid, watcher)
+    got = [(r["action"], r["params"], r["outcome"]) for r in await world.records(sid)]
+    assert got == [
+        ("files.watcher_create", {"path": "/workspace/out", "recursive": False, "include_entry": True},
+         {"status": 200, "watcher_id": watcher}),
+        ("files.watcher_events", {"watcher_id": watcher}, {"status": 200, "events": 2}),
+        ("files.watcher_remove", {"watcher_id": watcher}, {"status": 204}),
+        ("files.watcher_events", {"watcher_id": watcher}, {"status": 404, "error": "not_found"}),
+    ]
+    assert agent.calls[0] == ("watcher_create", "/workspace/out", ROOTS)

@@ -37,6 +37,10 @@ def _opt_int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
+def _opt_str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
 @dataclass(frozen=True)
 class EgressDenial:
     """A connection or DNS lookup the sandbox's network policy refused (docs/egress.md)."""
@@ -136,11 +140,17 @@ class Entry:
     type: str = "file"
     mode: int | None = None
     mtime: float | None = None
+    owner: str | None = None  # user and group names inside the sandbox (None from servers before they were sent)
+    group: str | None = None
+    permissions: str | None = None  # as `ls -l` shows them, e.g. "-rw-r--r--"
+    target: str | None = None  # a symlink's text
+    metadata: dict[str, str] | None = field(default=None, hash=False)  # its user.e2b.* xattrs, prefix stripped
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> Entry:
         kind = str(data.get("type") or "file")
         path = str(data["path"])
+        metadata = data.get("metadata")
         return cls(
             name=str(data.get("name") or path.rstrip("/").rsplit("/", 1)[-1]),
             path=path,
@@ -149,6 +159,11 @@ class Entry:
             type=kind,
             mode=_opt_int(data.get("mode")),
             mtime=None if data.get("mtime") is None else float(data["mtime"]),
+            owner=_opt_str(data.get("owner")),
+            group=_opt_str(data.get("group")),
+            permissions=_opt_str(data.get("permissions")),
+            target=_opt_str(data.get("target")),
+            metadata={str(k): str(v) for k, v in metadata.items()} if isinstance(metadata, dict) else None,
         )
 
 

@@ -63,7 +63,7 @@ def op_tar_get(ch: Channel, req: dict[str, Any]) -> None:
 
 def op_tar_put(ch: Channel, req: dict[str, Any]) -> None:
     roots = req.get("roots")
-    target = check_path(req.get("path"), roots)
+    target = check_path(req.get("path"), roots, write=True)
     real = os.path.realpath(target)  # the target's own links are followed once, here, and checked
     if roots:
         check_path(real, roots)

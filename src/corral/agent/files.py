@@ -2,12 +2,18 @@
 
 Paths are resolved here, in the sandbox's own mount namespace, so a symlink planted by sandbox code can only
 ever lead to another file of the same sandbox. Writes land in a temporary file beside the target and are
-renamed into place only when every byte has arrived: a failed upload changes nothing.
+renamed into place only when every byte has arrived: a failed upload changes nothing. A write `in_place` opens
+the target itself (O_CREAT, then truncated), as E2B's envd does: a directory watcher then sees the events of the
+file's own name, and a failed write leaves what it wrote in a file that existed before.
+
+Entries carry owner and group names (as the sandbox's /etc/passwd and /etc/group say), `ls -l` permissions and
+the file's metadata: its `user.e2b.*` extended attributes, prefix stripped (E2B's name for them).
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import posixpath
 import stat
@@ -52,8 +58,14 @@ class FileError(Exception):
         return cls(code, f"{path}: {reason}")
 
 
-def check_path(value: Any, roots: Any = None) -> str:
-    """Validate a request path: absolute, valid UTF-8, no NUL; inside `roots` when given."""
+# Never changed through the file API, whatever its roots (a sandbox given "/" may read them): the kernel's
+# interfaces (the agent's own /proc/1/mem among them) and Corral's directory.
+NEVER_WRITTEN = ("/proc", "/sys", "/.corral")
+
+
+def check_path(value: Any, roots: Any = None, *, write: bool = False) -> str:
+    """Validate a request path: absolute, valid UTF-8, no NUL; inside `roots` when given; for an operation that
+    changes it (`write`), not in `NEVER_WRITTEN`."""
     if not isinstance(value, str) or not value:
         raise FileError("invalid_request", "path must be a non-empty string")
     if "\x00" in value:
@@ -69,20 +81,34 @@ def check_path(value: Any, roots: Any = None) -> str:
         path = "/" + path.lstrip("/")
     if roots:
         _check_roots(path, roots)
+    if write:
+        _check_writable(path)
     return path
 
 
-# Never through the file API, whatever the roots (even "/"): kernel interfaces (/proc/self would be the agent's
-# own, whose environ held its token) and Corral's own directory.
-NEVER = ("/proc", "/sys", "/dev", "/.corral")
+# Never read through the file API either, whatever the roots: /proc but its read-only /proc/sys (/proc/self
+# there would be the agent itself, whose environ held its token and whose memory holds it), and Corral's directory.
+NEVER_READ = ("/proc", "/.corral")
+READABLE_IN_PROC = "/proc/sys/"
+
+
+def _check_writable(path: str) -> None:
+    real = os.path.realpath(path)
+    for kept in NEVER_WRITTEN:
+        if real == kept or real.startswith(kept + "/"):
+            raise FileError("permission_denied", f"{path} is in {kept}, which the file API never changes")
+
+
+def _check_readable(real: str, path: str) -> None:
+    for kept in NEVER_READ:
+        if (real == kept or real.startswith(kept + "/")) and not real.startswith(READABLE_IN_PROC):
+            raise FileError("permission_denied", f"{path} is in {kept}, which the file API never touches")
 
 
 def _check_roots(path: str, roots: list[str]) -> None:
     # Resolve symlinks of everything but a missing tail: a link that leads out of the roots is refused.
     real = os.path.realpath(path)
-    for never in NEVER:
-        if real == never or real.startswith(never + "/"):
-            raise FileError("permission_denied", f"{path} is in {never}, which the file API never touches")
+    _check_readable(real, path)
     for root in roots:
         real_root = os.path.realpath(root)
         if real == real_root or real.startswith(real_root.rstrip("/") + "/"):
@@ -91,9 +117,43 @@ def _check_roots(path: str, roots: list[str]) -> None:
                     f"{path} is outside the directories the file API may touch ({', '.join(roots)})")
 
 
-def entry(path: str, st: os.stat_result, name: str | None = None) -> dict[str, Any]:
-    kind = ("dir" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode)
-            else "symlink" if stat.S_ISLNK(st.st_mode) else "other")
+class Names:
+    """uid -> user name and gid -> group name, from the sandbox's /etc/passwd and /etc/group, each read at most
+    once: one `Names` per request keeps a listing of a big directory at one read of each file."""
+
+    def __init__(self, users: str = "/etc/passwd", groups: str = "/etc/group") -> None:
+        self._files = (users, groups)
+        self._users: dict[int, str] | None = None
+        self._groups: dict[int, str] | None = None
+
+    def user(self, uid: int) -> str:
+        if self._users is None:
+            self._users = _read_ids(self._files[0])
+        return self._users.get(uid, str(uid))
+
+    def group(self, gid: int) -> str:
+        if self._groups is None:
+            self._groups = _read_ids(self._files[1])
+        return self._groups.get(gid, str(gid))
+
+
+def _read_ids(path: str) -> dict[int, str]:
+    """name:x:id:... lines -> {id: name}; the first name of an id wins, as getpwuid's does."""
+    ids: dict[int, str] = {}
+    try:
+        with open(path, "rb") as f:
+            for line in f:
+                fields = line.split(b":", 3)
+                if len(fields) > 2 and fields[2].isdigit():
+                    ids.setdefault(int(fields[2]), fields[0].decode("utf-8", "replace"))
+    except OSError:
+        pass
+    return ids
+
+
+def entry(path: str, st: os.stat_result, name: str | None = None, names: Names | None = None) -> dict[str, Any]:
+    names = names or Names()
+    kind = _kind(st.st_mode)
     info: dict[str, Any] = {
         "name": name if name is not None else posixpath.basename(path) or "/",
         "path": path,
@@ -101,13 +161,123 @@ def entry(path: str, st: os.stat_result, name: str | None = None) -> dict[str, A
         "size": st.st_size,
         "mode": stat.S_IMODE(st.st_mode),
         "mtime": st.st_mtime,
+        "owner": names.user(st.st_uid),
+        "group": names.group(st.st_gid),
+        "permissions": stat.filemode(st.st_mode),
+        "metadata": read_metadata(path) if kind in ("file", "dir") else {},
     }
     if kind == "symlink":
-        try:
-            info["target"] = os.readlink(path)
-        except OSError:
-            info["target"] = None
+        info.update(_link(path))
     return info
+
+
+def _kind(mode: int) -> str:
+    return ("dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode)
+            else "symlink" if stat.S_ISLNK(mode) else "other")
+
+
+def _link(path: str) -> dict[str, Any]:
+    """A symlink's text, the path it finally leads to, and what is there (None: nothing, the link dangles)."""
+    try:
+        target: str | None = os.readlink(path)
+    except OSError:
+        target = None
+    resolved = os.path.realpath(path)
+    try:
+        target_type: str | None = _kind(os.stat(resolved).st_mode)
+    except OSError:
+        target_type = None
+    return {"target": target, "resolved": resolved, "target_type": target_type}
+
+
+# -- metadata: the file's user.e2b.* extended attributes ----------------------------------------------------
+
+METADATA_PREFIX = "user.e2b."
+_MAX_XATTR_NAME = 255  # the kernel's limit on a whole attribute name, prefix included
+_MAX_METADATA = 4096  # names (with prefix) plus values, envd's rule (ext4 keeps a little less: replace_metadata)
+_UNSUPPORTED = (errno.ENOTSUP, errno.EOPNOTSUPP)
+
+
+def read_metadata(path: str) -> dict[str, str]:
+    """The file's metadata; {} where the file system keeps none (/proc) or a value is not UTF-8 (set by hand)."""
+    try:
+        names = os.listxattr(path, follow_symlinks=False)
+    except OSError:
+        return {}
+    found: dict[str, str] = {}
+    for xname in names:
+        if not xname.startswith(METADATA_PREFIX):
+            continue
+        try:
+            found[xname[len(METADATA_PREFIX):]] = os.getxattr(path, xname, follow_symlinks=False).decode()
+        except (OSError, UnicodeDecodeError):
+            continue
+    return {k: v for k, v in found.items() if _is_utf8(k)}
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # a name that was not UTF-8 on disk comes back with surrogate escapes
+        return False
+    return True
+
+
+def check_metadata(value: Any) -> dict[str, str]:
+    """Validate metadata to set, before anything is written (envd's rules): keys and values printable ASCII,
+    keys not empty, each attribute name at most 255 bytes, all of it at most 4096 bytes."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise FileError("invalid_request", "metadata must be an object of strings")
+    total = 0
+    for key, val in value.items():
+        if not isinstance(key, str) or not isinstance(val, str):
+            raise FileError("invalid_request", "metadata keys and values must be strings")
+        if not key:
+            raise FileError("invalid_request", "a metadata key must not be empty")
+        for what, text in (("key", key), (f"value of {key!r}", val)):
+            if not (text.isascii() and text.isprintable()):
+                raise FileError("invalid_request", f"metadata {what} must be printable ASCII")
+        if len(METADATA_PREFIX) + len(key) > _MAX_XATTR_NAME:
+            longest = _MAX_XATTR_NAME - len(METADATA_PREFIX)
+            raise FileError("invalid_request", f"metadata key {key[:32]!r}... is longer than {longest} bytes")
+        total += len(METADATA_PREFIX) + len(key) + len(val)
+    if total > _MAX_METADATA:
+        raise FileError("invalid_request", f"metadata takes {total} bytes, more than {_MAX_METADATA}")
+    return dict(value)
+
+
+def replace_metadata(fd: int, metadata: dict[str, str], path: str) -> None:
+    """Make `metadata` the file's whole metadata: other user.e2b.* attributes go (a rewrite keeps the inode and
+    its attributes). A file system without user attributes is an error only if there is metadata to keep."""
+    try:
+        old = [n for n in os.listxattr(fd) if n.startswith(METADATA_PREFIX)]
+        for xname in old:
+            if xname[len(METADATA_PREFIX):] not in metadata:
+                os.removexattr(fd, xname)
+        for key, value in metadata.items():
+            os.setxattr(fd, METADATA_PREFIX + key, value.encode())
+    except OSError as exc:
+        if exc.errno in _UNSUPPORTED:
+            if not metadata:
+                return
+            raise FileError("invalid_request",
+                            f"{path}: this file system does not keep file metadata (extended attributes "
+                            "user.*); write the file elsewhere or without metadata") from exc
+        if exc.errno in (errno.ENOSPC, errno.E2BIG) and not _disk_full(fd):
+            # ext4 keeps a file's attributes in one block: about 4 KB, a little less than the rule allows.
+            raise FileError("invalid_request", f"{path}: the metadata does not fit in the space this file system "
+                            "keeps for one file's attributes; use fewer or shorter values") from exc
+        raise FileError.from_os(exc, path) from exc
+
+
+def _disk_full(fd: int) -> bool:
+    try:
+        st = os.fstatvfs(fd)
+    except OSError:
+        return True
+    return st.f_bavail * st.f_frsize < 64 * 1024
 
 
 # -- operations ------------------------------------------------------------------------------------
@@ -141,13 +311,23 @@ def op_read(ch: Channel, req: dict[str, Any]) -> None:
 
 
 def op_write(ch: Channel, req: dict[str, Any]) -> None:
-    path = check_path(req.get("path"), req.get("roots"))
+    path = check_path(req.get("path"), req.get("roots"), write=True)
     mode = int(req.get("mode", 0o644)) & 0o7777
-    parent = posixpath.dirname(path)
+    metadata = check_metadata(req.get("metadata"))
     if os.path.isdir(path):
         raise FileError("invalid_request", f"{path} is a directory")
-    fd, tmp = temp_in(parent, ".corral-upload-", path)
+    if req.get("in_place"):
+        size = _write_in_place(ch, path, mode, metadata)
+    else:
+        size = _write_and_rename(ch, path, mode, metadata)
+    ch.event(event="done", size=size, path=path)
+
+
+def _write_and_rename(ch: Channel, path: str, mode: int, metadata: dict[str, str]) -> int:
+    fd, tmp = temp_in(posixpath.dirname(path), ".corral-upload-", path)
     try:
+        if metadata:  # before "ready": metadata the file system refuses costs no byte of the upload
+            replace_metadata(fd, metadata, path)
         ch.event(event="ready")
         size = receive_into(ch, fd, path)
         os.fchmod(fd, mode)
@@ -162,7 +342,61 @@ def op_write(ch: Channel, req: dict[str, Any]) -> None:
             os.close(fd)
         if tmp:
             unlink_quietly(tmp)
-    ch.event(event="done", size=size, path=path)
+    return size
+
+
+def _write_in_place(ch: Channel, path: str, mode: int, metadata: dict[str, str]) -> int:
+    """Open the target itself and write into it, as envd does: a new file gets CREATE, CHMOD (its mode) and
+    WRITE events on its own name, a rewrite gets WRITE. Refusals (metadata the file system cannot keep, a
+    target that is no regular file) come before "ready" and change nothing; a new file whose upload fails is
+    removed, an existing one keeps what was written (that is what writing in place means)."""
+    try:
+        make_dirs(posixpath.dirname(path))
+    except OSError as exc:
+        raise FileError.from_os(exc, path) from exc
+    fd, created = _open_target(path, mode)
+    try:
+        try:
+            replace_metadata(fd, metadata, path)
+        except FileError:
+            if created:
+                unlink_quietly(path)
+            raise
+        ch.event(event="ready")
+        if not created:
+            os.ftruncate(fd, 0)
+        if created or stat.S_IMODE(os.fstat(fd).st_mode) != mode:
+            os.fchmod(fd, mode)
+        try:
+            return receive_into(ch, fd, path)
+        except BaseException:  # disk full, the host gone: a file this write made goes again
+            if created:
+                unlink_quietly(path)
+            raise
+    except OSError as exc:
+        raise FileError.from_os(exc, path) from exc
+    finally:
+        os.close(fd)
+
+
+def _open_target(path: str, mode: int) -> tuple[int, bool]:
+    """The target opened for writing, and whether this call created it. An existing file is opened without
+    O_TRUNC (truncated once the write is accepted) and non-blocking, so that a FIFO is refused, not waited on."""
+    flags = os.O_WRONLY | os.O_CLOEXEC | os.O_NOCTTY
+    try:
+        try:
+            return os.open(path, flags | os.O_CREAT | os.O_EXCL, mode & 0o777), True
+        except FileExistsError:
+            fd = os.open(path, flags | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a FIFO nobody reads, a socket
+            raise FileError("invalid_request", f"{path} is not a regular file") from exc
+        raise FileError.from_os(exc, path) from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise FileError("invalid_request", f"{path} is not a regular file")
+    os.set_blocking(fd, True)
+    return fd, False
 
 
 def receive_into(ch: Channel, fd: int, path: str) -> int:
@@ -206,20 +440,76 @@ def _drain(ch: Channel) -> None:
             return
 
 
+MAX_LIST_ENTRIES = 200_000  # a listing is held whole on the host: past this, list less deep or a subdirectory
+_BATCH_BYTES = protocol.CHUNK // 2  # entries go in EVENT frames below this (`Channel.send` splits at CHUNK)
+
+
 def op_list(ch: Channel, req: dict[str, Any]) -> None:
+    """The entries below `path`, `depth` levels deep (1: its own entries), depth first in name order like envd's
+    ListDir: a directory, then what it holds, then its next sibling. Symlinks are listed, never followed (but
+    `path` itself may be one); a subdirectory that cannot be read is listed without its contents."""
     path = check_path(req.get("path"), req.get("roots"))
+    depth = req.get("depth", 1)
+    if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
+        raise FileError("invalid_request", f"depth must be a whole number of at least 1, not {depth!r}")
     try:
-        with os.scandir(path) as it:
-            entries = []
-            for e in it:
-                try:
-                    entries.append(entry(posixpath.join(path, e.name), e.stat(follow_symlinks=False), e.name))
-                except OSError:
-                    continue
+        top = _sorted_dir(path)
     except OSError as exc:
         raise FileError.from_os(exc, path) from exc
-    entries.sort(key=lambda e: e["name"])
-    ch.event(event="done", entries=entries)
+    batch = _Batch(ch)
+    names = Names()
+    stack = [(path.rstrip("/") + "/", iter(top), 1)]  # each directory as the prefix of its entries' paths
+    while stack:
+        prefix, children, level = stack[-1]
+        child = next(children, None)
+        if child is None:
+            stack.pop()
+            continue
+        full = prefix + child.name
+        try:
+            st = child.stat(follow_symlinks=False)
+        except OSError:
+            continue  # gone since it was listed
+        if batch.count >= MAX_LIST_ENTRIES:
+            raise FileError("invalid_request", f"{path} holds more than {MAX_LIST_ENTRIES} entries within depth "
+                            f"{depth}; list a subdirectory or fewer levels")
+        batch.add(entry(full, st, child.name, names))
+        if level < depth and stat.S_ISDIR(st.st_mode):
+            try:
+                stack.append((full + "/", iter(_sorted_dir(full)), level + 1))
+            except OSError:
+                pass
+    batch.flush()
+    ch.event(event="done")
+
+
+def _sorted_dir(path: str) -> list[os.DirEntry[str]]:
+    with os.scandir(path) as it:
+        return sorted(it, key=lambda e: e.name)
+
+
+class _Batch:
+    """Entries sent as {"event": "entries", "entries": [...]} frames below `_BATCH_BYTES`: a listing of any
+    size fits the protocol's frames, and the host starts reading before the walk ends."""
+
+    def __init__(self, ch: Channel) -> None:
+        self.ch = ch
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.count = 0
+
+    def add(self, item: dict[str, Any]) -> None:
+        part = json.dumps(item, separators=(",", ":")).encode()  # at most ~100 KB: a path, a link, metadata
+        if self.size + len(part) >= _BATCH_BYTES:
+            self.flush()
+        self.parts.append(part)
+        self.size += len(part) + 1
+        self.count += 1
+
+    def flush(self) -> None:
+        if self.parts:
+            self.ch.send(protocol.EVENT, b'{"event":"entries","entries":[' + b",".join(self.parts) + b"]}")
+            self.parts, self.size = [], 0
 
 
 def op_stat(ch: Channel, req: dict[str, Any]) -> None:
@@ -237,7 +527,7 @@ def op_exists(ch: Channel, req: dict[str, Any]) -> None:
 
 
 def op_mkdir(ch: Channel, req: dict[str, Any]) -> None:
-    path = check_path(req.get("path"), req.get("roots"))
+    path = check_path(req.get("path"), req.get("roots"), write=True)
     created = not os.path.isdir(path)
     try:
         if req.get("parents", True):
@@ -250,7 +540,7 @@ def op_mkdir(ch: Channel, req: dict[str, Any]) -> None:
 
 
 def op_remove(ch: Channel, req: dict[str, Any]) -> None:
-    path = check_path(req.get("path"), req.get("roots"))
+    path = check_path(req.get("path"), req.get("roots"), write=True)
     if path == "/":
         raise FileError("invalid_request", "refusing to remove /")
     try:
@@ -270,16 +560,28 @@ def op_remove(ch: Channel, req: dict[str, Any]) -> None:
 
 
 def op_rename(ch: Channel, req: dict[str, Any]) -> None:
+    """Move `src` to `dst`; with `parents`, dst's missing parent directories are made first (envd's Move). A
+    missing source is refused before anything is made. Answers with the entry at `dst`."""
     roots = req.get("roots")
-    src = check_path(req.get("src"), roots)
-    dst = check_path(req.get("dst"), roots)
+    src = check_path(req.get("src"), roots, write=True)
+    dst = check_path(req.get("dst"), roots, write=True)
     try:
+        os.lstat(src)
         if not req.get("overwrite", False) and os.path.lexists(dst):
             raise FileError("conflict", f"{dst} already exists")
-        os.rename(src, dst)
     except OSError as exc:
         raise FileError.from_os(exc, src) from exc
-    ch.event(event="done")
+    if req.get("parents", False):
+        try:
+            make_dirs(posixpath.dirname(dst))
+        except OSError as exc:
+            raise FileError.from_os(exc, dst) from exc
+    try:
+        os.rename(src, dst)
+        st = os.lstat(dst)
+    except OSError as exc:
+        raise FileError.from_os(exc, src) from exc
+    ch.event(event="done", entry=entry(dst, st))
 
 
 def temp_in(directory: str, prefix: str, path: str) -> tuple[int, str]:
@@ -336,3 +638,4 @@ OPS = {
     "rename": op_rename,
 }
 ARCHIVE_OPS = ("tar_get", "tar_put")  # in `archives`, imported on first use: tarfile is slow to import
+WATCH_OPS = ("watch", "watcher_create", "watcher_events", "watcher_remove")  # in `watch`, also on first use

@@ -58,6 +58,10 @@ class Agent:
             from . import archives
 
             archives.OPS[op](ch, req)
+        elif op in files.WATCH_OPS:
+            from . import watch  # inotify through ctypes: loaded by the first watch
+
+            watch.OPS[op](ch, req)
         elif op == "ping":
             ch.event(event="pong", version=protocol.VERSION, uptime=time.time() - STARTED,
                      python=sys.version.split()[0])

@@ -1,6 +1,6 @@
 """The sandbox engine: an async Python API over isolated sandboxes (what the control plane serves)."""
 
-from ._agent_client import AgentClient, PtySession, StartCallback
+from ._agent_client import AgentClient, PtySession, StartCallback, WatchStream
 from ._capacity import Capacity, MachineUsage
 from ._code import CodeError, CodeResult, CodeSession, RichResult
 from ._engine import Engine, Files, Processes, SandboxHandle, read_agent_address
@@ -17,6 +17,8 @@ from ._models import (
     SandboxInfo,
     SandboxSpec,
     SandboxState,
+    WatchEvent,
+    WatchEventType,
     parse_size,
 )
 
@@ -46,6 +48,9 @@ __all__ = [
     "SandboxSpec",
     "SandboxState",
     "StartCallback",
+    "WatchEvent",
+    "WatchEventType",
+    "WatchStream",
     "parse_size",
     "read_agent_address",
 ]

@@ -45,7 +45,7 @@ from .._exceptions import (
 from .._settings import corral_home
 from ..backends import AgentAddress, Backend, BackendRecord, SnapshotArtifact, load_backend
 from ..templates import Template, TemplateStore
-from ._agent_client import AgentClient, OutputCallback, PtySession, Source, StartCallback
+from ._agent_client import AgentClient, OutputCallback, PtySession, Source, StartCallback, WatchStream
 from ._capacity import Capacity, MachineUsage
 from ._code import CodeError, CodeResult, CodeSession, ResultCallback
 from ._models import (
@@ -57,6 +57,7 @@ from ._models import (
     SandboxInfo,
     SandboxSpec,
     SandboxState,
+    WatchEvent,
 )
 
 if TYPE_CHECKING:
@@ -938,11 +939,19 @@ class Files:
         async for chunk in self._agent().iter_file(sandbox_path(path), roots=self._roots()):
             yield chunk
 
-    async def write(self, path: str, data: Source, *, mode: int = 0o644) -> int:
-        return await self._agent().write_file(sandbox_path(path), data, mode=mode, roots=self._roots())
+    async def write(self, path: str, data: Source, *, mode: int = 0o644, in_place: bool = False,
+                    metadata: dict[str, str] | None = None) -> int:
+        """Write `data` to `path`. Whole or not at all (a temporary file renamed over it), or `in_place` as E2B's
+        envd writes (the file itself, opened and truncated: a watcher sees its own name change). `metadata`:
+        the file's user.e2b.* attributes, replacing any it had; refused before anything is written if invalid
+        or if the file system keeps none."""
+        return await self._agent().write_file(sandbox_path(path), data, mode=mode, roots=self._roots(),
+                                              in_place=in_place, metadata=metadata)
 
-    async def list(self, path: str = WORKSPACE) -> list[Entry]:
-        return await self._agent().list(sandbox_path(path), roots=self._roots())
+    async def list(self, path: str = WORKSPACE, *, depth: int = 1) -> list[Entry]:
+        """The entries below `path`, `depth` levels deep (1: its own), depth first in name order; symlinks are
+        listed, not followed."""
+        return await self._agent().list(sandbox_path(path), roots=self._roots(), depth=depth)
 
     async def stat(self, path: str) -> Entry:
         return await self._agent().stat(sandbox_path(path), roots=self._roots())
@@ -956,8 +965,32 @@ class Files:
     async def remove(self, path: str, *, recursive: bool = True) -> None:
         await self._agent().remove(sandbox_path(path), recursive=recursive, roots=self._roots())
 
-    async def rename(self, src: str, dst: str, *, overwrite: bool = False) -> None:
-        await self._agent().rename(sandbox_path(src), sandbox_path(dst), overwrite=overwrite, roots=self._roots())
+    async def rename(self, src: str, dst: str, *, overwrite: bool = False, parents: bool = False) -> Entry:
+        """Move `src` to `dst`; `parents`: make dst's missing parent directories (E2B's Move). The entry at dst."""
+        return await self._agent().rename(sandbox_path(src), sandbox_path(dst), overwrite=overwrite,
+                                          roots=self._roots(), parents=parents)
+
+    # -- watching directories ----------------------------------------------------------------------------
+
+    async def watch(self, path: str, *, recursive: bool = False, include_entry: bool = False) -> WatchStream:
+        """Events in the directory `path` as they happen, until the stream is closed (`aclose()`). Refusals
+        (missing: not found; a file: invalid request; outside the roots; too many watches) raise here."""
+        return await self._agent().watch(sandbox_path(path), recursive=recursive, include_entry=include_entry,
+                                         roots=self._roots())
+
+    async def create_watcher(self, path: str, *, recursive: bool = False, include_entry: bool = False,
+                             owner: str = "") -> str:
+        """A watcher the agent keeps, polled with `watcher_events` (by `owner` only); its id. Refusals as
+        `watch`; a watcher nobody polls for 10 minutes goes away."""
+        return await self._agent().create_watcher(sandbox_path(path), recursive=recursive,
+                                                  include_entry=include_entry, owner=owner, roots=self._roots())
+
+    async def watcher_events(self, watcher_id: str, *, owner: str = "") -> builtins.list[WatchEvent]:
+        """The watcher's events since the last poll: every change that finished before this call is in them."""
+        return await self._agent().watcher_events(watcher_id, owner=owner)
+
+    async def remove_watcher(self, watcher_id: str, *, owner: str = "") -> None:
+        await self._agent().remove_watcher(watcher_id, owner=owner)
 
     async def download_tar(self, path: str) -> AsyncIterator[bytes]:
         async for chunk in self._agent().download_tar(sandbox_path(path), roots=self._roots()):

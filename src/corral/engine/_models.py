@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from .._exceptions import InvalidRequestError
 from .._output import OutputText  # a leaf shared with the SDK, which must not import the engine
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_FILE_ROOTS", "Entry", "ExecResult", "FollowedOutput", "Limits", "OutputCollector", "ProcessInfo",
     "ProcessRef", "ProcessSelector", "PtySize", "Runtime", "SandboxInfo", "SandboxSpec", "SandboxState",
-    "parse_size",
+    "WatchEvent", "WatchEventType", "parse_size",
 ]
 
 
@@ -135,11 +135,34 @@ class Entry:
     size: int
     mode: int
     mtime: float
-    target: str | None = None
+    target: str | None = None  # a symlink's text
+    owner: str = ""  # names as the sandbox's /etc/passwd and /etc/group say; the number as text if unknown
+    group: str = ""
+    permissions: str = ""  # as `ls -l` shows them: "-rw-r--r--", "drwxr-xr-x", "lrwxrwxrwx"
+    metadata: dict[str, str] = field(default_factory=dict, hash=False)  # its user.e2b.* xattrs, prefix stripped
+    resolved: str | None = None  # a symlink: the absolute path it finally leads to
+    target_type: str | None = None  # a symlink: the type of what is there; None if nothing (it dangles)
 
     @property
     def is_dir(self) -> bool:
         return self.type == "dir"
+
+
+WatchEventType = Literal["create", "write", "chmod", "remove", "rename", "overflow"]
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One change in a watched directory, named as Go's fsnotify names inotify's events (E2B's envd does too).
+
+    `name` is relative to the watched directory ("nested/f.txt" in a recursive watch, "." the directory
+    itself). `overflow`: events were lost here (a full queue), `name` is empty. `entry` (when the watch was
+    asked to include it, for create, write and chmod): the entry as it was when the event was read; None if it
+    was gone by then."""
+
+    type: WatchEventType
+    name: str
+    entry: Entry | None = None
 
 
 @dataclass

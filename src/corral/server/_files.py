@@ -42,7 +42,8 @@ class RenameRequest(BaseModel):
 
 def entry_json(entry: Entry) -> dict[str, Any]:
     return {"name": entry.name, "path": entry.path, "type": entry.type, "size": entry.size, "mode": entry.mode,
-            "mtime": entry.mtime}
+            "mtime": entry.mtime, "owner": entry.owner, "group": entry.group, "permissions": entry.permissions,
+            "target": entry.target, "metadata": entry.metadata}
 
 
 def _query_path(request: Request) -> str:

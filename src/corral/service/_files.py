@@ -1,19 +1,22 @@
-"""Files: read, write, list, stat, exists, make_dir, remove and rename in a sandbox, and directories as tar.
+"""Files: read, write, list, stat, exists, make_dir, remove and rename in a sandbox, directories as tar, and
+directory watches (a stream, or watchers polled by id).
 
 Bytes stream both ways, never buffered whole. Every operation goes through the engine's `Files` with the roots of
 the sandbox's store record, so the agent refuses `..`, absolute paths outside them and symlinks leading out of
 them inside the sandbox's own mount namespace. Paths arrive checked and absolute (front ends shape them).
+A polled watcher belongs to the key that made it: other keys' polls do not find it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import hashlib
-from collections.abc import AsyncIterable, AsyncIterator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 from ..control import Action, Principal
-from ..engine import Entry
+from ..engine import Entry, WatchEvent, WatchStream
 from ..engine import Files as SandboxFiles
 from ._audited import Audited
 from ._sandboxes import file_roots
@@ -54,14 +57,20 @@ class Files:
     # -- uploads: size and sha256 of what the caller sent, as it streams through --------------------------
 
     async def write(self, principal: Principal, sandbox_id: str, path: str, data: AsyncIterable[bytes], *,
-                    mode: int = 0o644) -> int:
-        """Write `data` to `path` (replacing it); returns the bytes written."""
+                    mode: int = 0o644, in_place: bool = False, metadata: dict[str, str] | None = None) -> int:
+        """Write `data` to `path` (replacing it); returns the bytes written. `in_place`: into the file itself, as
+        E2B's envd writes (else whole or not at all); `metadata`: the file's user.e2b.* attributes, replacing
+        any it had (the record keeps their keys, not their values)."""
         digest = _Digest()
-        async with self._svc.audited(principal, "files.write", sandbox_id,
-                                     params={"mode": mode, "path": path}) as audit:
+        params: dict[str, Any] = {"mode": mode, "path": path}
+        if in_place:
+            params["in_place"] = True
+        if metadata:
+            params["metadata_keys"] = sorted(metadata)
+        async with self._svc.audited(principal, "files.write", sandbox_id, params=params) as audit:
             files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_WRITE)
             try:
-                return await files.write(path, digest.wrap(data), mode=mode)
+                return await files.write(path, digest.wrap(data), mode=mode, in_place=in_place, metadata=metadata)
             finally:
                 audit.params.update(size=digest.size, sha256=digest.sha256)
 
@@ -80,10 +89,16 @@ class Files:
 
     # -- the rest: one request, one answer -----------------------------------------------------------------
 
-    async def list(self, principal: Principal, sandbox_id: str, path: str) -> builtins.list[Entry]:
-        async with self._svc.audited(principal, "files.list", sandbox_id, params={"path": path}):
+    async def list(self, principal: Principal, sandbox_id: str, path: str, *,
+                   depth: int = 1) -> builtins.list[Entry]:
+        """The entries `depth` levels below `path` (1: its own), depth first in name order, symlinks not followed."""
+        params: dict[str, Any] = {"path": path} if depth == 1 else {"path": path, "depth": depth}
+        async with self._svc.audited(principal, "files.list", sandbox_id, params=params) as audit:
             files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_READ)
-            return await files.list(path)
+            entries = await files.list(path, depth=depth)
+            if depth != 1:
+                audit.outcome["entries"] = len(entries)
+            return entries
 
     async def stat(self, principal: Principal, sandbox_id: str, path: str) -> Entry:
         async with self._svc.audited(principal, "files.stat", sandbox_id, params={"path": path}):
@@ -108,11 +123,62 @@ class Files:
             await files.remove(path, recursive=recursive)
 
     async def rename(self, principal: Principal, sandbox_id: str, src: str, dst: str, *,
-                     overwrite: bool = False) -> None:
-        params = {"src": src, "dst": dst, "overwrite": overwrite}
+                     overwrite: bool = False, parents: bool = False) -> Entry:
+        """Move `src` to `dst`; `parents`: make dst's missing parent directories first (E2B's Move). The entry
+        now at `dst`."""
+        params: dict[str, Any] = {"src": src, "dst": dst, "overwrite": overwrite}
+        if parents:
+            params["parents"] = True
         async with self._svc.audited(principal, "files.rename", sandbox_id, params=params, status=204):
             files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_WRITE)
-            await files.rename(src, dst, overwrite=overwrite)
+            return await files.rename(src, dst, overwrite=overwrite, parents=parents)
+
+    # -- watching directories ----------------------------------------------------------------------------------
+
+    async def watch(self, principal: Principal, sandbox_id: str, path: str, *, recursive: bool = False,
+                    include_entry: bool = False) -> AsyncGenerator[WatchEvent, None]:
+        """Events in the directory `path` as they happen, until the caller closes the generator (`aclose()`).
+
+        A refusal (not found; a file, not a directory; outside the roots; too many watches) raises here, before
+        any event. One record, `files.watch`, when the watch ends: with the number of events it carried, and
+        the error if the sandbox ended it."""
+        params = {"path": path, "recursive": recursive, "include_entry": include_entry}
+        audit = self._svc.audited(principal, "files.watch", sandbox_id, params=params)
+        try:
+            files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_READ)
+            stream = await files.watch(path, recursive=recursive, include_entry=include_entry)
+        except BaseException as exc:
+            await audit.record(exc)
+            raise
+        return _watched(stream, audit)
+
+    async def create_watcher(self, principal: Principal, sandbox_id: str, path: str, *, recursive: bool = False,
+                             include_entry: bool = False) -> str:
+        """A watcher the sandbox keeps for `principal`'s key, to poll with `watcher_events`; its id. Refusals as
+        `watch`. Gone with `remove_watcher`, with the sandbox, or after 10 minutes without a poll."""
+        params = {"path": path, "recursive": recursive, "include_entry": include_entry}
+        async with self._svc.audited(principal, "files.watcher_create", sandbox_id, params=params) as audit:
+            files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_READ)
+            watcher_id = await files.create_watcher(path, recursive=recursive, include_entry=include_entry,
+                                                    owner=principal.key_id)
+            audit.outcome["watcher_id"] = watcher_id
+            return watcher_id
+
+    async def watcher_events(self, principal: Principal, sandbox_id: str,
+                             watcher_id: str) -> builtins.list[WatchEvent]:
+        """The watcher's events since the last poll; every change that finished before this call is in them."""
+        async with self._svc.audited(principal, "files.watcher_events", sandbox_id,
+                                     params={"watcher_id": watcher_id}) as audit:
+            files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_READ)
+            events = await files.watcher_events(watcher_id, owner=principal.key_id)
+            audit.outcome["events"] = len(events)
+            return events
+
+    async def remove_watcher(self, principal: Principal, sandbox_id: str, watcher_id: str) -> None:
+        async with self._svc.audited(principal, "files.watcher_remove", sandbox_id,
+                                     params={"watcher_id": watcher_id}, status=204):
+            files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_READ)
+            await files.remove_watcher(watcher_id, owner=principal.key_id)
 
     async def _files(self, principal: Principal, sandbox_id: str, action: Action) -> SandboxFiles:
         """The engine's file API of the sandbox, with the roots its record allows (if `principal` may)."""
@@ -136,6 +202,30 @@ async def _recorded(first: bytes | None, chunks: AsyncIterator[bytes], audit: Au
         raise
     audit.outcome["size"] = size
     await audit.record()
+
+
+async def _watched(stream: WatchStream, audit: Audited) -> AsyncGenerator[WatchEvent, None]:
+    """The watch's events, and its one record when it ends: closed by the caller (the usual end), or failed."""
+    events = 0
+    error: BaseException | None = None
+    try:
+        async for event in stream:
+            events += 1
+            yield event
+    except Exception as exc:  # the sandbox went away, say: recorded with its error
+        error = exc
+        raise
+    finally:
+        audit.outcome["events"] = events
+        # Shielded: a cancelled consumer (its client left) must still close the agent's watch and keep the record.
+        await asyncio.shield(_end_watch(stream, audit, error))
+
+
+async def _end_watch(stream: WatchStream, audit: Audited, error: BaseException | None) -> None:
+    try:
+        await stream.aclose()
+    finally:
+        await audit.record(error)
 
 
 class _Digest:
