@@ -1,8 +1,8 @@
 """What a sandbox uses now (`Backend.usage`): its cgroup's counters and its own disk's filesystem.
 
 Shared by the local and Docker backends, whose sandboxes both have a cgroup on this host and a loop-mounted ext4
-disk image (`limits.disk`) that holds everything they write. Eight small reads (cgroup files, two stats and a
-statvfs), inline: the service samples every sandbox every few seconds (docs/backends.md).
+disk image (`limits.disk`) that holds everything they write. Nine small reads (six cgroup files, five on v2; two
+stats and a statvfs), inline: the service samples every sandbox every few seconds (docs/backends.md).
 """
 
 from __future__ import annotations
