@@ -21,7 +21,7 @@ import pytest
 from corral import InvalidRequestError, NotFoundError
 from corral.backends import SandboxState, SandboxUsage
 from corral.backends.local import _cgroups, _disk
-from corral.engine import Engine, SandboxHandle
+from corral.engine import Engine, Runtime, SandboxHandle
 from corral.service import CreateSandbox, MetricsSampler, SandboxMetric
 from corral.service._metrics import cpu_percent
 
@@ -89,6 +89,21 @@ async def _until(good: Callable[[SandboxUsage], bool], engine: Engine, sb: Sandb
             assert good(usage), usage
             return usage
         await asyncio.sleep(0.1)
+
+
+@pytest.mark.runsc
+async def test_a_gvisor_sandbox_reports_its_usage_from_the_host_side_too(engine: Engine) -> None:
+    sb = await engine.create(spec(memory="256M").model_copy(update={"runtime": Runtime.RUNSC}))
+    try:
+        base = await _usage(engine, sb)
+        assert base.memory_limit == 256 * MiB and base.cpus == 1.0 and base.memory_bytes > 0
+        await sb.exec(["python3", "-c", BURN_HALF_A_CPU_SECOND], timeout=60)
+        await sb.exec("head -c 16M /dev/urandom > /workspace/blob && sync")
+        after = await _usage(engine, sb)
+        # The sentry's CPU time, which includes the guest's; the files, through the gofer, on the sandbox's disk.
+        assert after.cpu_seconds - base.cpu_seconds >= 0.5 and after.disk_used - base.disk_used >= 15 * MiB
+    finally:
+        await sb.destroy()
 
 
 @pytest.mark.runc
