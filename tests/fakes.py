@@ -9,17 +9,26 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from corral import NotFoundError, ServerError
 from corral.agent import protocol
-from corral.backends import AgentAddress, BackendCapacity, BackendRecord, SandboxSpec, SnapshotArtifact, UnixEndpoint
+from corral.backends import (
+    AgentAddress,
+    BackendCapacity,
+    BackendRecord,
+    SandboxSpec,
+    SandboxUsage,
+    SnapshotArtifact,
+    UnixEndpoint,
+)
 from corral.templates import Template
 
-__all__ = ["FakeBackend", "FakeRecord", "FakeTemplates", "World", "fake_record"]
+__all__ = ["FakeBackend", "FakeRecord", "FakeTemplates", "World", "fake_record", "idle_usage"]
 
 
 
@@ -43,6 +52,7 @@ class World:
     stopped: set[str] = field(default_factory=set)  # paused to disk
     snapshots: dict[str, str] = field(default_factory=dict)  # snapshot id -> the sandbox it was taken of
     volumes: dict[str, int] = field(default_factory=dict)  # volume id -> size
+    usage: dict[str, SandboxUsage] = field(default_factory=dict)  # what `usage` reports of a running sandbox
 
 
 async def _read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
@@ -197,6 +207,12 @@ class FakeBackend:
     async def oom_kills(self, record: BackendRecord) -> int:
         return 0
 
+    async def usage(self, record: BackendRecord) -> SandboxUsage | None:
+        """`world.usage` of a running sandbox (an idle one by default); None for one not running."""
+        if record.sandbox_id not in self.world.running:
+            return None
+        return self.world.usage.get(record.sandbox_id) or idle_usage(time.time())
+
     def restore(self, data: dict[str, Any]) -> FakeRecord:
         if set(data) != {"sandbox_id", "socket", "token"}:
             raise ValueError(f"not a fake record: {data!r}")
@@ -223,6 +239,13 @@ class FakeBackend:
 
     def called(self, what: str) -> list[str]:
         return [arg for name, arg in self.calls if name == what]
+
+
+def idle_usage(at: float, cpu_seconds: float = 0.0, **figures: float) -> SandboxUsage:
+    """A sandbox of 512M memory, 1G disk and 1 CPU, with `figures` (any `SandboxUsage` field) changed."""
+    usage = SandboxUsage(cpu_seconds=cpu_seconds, memory_bytes=8 << 20, memory_cache_bytes=1 << 20,
+                         memory_limit=512 << 20, disk_used=64 << 10, disk_total=1 << 30, cpus=1.0, at=at)
+    return replace(usage, **figures)  # type: ignore[arg-type]
 
 
 def fake_record(record: BackendRecord) -> FakeRecord:

@@ -262,7 +262,7 @@ def test_the_contract_is_what_the_parity_test_checks() -> None:
     assert set(_contract_methods()) == {
         "check", "create", "agent_address", "ready_timeout", "egress_endpoint", "diagnostics", "pause", "resume",
         "destroy", "alive", "oom_kills", "restore", "adopt", "sweep", "capacity", "close",
-        "stop", "boot", "snapshot", "delete_snapshot", "create_volume", "delete_volume", "volume_used"}
+        "stop", "boot", "snapshot", "delete_snapshot", "create_volume", "delete_volume", "volume_used", "usage"}
 
 
 def test_a_backend_implements_every_contract_method_with_its_async_ness(backend: Any) -> None:

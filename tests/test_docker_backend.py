@@ -381,6 +381,25 @@ async def test_disk_and_tmpfs_limits_give_enospc(engine: Engine, home: Path) -> 
         assert int(r.stdout.split()[1]) <= 32 << 10, r.stdout
 
 
+BURN_HALF_A_CPU_SECOND = "import time\nwhile time.process_time() < 0.5: pass"  # however busy the host
+
+
+async def test_usage_reads_the_containers_cgroup_and_disk(engine: Engine) -> None:
+    async with await engine.create(spec(memory="128M", cpus=0.5, disk="64M")) as sb:
+        base = await engine.sandbox_usage(sb.id)
+        assert base is not None and base.memory_limit == 128 << 20 and base.cpus == 0.5
+        assert 48 << 20 < base.disk_total <= 64 << 20 and 0 < base.memory_bytes < 64 << 20
+        await sb.exec(["python3", "-c", BURN_HALF_A_CPU_SECOND], timeout=60)
+        await sb.exec("head -c 8M /dev/urandom > /workspace/blob; sync")
+        after = await engine.sandbox_usage(sb.id)
+        assert after is not None and after.cpu_seconds - base.cpu_seconds >= 0.5
+        assert after.disk_used - base.disk_used >= 8 << 20
+        await sb.pause(memory=False)
+        assert await engine.sandbox_usage(sb.id) is None  # the container is gone, its disk unmounted
+        await sb.resume()
+        assert await engine.sandbox_usage(sb.id) is not None
+
+
 async def test_template_dirs_are_read_only_but_home_is_seeded(engine: Engine) -> None:
     async with await engine.create(spec()) as sb:
         r = await sb.exec("ls -A /home/user; touch /etc/x /opt/x 2>&1; stat -c '%U %a' /workspace /home/user")

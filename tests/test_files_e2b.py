@@ -278,6 +278,6 @@ async def test_with_root_slash_kernel_interfaces_and_corrals_directory_are_never
         files.upload_tar("/proc", b""),
     ]
     for call in refused:
-        with pytest.raises(PermissionDeniedError, match="never changes|never touches"):
+        with pytest.raises(PermissionDeniedError, match=r"never changes|never touches"):
             await call
     assert await files.read("/proc/sys/kernel/hostname") == hostname

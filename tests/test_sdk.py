@@ -11,6 +11,7 @@ import json
 import os
 import re
 import socket
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -581,6 +582,27 @@ def test_malformed_success_body_is_a_server_error(fake, opts):
     fake.next_response = httpx.Response(201, content=b"not json")
     with pytest.raises(ServerError, match="malformed"):
         Sandbox.create(**opts)
+
+
+def test_metrics_send_unix_seconds_and_refuse_malformed_samples(fake, opts):
+    sb = Sandbox.create(**opts)
+    sample = {"timestamp": "2027-01-15T08:00:05+00:00", "cpus": 0.5, "cpu_used_pct": 12.5, "memory_used": 3,
+              "memory_total": 4, "memory_cache": 1, "disk_used": 5, "disk_total": 6}
+    fake.next_response = httpx.Response(200, json={"metrics": [sample]})
+    start = datetime(2027, 1, 15, 8, 0, tzinfo=UTC)
+    [got] = sb.get_metrics(start=start, end=start.timestamp() + 60.5)
+    assert dict(fake.requests[-1].url.params) == {"start": str(start.timestamp()), "end": str(start.timestamp() + 60.5)}
+    assert got == corral.SandboxMetric(timestamp=start.replace(second=5), cpus=0.5, cpu_used_pct=12.5, memory_used=3,
+                                       memory_total=4, memory_cache=1, disk_used=5, disk_total=6)
+    malformed: list[Any] = [{"metrics": [{**sample, "cpus": None}]}, {"metrics": [{"timestamp": "soon"}]},
+                            {"metrics": 3}, []]
+    for body in malformed:
+        fake.next_response = httpx.Response(200, json=body)
+        with pytest.raises(ServerError, match="malformed"):
+            sb.get_metrics()
+    fake.next_response = httpx.Response(200, json={"metrics": []})
+    sb.get_metrics()
+    assert "start" not in fake.requests[-1].url.params  # nothing asked: every sample kept
 
 
 def _closed_port() -> int:

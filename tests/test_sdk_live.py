@@ -7,11 +7,21 @@ import asyncio
 import io
 import os
 import tarfile
+import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
-from corral import AsyncSandbox, ConflictError, InvalidRequestError, NotFoundError, PermissionDeniedError, Sandbox
+from corral import (
+    AsyncSandbox,
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+    PermissionDeniedError,
+    Sandbox,
+    SandboxMetric,
+)
 
 from .conftest import TEMPLATE
 from .test_server_api import Api
@@ -97,6 +107,37 @@ async def test_the_sync_sdk_too(api: Api, live_url: str) -> None:
             assert sb.pause().state == "paused" and sb.resume().state == "running"
 
     await asyncio.to_thread(flow)
+
+
+async def test_metrics_come_within_a_second_or_two_of_create_in_both_sdks(api: Api, live_url: str) -> None:
+    sampler = api.app.state.corral.sampler
+    sampler.start()  # lifespan off: the service's sampler runs only when started
+    try:
+        started = datetime.now(UTC)
+        async with await AsyncSandbox.create(TEMPLATE, **_opts(api, live_url)) as sb:
+            created = time.monotonic()
+            while not (samples := await sb.get_metrics(start=started, end=datetime.now(UTC))):
+                assert time.monotonic() - created < 5, "no sample within 5 s of create"
+                await asyncio.sleep(0.1)
+            first = samples[0]
+            assert isinstance(first, SandboxMetric) and first.timestamp.tzinfo is not None
+            assert started.timestamp() - 1 <= first.timestamp.timestamp() <= time.time()
+            assert first.cpus == 1.0 and first.memory_total == 512 * 2**20 and first.disk_total > first.disk_used > 0
+            assert await sb.get_metrics(start=started - timedelta(hours=1), end=started - timedelta(minutes=30)) == []
+            assert await sb.get_metrics(start=time.time() + 60) == []  # unix seconds too
+            with pytest.raises(InvalidRequestError):
+                await sb.get_metrics(start=time.time(), end=time.time() - 60)
+
+            def flow() -> list[SandboxMetric]:  # in a thread: the server runs in this test's event loop
+                same = Sandbox.connect(sb.id, **_opts(api, live_url))
+                try:
+                    return same.get_metrics()
+                finally:
+                    same.close()  # the sandbox stays: the async one above kills it
+
+            assert (await asyncio.to_thread(flow))[0] == first
+    finally:
+        await sampler.close()
 
 
 async def test_run_code_sessions_and_a_cpp_program(api: Api, live_url: str) -> None:

@@ -18,6 +18,7 @@ import tarfile
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -192,6 +193,7 @@ ROUTES: list[tuple[str, str, dict[str, Any]]] = [
     ("POST", "/files/rename", {"json": {"src": "/workspace/secret", "dst": "/workspace/pwned"}}),
     ("GET", "/archive", {"params": {"path": "/workspace"}}),
     ("PUT", "/archive", {"params": {"path": "/workspace"}, "content": b""}),
+    ("GET", "/metrics", {}),
 ]
 
 
@@ -246,6 +248,44 @@ async def test_lifecycle(api: Api) -> None:
         assert (await c.get(f"/v1/sandboxes/{sb['id']}")).status_code == 404
         assert sb["id"] not in {s.id for s in api.engine.list()}
         assert (await c.delete(f"/v1/sandboxes/{sb['id']}")).status_code == 404
+
+
+async def test_metrics_are_sampled_and_windowed_by_unix_seconds_or_iso_times(api: Api) -> None:
+    sampler = api.app.state.corral.sampler  # lifespan off: the test drives the service's sampler itself
+    async with api.client("a_dev") as c:
+        before = time.time()
+        sb = await create(c, limits={"memory": "256M", "cpus": 0.5})
+        url = f"/v1/sandboxes/{sb['id']}/metrics"
+        assert (await c.get(url)).json() == {"metrics": []}  # nothing sampled yet
+        await sampler.sample()  # the baseline
+        await asyncio.sleep(sampler.tick)
+        assert await sampler.sample() == 1
+        r = await c.get(url)
+        assert r.status_code == 200, r.text
+        [sample] = r.json()["metrics"]
+        assert set(sample) == {"timestamp", "cpus", "cpu_used_pct", "memory_used", "memory_total", "memory_cache",
+                               "disk_used", "disk_total"}
+        assert sample["cpus"] == 0.5 and sample["memory_total"] == 256 * 1024**2 and sample["disk_total"] > 0
+        assert 0 < sample["memory_used"] < 256 * 1024**2 and 0 <= sample["cpu_used_pct"] <= 100
+        stamp = datetime.fromisoformat(sample["timestamp"]).timestamp()
+        assert int(before) <= stamp <= time.time()
+
+        now = int(time.time())
+        assert len((await c.get(url, params={"start": int(before), "end": now})).json()["metrics"]) == 1
+        iso = datetime.fromtimestamp(before, UTC).replace(tzinfo=None).isoformat()  # naive: UTC
+        assert len((await c.get(url, params={"start": iso})).json()["metrics"]) == 1
+        earlier = {"start": f"{datetime.fromtimestamp(before - 3600, UTC).isoformat()}",
+                   "end": str(before - 1800)}
+        assert (await c.get(url, params=earlier)).json() == {"metrics": []}  # before the sandbox existed
+
+        for bad in ({"start": "yesterday"}, {"end": "nan"}, {"start": "1e400"}, {"start": "2", "end": "1"}):
+            r = await c.get(url, params=bad)
+            assert r.status_code == 400 and error_code(r) == "invalid_request", (bad, r.text)
+    invalid = await api.store.audit.query(action="request.invalid")
+    assert invalid[-1].params["route"] == "/v1/sandboxes/{sandbox_id}/metrics" and invalid[-1].target == sb["id"]
+    audited = await api.store.audit.query(action="sandbox.metrics")
+    assert [r.outcome["status"] for r in audited] == [200] * 5 + [400]  # start after end: the service's refusal
+    assert audited[1].outcome["count"] == 1
 
 
 @pytest.mark.parametrize("body", [

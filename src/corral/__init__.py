@@ -42,6 +42,7 @@ from ._sdk import (
     Result,
     Sandbox,
     SandboxInfo,
+    SandboxMetric,
     Snapshot,
     Volume,
 )
@@ -82,6 +83,7 @@ __all__ = [
     "RuntimeUnavailableError",
     "Sandbox",
     "SandboxInfo",
+    "SandboxMetric",
     "SandboxTimeoutError",
     "ServerError",
     "Snapshot",

@@ -1,4 +1,4 @@
-"""What the SDK hands back: command results, directory entries and sandbox descriptions.
+"""What the SDK hands back: command results, directory entries, sandbox descriptions and resource metrics.
 
 Bytes are the truth; text is a view of them. `CommandResult.stdout` decodes `stdout_bytes` as UTF-8 with invalid
 sequences replaced by U+FFFD, so reading output never raises.
@@ -10,12 +10,13 @@ import base64
 import binascii
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from .._exceptions import ServerError
 from .._output import OutputText
 
-__all__ = ["CommandResult", "EgressDenial", "Entry", "SandboxInfo"]
+__all__ = ["CommandResult", "EgressDenial", "Entry", "SandboxInfo", "SandboxMetric"]
 
 
 def _b64(value: Any, what: str) -> bytes:
@@ -204,3 +205,34 @@ class SandboxInfo:
             on_timeout=str(data.get("on_timeout") or "kill"),
             ttl_left=float(data["ttl_left"]) if isinstance(data.get("ttl_left"), int | float) else None,
         )
+
+
+@dataclass(frozen=True)
+class SandboxMetric:
+    """One sample of what a sandbox used (`sb.get_metrics()`): one every 5 s while it runs, none while paused.
+
+    Sizes are bytes; `cpu_used_pct` is the share of its `cpus` used since the sample before (100: all of them
+    busy all the time); `memory_used` leaves out page cache the kernel can drop (files in /tmp count: /tmp is
+    memory); `disk_used` is what it wrote to its own disk, not the template's files.
+    """
+
+    timestamp: datetime  # UTC, to the second
+    cpus: float
+    cpu_used_pct: float
+    memory_used: int
+    memory_total: int
+    memory_cache: int
+    disk_used: int
+    disk_total: int
+
+    @classmethod
+    def from_wire(cls, data: Any) -> SandboxMetric:
+        try:
+            stamp = datetime.fromisoformat(data["timestamp"])
+            return cls(timestamp=stamp if stamp.tzinfo is not None else stamp.replace(tzinfo=UTC),
+                       cpus=float(data["cpus"]), cpu_used_pct=float(data["cpu_used_pct"]),
+                       memory_used=int(data["memory_used"]), memory_total=int(data["memory_total"]),
+                       memory_cache=int(data["memory_cache"]), disk_used=int(data["disk_used"]),
+                       disk_total=int(data["disk_total"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ServerError(f"malformed response from Corral: not a metrics sample ({exc!r})") from exc

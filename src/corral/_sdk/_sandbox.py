@@ -9,6 +9,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Self, overload
 
@@ -19,7 +20,7 @@ from ._code import AsyncCodeInterpreter, CodeInterpreter, Execution, ResultCallb
 from ._commands import AsyncCommands, Commands
 from ._config import DEFAULT_MAX_RETRIES, DEFAULT_REQUEST_TIMEOUT, ConnectionConfig
 from ._files import AsyncFiles, Files
-from ._models import SandboxInfo
+from ._models import SandboxInfo, SandboxMetric
 from ._processes import OutputCallback
 from ._pty import AsyncPty, Pty
 from ._snapshots import AsyncSnapshot, Snapshot
@@ -124,6 +125,22 @@ def _network_body(network: str | Sequence[str]) -> dict[str, Any]:
 
 def _list_params(metadata: Mapping[str, str] | None) -> dict[str, str]:
     return {f"metadata.{key}": value for key, value in (metadata or {}).items()}
+
+
+Moment = datetime | float  # a datetime (naive: local time, as `datetime.timestamp` takes it) or unix seconds
+
+
+def _metrics_params(start: Moment | None, end: Moment | None) -> dict[str, str]:
+    moments = {"start": start, "end": end}
+    return {name: repr(m.timestamp() if isinstance(m, datetime) else float(m))
+            for name, m in moments.items() if m is not None}
+
+
+def _metrics(data: Any) -> builtins.list[SandboxMetric]:
+    samples = json_dict(data, "a list of metrics").get("metrics")
+    if not isinstance(samples, builtins.list):
+        raise ServerError("malformed response from Corral: expected {'metrics': [...]}")
+    return [SandboxMetric.from_wire(m) for m in samples]
 
 
 class _SandboxBase:
@@ -278,6 +295,13 @@ class Sandbox(_SandboxBase):
         if self._domain is None:
             self._domain = _ports_domain(self._client.request("GET", "/v1/info"))
         return _port_host(self.id, port, self._domain, self._client.config.base_url)
+
+    def get_metrics(self, start: Moment | None = None, end: Moment | None = None) -> builtins.list[SandboxMetric]:
+        """The sandbox's resource samples (CPU, memory, disk) taken from `start` to `end` (both included, to the
+        second; default: all that are kept, the last hour), oldest first. One every 5 s while it runs, the first
+        about a second after it starts; [] for a window before it existed."""
+        return _metrics(self._client.request("GET", sandbox_path(self.id, "/metrics"),
+                                             params=_metrics_params(start, end)))
 
     def set_timeout(self, seconds: int) -> SandboxInfo:
         """Let the sandbox live `seconds` from now."""
@@ -467,6 +491,12 @@ class AsyncSandbox(_SandboxBase):
         if self._domain is None:
             self._domain = _ports_domain(await self._client.request("GET", "/v1/info"))
         return _port_host(self.id, port, self._domain, self._client.config.base_url)
+
+    async def get_metrics(self, start: Moment | None = None,
+                          end: Moment | None = None) -> builtins.list[SandboxMetric]:
+        """The sandbox's resource samples from `start` to `end` (see `Sandbox.get_metrics`)."""
+        return _metrics(await self._client.request("GET", sandbox_path(self.id, "/metrics"),
+                                                   params=_metrics_params(start, end)))
 
     async def set_timeout(self, seconds: int) -> SandboxInfo:
         data = await self._client.request("POST", sandbox_path(self.id, "/timeout"), json={"timeout": seconds})

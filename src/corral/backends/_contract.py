@@ -38,6 +38,7 @@ __all__ = [
     "BackendRecord",
     "DeclaresLimitations",
     "Endpoint",
+    "SandboxUsage",
     "SnapshotArtifact",
     "TCPEndpoint",
     "UnixEndpoint",
@@ -130,6 +131,25 @@ class BackendCapacity:
     sandboxes_max: int | None = None  # a hard count the backend itself imposes (slots, node pod limits)
 
 
+@dataclass(frozen=True, slots=True)
+class SandboxUsage:
+    """What one sandbox uses now, as its runtime accounts it (`Backend.usage`); the service samples it.
+
+    Counters, not rates: `cpu_seconds` grows while the sandbox runs (it starts again from 0 when a sandbox
+    paused to disk boots); whoever wants a CPU percentage divides the difference of two readings by the time
+    between their `at`. Limits are the ones in force (the host's figure where there is none).
+    """
+
+    cpu_seconds: float  # CPU time every process of the sandbox has used (user + system)
+    memory_bytes: int  # memory it holds that the kernel cannot simply drop: charged minus inactive file cache
+    memory_cache_bytes: int  # page cache charged to it (tmpfs pages too: /tmp is memory)
+    memory_limit: int
+    disk_used: int  # bytes used on its own disk (what `limits.disk` bounds), not the template's files
+    disk_total: int
+    cpus: float  # CPUs it may use (its quota)
+    at: float  # unix time the figures were read
+
+
 @runtime_checkable
 class Backend(Protocol):
     """A runtime for sandboxes. Every method is async and safe to call concurrently for different sandboxes.
@@ -207,6 +227,10 @@ class Backend(Protocol):
 
     async def oom_kills(self, record: BackendRecord) -> int:
         """How many processes the OOM killer has killed in the sandbox so far (0 if the runtime cannot tell)."""
+
+    async def usage(self, record: BackendRecord) -> SandboxUsage | None:
+        """What the sandbox uses now: a few small reads, no subprocess (called every few seconds per sandbox).
+        None when nothing of it runs to measure (paused to disk, gone, still being made)."""
 
     def restore(self, data: JSON) -> BackendRecord:
         """The record from its `to_json()`; `ValueError` if `data` is not one of this backend's records."""

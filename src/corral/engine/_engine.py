@@ -43,7 +43,7 @@ from .._exceptions import (
     ServerError,
 )
 from .._settings import corral_home
-from ..backends import AgentAddress, Backend, BackendRecord, SnapshotArtifact, load_backend
+from ..backends import AgentAddress, Backend, BackendRecord, SandboxUsage, SnapshotArtifact, load_backend
 from ..templates import Template, TemplateStore
 from ._agent_client import AgentClient, OutputCallback, PtySession, Source, StartCallback, WatchStream
 from ._capacity import Capacity, MachineUsage
@@ -671,6 +671,21 @@ class Engine:
 
     def sandbox_env(self, sandbox_id: str, extra: dict[str, str] | None = None) -> dict[str, str]:
         return self._env(self._lookup(sandbox_id), extra)
+
+    # -- usage (the service's metrics sampler reads it every few seconds per sandbox) --------------------------
+
+    def states(self) -> dict[str, SandboxState]:
+        """Every sandbox this engine holds (the warm pool aside) and its state: one cheap call for a poller."""
+        return {sandbox_id: sb.state for sandbox_id, sb in self._sandboxes.items()}
+
+    async def sandbox_usage(self, sandbox_id: str) -> SandboxUsage | None:
+        """What the sandbox uses now (`Backend.usage`): CPU time, memory, disk, limits. None when nothing of it
+        runs to measure (paused to disk; stopping). Not under the sandbox's lock: a reading never waits for a
+        snapshot's copy."""
+        sb = self._lookup(sandbox_id)
+        if sb.paused_to_disk:  # never ask a stopped sandbox anything
+            return None
+        return await self.backend.usage(sb.record)
 
     # -- internals ---------------------------------------------------------------------------------
 

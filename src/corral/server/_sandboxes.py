@@ -1,5 +1,5 @@
-"""Sandbox lifecycle routes: create, list, get, kill, timeout, network, pause, resume, fork, snapshot (thin: one
-service call each)."""
+"""Sandbox lifecycle routes: create, list, get, kill, timeout, network, pause, resume, fork, snapshot, metrics
+(thin: one service call each)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,13 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Request, Response
+from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..control import SandboxRecord
-from ..service import CreateSandbox, ForkSandbox, file_roots
+from ..service import CreateSandbox, ForkSandbox, SandboxMetric, file_roots
 from ._auth import CurrentPrincipal
-from ._context import query_prefixed, service
+from ._context import query_param, query_prefixed, service
 from ._routing import AuditedRoute
 from ._snapshots import SnapshotRequest, snapshot_json
 
@@ -65,6 +66,35 @@ def sandbox_json(record: SandboxRecord) -> dict[str, Any]:
         "volumes": dict(spec.volumes),
         "public_ports": spec.public_ports,
     }
+
+
+def metric_json(metric: SandboxMetric) -> dict[str, Any]:
+    return {"timestamp": _iso(metric.timestamp), "cpus": metric.cpus, "cpu_used_pct": metric.cpu_used_pct,
+            "memory_used": metric.memory_used, "memory_total": metric.memory_total,
+            "memory_cache": metric.memory_cache, "disk_used": metric.disk_used, "disk_total": metric.disk_total}
+
+
+def _query_time(request: Request, name: str) -> datetime | None:
+    """A time in the query: unix seconds, or ISO 8601 (naive: UTC). Malformed is a 400, audited like any invalid
+    field (`request.invalid`)."""
+    raw = query_param(request, name)
+    if raw is None:
+        return None
+    try:
+        return _parse_time(raw)
+    except (ValueError, OverflowError, OSError):
+        problem = {"loc": ("query", name), "type": "value_error",
+                   "msg": f"{raw[:64]!r} is neither unix seconds nor an ISO 8601 time"}
+        raise RequestValidationError([problem]) from None
+
+
+def _parse_time(raw: str) -> datetime:
+    try:
+        seconds = float(raw)
+    except ValueError:
+        moment = datetime.fromisoformat(raw)
+        return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    return datetime.fromtimestamp(seconds, UTC)  # nan, inf and out-of-range seconds raise
 
 
 @router.post("", status_code=201)
@@ -131,3 +161,11 @@ async def snapshot(sandbox_id: str, request: Request, principal: CurrentPrincipa
                    body: SnapshotRequest | None = None) -> dict[str, Any]:
     name = body.name if body is not None else None
     return snapshot_json(await service(request).snapshots.create(principal, sandbox_id, name))
+
+
+@router.get("/{sandbox_id}/metrics")
+async def metrics(sandbox_id: str, request: Request, principal: CurrentPrincipal) -> dict[str, Any]:
+    """The sandbox's resource samples from `start` to `end` (both optional and included), oldest first."""
+    start, end = _query_time(request, "start"), _query_time(request, "end")
+    samples = await service(request).sandboxes.metrics(principal, sandbox_id, start, end)
+    return {"metrics": [metric_json(m) for m in samples]}

@@ -8,6 +8,7 @@ from ._code import Cell, Code, CodeStream, ResultCallback
 from ._commands import Command, Commands, CommandStream, StartCallback, exec_outcome
 from ._files import Files
 from ._info import Info, ServerInfo
+from ._metrics import MetricsSampler, SandboxMetric
 from ._outcome import RETRY_AFTER_DETAIL, STATUS_BY_CODE, outcome_of, status_for
 from ._ports import DEFAULT_DOMAIN, PORT_ACTION, PortConnection, PortRequest, Ports, check_domain
 from ._processes import AttachStream, Processes, parse_signal
@@ -42,6 +43,7 @@ __all__ = [
     "Info",
     "Keys",
     "KillReport",
+    "MetricsSampler",
     "OutputCallback",
     "PortConnection",
     "PortRequest",
@@ -51,6 +53,7 @@ __all__ = [
     "PtyRequest",
     "ResultCallback",
     "SandboxAccess",
+    "SandboxMetric",
     "SandboxPage",
     "Sandboxes",
     "ServerInfo",

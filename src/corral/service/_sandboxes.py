@@ -32,6 +32,7 @@ from .._exceptions import (
 from ..backends import DEFAULT_FILE_ROOTS, Limits, SandboxSpec, SandboxState, SnapshotArtifact
 from ..control import Action, Principal, Role, SandboxQuery, SandboxRecord, TenantEgress, authorize
 from ..egress import EgressPolicy
+from ._metrics import SandboxMetric
 from ._outcome import RETRY_AFTER_DETAIL
 from ._snapshots import SNAPSHOT_ID, artifact_of
 
@@ -124,6 +125,14 @@ def file_roots(record: SandboxRecord) -> list[str]:
     """The directories the file API may touch in this sandbox."""
     roots = record.spec.file_roots
     return list(roots) if roots else list(DEFAULT_FILE_ROOTS)
+
+
+def _utc(moment: datetime | None) -> datetime | None:
+    return moment.replace(tzinfo=UTC) if moment is not None and moment.tzinfo is None else moment
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat()
 
 
 def check_network(network: str | list[str], egress: TenantEgress) -> str | list[str]:
@@ -300,6 +309,21 @@ class Sandboxes:
     async def get(self, principal: Principal, sandbox_id: str) -> SandboxRecord:
         async with self._svc.audited(principal, "sandbox.get", sandbox_id):
             return await self.authorized(principal, sandbox_id, Action.SANDBOX_READ)
+
+    async def metrics(self, principal: Principal, sandbox_id: str, start: datetime | None = None,
+                      end: datetime | None = None) -> builtins.list[SandboxMetric]:
+        """The sandbox's resource samples from `start` to `end` (both included, to the second; naive times are
+        UTC; None: from its first sample, up to now), oldest first: one every 5 s while it runs, none while it
+        is paused, the last hour kept (`MetricsSampler`). A window before the sandbox existed is []."""
+        start, end = _utc(start), _utc(end)
+        params = {"start": _iso(start), "end": _iso(end)}
+        async with self._svc.audited(principal, "sandbox.metrics", sandbox_id, params=params) as audit:
+            await self.authorized(principal, sandbox_id, Action.SANDBOX_READ)
+            if start is not None and end is not None and start > end:
+                raise InvalidRequestError(f"start ({params['start']}) is after end ({params['end']})", details=params)
+            samples = self._svc.sampler.window(sandbox_id, start, end)
+            audit.outcome["count"] = len(samples)
+            return samples
 
     async def kill(self, principal: Principal, sandbox_id: str) -> None:
         async with self._svc.audited(principal, "sandbox.kill", sandbox_id, status=204):

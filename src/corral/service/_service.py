@@ -33,6 +33,7 @@ from ._commands import Commands
 from ._egress import TenantEgressSettings
 from ._files import Files
 from ._info import Info
+from ._metrics import MetricsSampler
 from ._ports import DEFAULT_DOMAIN, Ports
 from ._processes import Processes
 from ._pty import Pty
@@ -82,12 +83,13 @@ class Service:
         self.volumes = Volumes(self)  # docs/volumes.md
         self.templates = Templates(self)
         self.reconciler = Reconciler(self)
+        self.sampler = MetricsSampler(engine)  # what `sandboxes.metrics` serves
 
     # -- lifecycle -----------------------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Store first (the audit trail), then the egress proxy (reattached sandboxes need their socket back),
-        then the engine, then the reconciler."""
+        then the engine, then the reconciler and the metrics sampler."""
         await self.store.start()
         self.access.start()
         if self._on_startup is not None:
@@ -98,10 +100,12 @@ class Service:
             await proxy.start()
         await self.engine.start(expire=False)  # one reaper: the reconciler, from the store's records
         self.reconciler.start()
+        self.sampler.start()
 
     async def close(self) -> None:
         """Stop in reverse; sandboxes keep running for the next server."""
         try:
+            await self.sampler.close()
             await self.reconciler.close()
             await self.engine.close()
         finally:

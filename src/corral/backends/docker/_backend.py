@@ -54,13 +54,22 @@ from typing import Any
 
 from ..._exceptions import ConflictError, InvalidRequestError, NotFoundError, RuntimeUnavailableError, ServerError
 from ...templates import Template
-from .._contract import JSON, AgentAddress, BackendCapacity, BackendRecord, SnapshotArtifact, UnixEndpoint
+from .._contract import (
+    JSON,
+    AgentAddress,
+    BackendCapacity,
+    BackendRecord,
+    SandboxUsage,
+    SnapshotArtifact,
+    UnixEndpoint,
+)
 from .._spec import Runtime, SandboxSpec
 from .._volumes import VOLUMES_DIR, HostVolumes
 from ..local import _cgroups, _disk
 from ..local._agent_files import install_agent
 from ..local._bundle import SANDBOX_UID
 from ..local._system import free_disk, meminfo
+from ..local._usage import sandbox_usage
 from ._api import DEFAULT_BASE_URL, START_HINT, DockerAPI
 from ._container import ContainerParams, container_config, volume_path_problem
 from ._image import Images
@@ -343,6 +352,12 @@ class DockerBackend:
     async def oom_kills(self, record: BackendRecord) -> int:
         rec = _docker(record)
         return _cgroups.oom_kills(rec.cgroup) if rec.cgroup else 0
+
+    async def usage(self, record: BackendRecord) -> SandboxUsage | None:
+        """From the container's cgroup files and its disk's filesystem, as on the local backend: the daemon's
+        stats API would cost a request (and, unless one-shot, a second of waiting) per sandbox and sample."""
+        rec = _docker(record)
+        return sandbox_usage(rec.cgroup, rec.dir / "disk") if rec.cgroup else None
 
     def restore(self, data: JSON) -> DockerRecord:
         record = DockerRecord.from_json(data)

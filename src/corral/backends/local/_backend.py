@@ -51,7 +51,15 @@ from typing import Any, ClassVar
 from ..._atomic import write_json_atomic
 from ..._exceptions import ConflictError, NotFoundError, ServerError
 from ...templates import Template
-from .._contract import JSON, AgentAddress, BackendCapacity, BackendRecord, SnapshotArtifact, UnixEndpoint
+from .._contract import (
+    JSON,
+    AgentAddress,
+    BackendCapacity,
+    BackendRecord,
+    SandboxUsage,
+    SnapshotArtifact,
+    UnixEndpoint,
+)
 from .._spec import Runtime, SandboxSpec
 from .._volumes import HostVolumes, prepare_mountpoints
 from . import _cgroups, _disk, _preflight
@@ -60,6 +68,7 @@ from ._bundle import AGENT_RUN_DIR, ID_RANGE, SANDBOX_UID, BundleParams, build_c
 from ._layers import MAX_DEPTH, Layers, check_layers, mount_views
 from ._runtime import OCIRuntime
 from ._system import free_disk, meminfo
+from ._usage import sandbox_usage
 
 logger = logging.getLogger("corral.backends.local")
 
@@ -334,6 +343,10 @@ class LocalBackend:
 
     async def oom_kills(self, record: BackendRecord) -> int:
         return _cgroups.oom_kills(_local(record).cgroups_path)
+
+    async def usage(self, record: BackendRecord) -> SandboxUsage | None:
+        rec = _local(record)
+        return sandbox_usage(rec.cgroups_path, rec.dir / "disk")  # inline: a few cgroup files and a statvfs
 
     def restore(self, data: JSON) -> LocalRecord:
         record = LocalRecord.from_json(data)

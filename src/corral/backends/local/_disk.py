@@ -324,6 +324,18 @@ def is_mounted(path: Path) -> bool:
     return os.fspath(path) in _mount_sources()
 
 
+def filesystem_usage(mountpoint: Path) -> tuple[int, int] | None:
+    """(used, total) bytes of the filesystem mounted at `mountpoint`; None when none is (statvfs would answer for
+    its parent's). Two stats and a statvfs, no mount table: this is read every few seconds per sandbox."""
+    try:
+        if os.stat(mountpoint).st_dev == os.stat(mountpoint.parent).st_dev:
+            return None
+        st = os.statvfs(mountpoint)
+    except OSError:
+        return None
+    return (st.f_blocks - st.f_bfree) * st.f_frsize, st.f_blocks * st.f_frsize
+
+
 def _mount_sources() -> dict[str, str]:
     """Every mount point of this mount namespace and its source."""
     return {point: entry.source for point, entry in mount_table().items()}
@@ -344,6 +356,6 @@ def require_tools() -> list[str]:
     return missing
 
 
-__all__ = ["DiskImages", "RuntimeUnavailableError", "finish_first", "in_thread", "is_mounted", "mount_image",
-           "mount_overlay", "mount_readonly_layers", "mount_tmpfs", "mounts_under", "require_tools", "unmount",
-           "unmount_all", "wait_loop_detached"]
+__all__ = ["DiskImages", "RuntimeUnavailableError", "filesystem_usage", "finish_first", "in_thread", "is_mounted",
+           "mount_image", "mount_overlay", "mount_readonly_layers", "mount_tmpfs", "mounts_under", "require_tools",
+           "unmount", "unmount_all", "wait_loop_detached"]
