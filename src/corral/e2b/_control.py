@@ -10,7 +10,7 @@ network is "internet" unless the request or the tenant's ceiling says less (`_ne
 from __future__ import annotations
 
 import urllib.parse
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from starlette.requests import Request
@@ -35,7 +35,7 @@ from ._models import (
     TimeoutRequest,
 )
 from ._network import egress_policy
-from ._views import detail_json, listed_json, sandbox_json, snapshot_json
+from ._views import detail_json, listed_json, metric_json, sandbox_json, snapshot_json
 
 __all__ = ["CONTROL_PREFIXES", "routes"]
 
@@ -254,6 +254,26 @@ def _limit(raw: str | None) -> int:
     return int(raw)
 
 
+@e2b_endpoint
+async def metrics(request: Request) -> Response:
+    """Samples of the sandbox's CPU, memory and disk (every 5 s, the last hour) within `start`..`end` (unix s)."""
+    svc = front_of(request).service
+    principal = await caller(svc, request)
+    params = request.query_params
+    found = await svc.sandboxes.metrics(principal, request.path_params["sandbox_id"],
+                                        _unix(params.get("start"), "start"), _unix(params.get("end"), "end"))
+    return JSONResponse([metric_json(m) for m in found])
+
+
+def _unix(raw: str | None, name: str) -> datetime | None:
+    if raw is None or raw == "":
+        return None
+    try:
+        return datetime.fromtimestamp(int(raw), UTC)
+    except (ValueError, OverflowError, OSError):
+        raise InvalidRequestError(f"{name} {raw[:32]!r} is not a Unix time in seconds") from None
+
+
 # -- snapshots, fork, templates --------------------------------------------------------------------------------
 
 
@@ -353,6 +373,7 @@ def routes() -> list[Route]:
         Route(f"/sandboxes{sid}/connect", connect, methods=["POST"]),
         Route(f"/v2/sandboxes{sid}/connect", connect, methods=["POST"]),
         Route(f"/sandboxes{sid}/network", set_network, methods=["PUT"]),
+        Route(f"/sandboxes{sid}/metrics", metrics, methods=["GET"]),
         Route(f"/sandboxes{sid}/fork", fork, methods=["POST"]),
         Route(f"/sandboxes{sid}/snapshots", create_snapshot, methods=["POST"]),
         Route("/snapshots", list_snapshots, methods=["GET"]),

@@ -77,7 +77,14 @@ async def upload(request: Request) -> Response:
             written = [path]
     except CorralError as exc:
         return _file_error(exc)
-    return JSONResponse([{"path": p, "name": p.rsplit("/", 1)[-1], "type": "file"} for p in written])
+    return JSONResponse([_written(p, metadata) for p in written])
+
+
+def _written(path: str, metadata: dict[str, str] | None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"path": path, "name": path.rsplit("/", 1)[-1], "type": "file"}
+    if metadata:
+        entry["metadata"] = metadata
+    return entry
 
 
 async def _upload_parts(request: Request, sandbox_id: str, principal: Principal, path: str | None,
@@ -109,7 +116,8 @@ async def _write(request: Request, sandbox_id: str, principal: Principal, path: 
 
 
 def _write_options(metadata: dict[str, str] | None) -> dict[str, Any]:
-    return {}
+    # In place, as envd writes: a watcher sees the file's own name created and written, not a temporary one.
+    return {"in_place": True, "metadata": metadata}
 
 
 async def _part_chunks(part: UploadFile) -> AsyncIterator[bytes]:

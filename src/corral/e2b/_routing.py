@@ -20,6 +20,7 @@ from . import _control
 from ._config import E2BConfig
 from ._envd import ENVD_PORT, envd_app
 from ._files import SANDBOX_SCOPE_KEY
+from ._filesystem import FILESYSTEM_RPCS
 from ._front import Front
 from ._interpreter import INTERPRETER_PORT, interpreter_app
 from ._process import PROCESS_RPCS
@@ -27,7 +28,7 @@ from ._rpc import Rpc
 
 __all__ = ["ENVD_RPCS", "E2BMiddleware"]
 
-ENVD_RPCS: Mapping[str, Rpc] = {**PROCESS_RPCS}
+ENVD_RPCS: Mapping[str, Rpc] = {**PROCESS_RPCS, **FILESYSTEM_RPCS}
 
 _LABEL = re.compile(r"([1-9][0-9]{0,4})-(sb-[a-z0-9][a-z0-9-]*)")
 

@@ -6,15 +6,16 @@ parsers: Corral sends a constant.
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Any
 
 from ..control import SandboxRecord, SnapshotRecord
 from ..engine import SandboxState
-from ..service import SandboxAccess, TokenPurpose
+from ..service import SandboxAccess, SandboxMetric, TokenPurpose
 from ._config import E2BConfig
 
-__all__ = ["detail_json", "listed_json", "sandbox_json", "snapshot_json", "timestamp"]
+__all__ = ["detail_json", "listed_json", "metric_json", "sandbox_json", "snapshot_json", "timestamp"]
 
 CLIENT_ID = "corral"
 _MB = 1024 * 1024
@@ -80,3 +81,10 @@ def detail_json(record: SandboxRecord, config: E2BConfig, access: SandboxAccess,
 
 def snapshot_json(record: SnapshotRecord) -> dict[str, Any]:
     return {"snapshotID": record.id, "names": [record.name] if record.name else []}
+
+
+def metric_json(metric: SandboxMetric) -> dict[str, Any]:
+    return {"timestamp": timestamp(metric.timestamp), "timestampUnix": int(metric.timestamp.timestamp()),
+            "cpuCount": max(1, math.ceil(metric.cpus)), "cpuUsedPct": round(metric.cpu_used_pct, 2),
+            "memUsed": metric.memory_used, "memTotal": metric.memory_total, "memCache": metric.memory_cache,
+            "diskUsed": metric.disk_used, "diskTotal": metric.disk_total}
