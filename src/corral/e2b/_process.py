@@ -20,7 +20,7 @@ from ..service import Command
 from ._connect import RpcError
 from ._proto import b64, enum_of, field, integer, message_of, process_ref, unb64
 from ._rpc import Call, Rpc, Send
-from ._user import HOME
+from ._user import HOME, absolute_path
 
 __all__ = ["PROCESS_RPCS"]
 
@@ -61,7 +61,11 @@ def _command(call: Call) -> Command:
         raise InvalidRequestError(f"tag must be 1 to {_MAX_TAG} characters")
     pty = _pty(call.message)
     keep_stdin = pty is None and field(call.message, "stdin") is not False  # envd's default: the pipe stays open
-    return Command(cmd=[program, *args], cwd=field(config, "cwd") or HOME, env=envs, timeout=call.deadline,
+    cwd = field(config, "cwd")
+    if cwd is not None and not isinstance(cwd, str):
+        raise InvalidRequestError("process.cwd must be text")
+    return Command(cmd=[program, *args], cwd=absolute_path(cwd, what="cwd", default=HOME), env=envs,
+                   timeout=call.deadline,
                    detached=True, tag=tag, pty=pty, keep_stdin=keep_stdin)
 
 
