@@ -101,7 +101,7 @@ def test_auto_pause_in_memory_and_on_disk(e2b_env: E2BServer, cleanup: Cleanup) 
     resumed = frozen.connect()
     assert resumed.files.read("/home/user/marker") == "kept"
     assert any("sleep 600" in " ".join([p.cmd, *p.args]) for p in resumed.commands.list())  # processes kept
-    assert resumed.get_info().end_at.timestamp() > time.time() + 200  # a whole timeout again, not expired
+    assert resumed.get_info().end_at.timestamp() > time.time() + 30  # its whole timeout again, not expired
 
 
 def test_snapshots_and_fork(e2b_env: E2BServer, cleanup: Cleanup) -> None:
@@ -194,7 +194,10 @@ def test_network_settings_become_egress_policies(e2b_env: E2BServer, cleanup: Cl
     listed = cleanup.add(Sandbox.create("base", network={"allow_out": ["pypi.org"], "deny_out": ["0.0.0.0/0"]}))
     assert _v1(e2b_env, listed.sandbox_id).json()["network"] == ["pypi.org"]
     r = closed.commands.run("curl -sS -m 5 https://pypi.org/ || true")
-    assert "pypi.org" in r.stderr or r.exit_code != 0  # the proxy refused it, saying why
+    assert "403" in r.stderr  # all that curl says of a refused CONNECT
+    assert r.error is not None and "pypi.org" in r.error and "policy: none" in r.error, r.error  # Corral says why
+    refused = listed.commands.run("curl -sS -m 5 https://example.com/ || true")
+    assert refused.error is not None and "example.com" in refused.error, refused.error
 
 
 def test_signed_file_urls(e2b_env: E2BServer, cleanup: Cleanup) -> None:

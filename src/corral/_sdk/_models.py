@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from .._exceptions import ServerError
-from .._output import OutputText
+from .._output import OutputText, egress_notice
 
 __all__ = ["CommandResult", "EgressDenial", "Entry", "SandboxInfo", "SandboxMetric"]
 
@@ -98,8 +97,7 @@ class CommandResult(OutputText):
 
         A tool that retries (pip tries 6 times) is refused as often; the line says so once: `... (6 attempts)`.
         """
-        seen = Counter((d.host, d.port, d.reason) for d in self.egress_denials)  # in the order first refused
-        return "".join(f"corral: {reason}{f' ({n} attempts)' if n > 1 else ''}\n" for (_, _, reason), n in seen.items())
+        return egress_notice((d.host, d.port, d.reason) for d in self.egress_denials)
 
     @classmethod
     def from_wire(

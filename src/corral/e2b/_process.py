@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._exceptions import InvalidRequestError
+from .._output import egress_notice
 from ..engine import ExecResult, ProcessInfo, PtySize
 from ..service import Command
 from ._connect import RpcError
@@ -118,6 +119,9 @@ def _end(result: ExecResult) -> dict[str, Any]:
     else:
         status = f"signal: {_signal_name(result.signal)}"
         end = {"exitCode": -1, "exited": False, "status": status, "error": status}
+    notice = egress_notice((d.host, d.port, d.reason) for d in result.egress_denials)
+    if notice:  # curl and git print only "403": the reason reaches the agent in the command's error
+        end["error"] = "; ".join(filter(None, (end.get("error"), notice.strip())))
     return {"event": {"end": end}}
 
 
