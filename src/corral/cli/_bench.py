@@ -133,6 +133,18 @@ def lifecycle(
     _run("lifecycle", out, template=template, n=n, files=files, ports=ports)
 
 
+@bench_app.command("e2b")
+def e2b(
+    n: int = typer.Option(100, help="Samples per latency measurement (a quarter of them for creates)."),
+    size_mib: int = typer.Option(100, help="File size in MiB for the transfer figures."),
+    rounds: int = typer.Option(5, help="Uploads and downloads of that size per SDK."),
+    template: str = typer.Option("default"),
+    out: Path = typer.Option(Path("bench-results/e2b.json"), help="Where to write the JSON figures."),
+) -> None:
+    """E2B's SDKs against Corral's E2B API, beside Corral's own SDK on the same server in the same run."""
+    _run("e2b", out, template=template, n=n, size_mib=size_mib, rounds=rounds)
+
+
 @bench_app.command("eval")
 def eval_(
     concurrency: int = typer.Option(50, help="Concurrent agents (tasks at once)."),
