@@ -2,7 +2,7 @@
 
 from ._agent_client import AgentClient, PtySession
 from ._capacity import Capacity, MachineUsage
-from ._code import CodeError, CodeResult, CodeSession, RichResult
+from ._code import CodeError, CodeResult, CodeSession, RichResult, default_context, normalize_language
 from ._engine import Engine, Files, Processes, SandboxHandle, read_agent_address
 from ._models import (
     DEFAULT_FILE_ROOTS,
@@ -39,6 +39,8 @@ __all__ = [
     "SandboxInfo",
     "SandboxSpec",
     "SandboxState",
+    "default_context",
+    "normalize_language",
     "parse_size",
     "read_agent_address",
 ]
