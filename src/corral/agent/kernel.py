@@ -408,6 +408,8 @@ def describe_error(exc: BaseException) -> dict[str, str]:
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:  # our own frames, not the cell's
         tb = tb.tb_next
+    if isinstance(exc, SyntaxError) and not isinstance(exc.__cause__, BaseException):
+        tb = None  # the cell did not run: the frames are the parser's (ast.parse), the cell's line is in exc
     text = "".join(traceback.format_exception(type(exc), exc, tb))
     return {"name": type(exc).__name__, "value": str(exc), "traceback": text}
 

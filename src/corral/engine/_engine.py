@@ -534,7 +534,7 @@ class Engine:
                                      max_output=max_output, on_stdout=on_stdout, on_stderr=on_stderr)
         return self._with_denials(sb, await self._with_oom(sb, result, before), started)
 
-    async def run_code(self, sandbox_id: str, code: str, *, language: str | None = "python",
+    async def run_code(self, sandbox_id: str, code: str, *, language: str = "python",
                        session: str | None = None, context: str | None = None, timeout: float | None = None,
                        stdin: bytes | None = None, env: Mapping[str, str] | None = None, cwd: str | None = None,
                        show_saved_images: bool = False, on_stdout: OutputCallback | None = None,
@@ -545,12 +545,13 @@ class Engine:
         `session` None: the language's own default context (`default_context(language)`: "default" for python,
         the language's name for the others, as in E2B), so cells of two languages never meet in one. `context`:
         run in that context (made by `create_code_context`, listed by `code_contexts`, or a language's default),
-        in its own language unless `language` is given too; java and typescript run there as sessions, not as
-        compiled programs. `env`: environment variables for this cell only, on top of the sandbox's. `cwd` and
+        in its own language (`language` is ignored); java and typescript run there as sessions, not as compiled
+        programs. `env`: environment variables for this cell only, on top of the sandbox's. `cwd` and
         `show_saved_images` apply if this call makes the context (`cwd` None: /workspace)."""
         sb = self._running(sandbox_id)
         before = await self.backend.oom_kills(sb.record)
-        result = await sb.agent.run_code(code, language=language, session=session, context=context,
+        result = await sb.agent.run_code(code, language=None if context is not None else language,
+                                         session=session, context=context,
                                          timeout=timeout, stdin=stdin, env=self._env(sb, None), cell_env=env,
                                          cwd=cwd, show_saved_images=show_saved_images, on_stdout=on_stdout,
                                          on_stderr=on_stderr, on_result=on_result)

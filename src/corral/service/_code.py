@@ -32,12 +32,12 @@ class Cell:
     program's stdin, for compiled languages.
 
     `context`: run in that code context instead (an id from `Code.create_context` or `Code.contexts`, or a
-    language's default, `corral.engine.default_context(language)`), in its own language unless `language` is
-    given; an unknown id is a `NotFoundError`. `env`: environment variables for this cell only, on top of the
+    language's default, `corral.engine.default_context(language)`), in its own language (`language` is
+    ignored); an unknown id is a `NotFoundError`. `env`: environment variables for this cell only, on top of the
     sandbox's. `cwd` and `show_saved_images` apply if this call makes the context (docs/code.md)."""
 
     code: str
-    language: str | None = "python"
+    language: str = "python"
     session: str | None = None
     timeout: float | None = None
     stdin: bytes | None = None
