@@ -641,7 +641,7 @@ async def test_a_cell_in_a_context_with_its_own_env_is_audited_without_the_value
     assert world.engine.calls == [("run_code", (cell.code, "python", None, {
         "context": "c-1", "env": {"TOKEN": "hunter2", "A": "b"}, "cwd": "/home/user", "show_saved_images": True}))]
     record = await world.record("code.run")
-    assert record.params == {"code": cell.code, "language": "python", "session": None, "timeout": None,
+    assert record.params == {"code": cell.code, "language": None, "session": None, "timeout": None,
                              "context": "c-1", "env": ["A", "TOKEN"], "cwd": "/home/user",
                              "show_saved_images": True, "stream": False}
     assert "hunter2" not in str(record.params)

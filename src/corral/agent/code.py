@@ -141,6 +141,7 @@ class Context:
         self.options = options
         self.session: Session | None = None
         self.starting = threading.Lock()  # one start at a time, without holding up the other contexts
+        self.closed = False
 
     def info(self) -> dict[str, Any]:
         session = self.session if self.session is not None and not self.session.dead else None
@@ -269,6 +270,8 @@ class Sessions:
         with self.lock:
             if self.contexts.get(context.name) is context:
                 del self.contexts[context.name]
+        with context.starting:  # a cell that found the context just before now starts no session for it
+            context.closed = True
         if context.session is not None:
             self._end(context.session)
         ch.event(event="done")
@@ -356,6 +359,8 @@ class Sessions:
 
     def _session(self, context: Context, env: Any) -> Session:
         with context.starting:
+            if context.closed:
+                raise ProcessError("not_found", f"the code context {context.name!r} was closed")
             session = context.session
             if session is None or session.dead:
                 session = context.session = self._start(context, env)

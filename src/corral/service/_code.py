@@ -50,7 +50,8 @@ class Cell:
         given = {"stdin": self.stdin is not None, "context": self.context,
                  "env": sorted(self.env) if self.env else None, "cwd": self.cwd,
                  "show_saved_images": self.show_saved_images}
-        return {"code": self.code, "language": self.language, "session": self.session, "timeout": self.timeout,
+        language = None if self.context is not None else self.language  # a context runs its own language
+        return {"code": self.code, "language": language, "session": self.session, "timeout": self.timeout,
                 **{k: v for k, v in given.items() if v}}
 
 
