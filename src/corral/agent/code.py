@@ -349,8 +349,9 @@ class Sessions:
             if language not in languages.SESSION_LANGUAGES:
                 raise ProcessError("invalid_request", f"unknown language {language!r}; available: "
                                                       f"{', '.join(LANGUAGES)} {UNKNOWN_HINT}")
-            _check_available(language, req.get("env"))
             name = _name(req.get("session") or languages.default_context(language), "session")
+            if name not in self.contexts:  # a language the template lacks makes no context
+                _check_available(language, req.get("env"))
             context = self._registered(name, language, req)
         if language is not None and context.language != language:
             raise ProcessError("conflict", f"code session {context.name!r} runs {context.language}, not "
