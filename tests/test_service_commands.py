@@ -193,6 +193,18 @@ class FakeEngine:
     async def close_code(self, sandbox_id: str, session: str) -> None:
         self._session("close_code", sandbox_id, session)
 
+    async def create_code_context(self, sandbox_id: str, language: str, *, cwd: str | None,
+                                  show_saved_images: bool) -> CodeSession:
+        self.info(sandbox_id)
+        self.calls.append(("create_code_context", (language, cwd, show_saved_images)))
+        context = CodeSession("c-1", language, 0, 0, cwd=cwd or "/workspace")
+        self.sessions[context.name] = context
+        return context
+
+    async def code_contexts(self, sandbox_id: str, *, cwd: str | None, show_saved_images: bool) -> list[CodeSession]:
+        self.calls.append(("code_contexts", (cwd, show_saved_images)))
+        return list(self.sessions.values())
+
 
 @dataclass
 class World:
@@ -628,3 +640,40 @@ async def test_sessions_are_listed_interrupted_restarted_and_closed(world: World
     closes = await world.records("code.close")
     assert [(r.params, r.outcome) for r in closes] == [({"session": "default"}, {"status": 204}),
                                                        ({"session": "nope"}, {"status": 404, "error": "not_found"})]
+
+
+async def test_a_cell_in_a_context_with_its_own_env_is_audited_without_the_values(world: World) -> None:
+    cell = Cell("import os; os.environ['TOKEN']", context="c-1", env={"TOKEN": "hunter2", "A": "b"},
+                cwd="/home/user", show_saved_images=True)
+    await world.service.code.run(world.dev, world.sandbox, cell)
+    assert world.engine.calls == [("run_code", (cell.code, "python", None, {
+        "context": "c-1", "env": {"TOKEN": "hunter2", "A": "b"}, "cwd": "/home/user", "show_saved_images": True}))]
+    record = await world.record("code.run")
+    assert record.params == {"code": cell.code, "language": None, "session": None, "timeout": None,
+                             "context": "c-1", "env": ["A", "TOKEN"], "cwd": "/home/user",
+                             "show_saved_images": True, "stream": False}
+    assert "hunter2" not in str(record.params)
+
+
+async def test_contexts_are_made_and_listed_audited(world: World) -> None:
+    code, dev, sb = world.service.code, world.dev, world.sandbox
+    made = await code.create_context(dev, sb, "javascript", "/home/user", show_saved_images=True)
+    assert (made.name, made.cwd) == ("c-1", "/home/user")
+    assert [c.name for c in await code.contexts(dev, sb, cwd="/home/user")] == ["default", "c-1"]
+    assert world.engine.calls == [("create_code_context", ("javascript", "/home/user", True)),
+                                  ("code_contexts", ("/home/user", False))]
+    record = await world.record("code.create_context")
+    assert record.params == {"language": "javascript", "cwd": "/home/user", "show_saved_images": True}
+    assert record.outcome == {"status": 200, "context": "c-1"}
+    assert (await world.record("code.contexts")).outcome == {"status": 200, "count": 2}
+
+
+async def test_contexts_are_refused_to_other_tenants_and_auditors(world: World) -> None:
+    with pytest.raises(NotFoundError):
+        await world.service.code.create_context(world.other, world.sandbox)
+    with pytest.raises(PermissionDeniedError):
+        await world.service.code.create_context(world.auditor, world.sandbox)
+    with pytest.raises(NotFoundError):
+        await world.service.code.contexts(world.other, world.sandbox)
+    assert world.engine.calls == []
+    assert [r.outcome["status"] for r in await world.records()] == [404, 403, 404]

@@ -1,24 +1,35 @@
-"""Code sessions: named, stateful interpreters, each its own process running `agent/kernel.py` (docs/code.md).
+"""Code sessions: stateful interpreters in code contexts, each session its own process running `agent/kernel.py`
+(docs/code.md).
+
+A context is what a session is started as: an id, a language, a working directory (and kernel options). It is
+created explicitly (`code_context_create`), or by the first cell that names it; each language has a default
+context (`languages.default_context`), and the default python and javascript ones are listed before they ever
+ran. Its session (the process) starts with its first cell; restarting or a crash ends only the process, and the
+next cell starts a fresh one in the same context; closing removes the context.
 
 A session is spawned like any command (sandbox user, subreaper root in its own process group), so an OOM or a
 crash takes only that session. Its stdin carries cells as `REQUEST` frames; its stdout carries the agent's own
-frames back, which are relayed to the host as they come. One cell runs at a time per session.
+frames back, which are relayed to the host as they come. One cell runs at a time per session; a cell whose host
+goes away (or whose timeout passes) is interrupted, and killed 2 s later if it does not stop.
 
-Compiled languages (`c`, `cpp`; `java`, `go`, `rust`, `typescript` with the polyglot template) have no session:
-each call writes the code to a fresh temporary directory, compiles it there and runs the program (as a command,
-like exec), with the call's `stdin_b64` as its stdin.
+Compiled languages (`c`, `cpp`; `java`, `go`, `rust`, `typescript` with the polyglot template) outside a context
+have no session: each call writes the code to a fresh temporary directory, compiles it there and runs the program
+(as a command, like exec), with the call's `stdin_b64` as its stdin. In a context, java and typescript are
+sessions (a JShell, a node whose cells lose their types).
 
-Ops: `code_run`, `code_interrupt`, `code_restart`, `code_close`, `code_list`.
+Ops: `code_run`, `code_interrupt`, `code_restart`, `code_close`, `code_list` (running sessions),
+`code_context_create`, `code_contexts` (every context, the listed defaults first).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import select
 import threading
 import time
 
-from . import protocol
+from . import languages, protocol
 from .channel import Channel, Closed
 from .processes import Process, ProcessError, ProcessTable, _close_quietly, _which, decode_status
 
@@ -27,7 +38,10 @@ if TYPE_CHECKING:
     from typing import Any
 
 SIGINT = 2
-INTERPRETERS = {"python": "python3", "bash": "bash", "javascript": "node"}
+MSG_PEEK, MSG_DONTWAIT = 2, 64
+# Session languages -> what the template must have for them (the kernel itself needs python3 besides).
+KERNEL_TOOLS = {"python": ("python3",), "bash": ("bash",), "javascript": ("node",), "typescript": ("node", "tsc"),
+                "r": ("Rscript",), "java": ("java", "jshell")}
 # TypeScript without @types/node (bookworm has no package of it) and without the DOM's lib (`--lib es2020`: tsc
 # takes ~2 s instead of ~7): just enough for Node's globals and built-in modules to type-check (as `any`), so that
 # `console.log(...)`, `process.stdout.write(...)` or `import * as fs from "fs"` compile.
@@ -61,11 +75,14 @@ COMPILERS: dict[str, dict[str, Any]] = {
                                                     "node.d.ts"],
                    "run": ["node", "{dir}/out/main.js"], "files": {"node.d.ts": NODE_DTS}},
 }
-POLYGLOT = ("java", "go", "rust", "typescript")  # what only the polyglot template has the toolchains of
-LANGUAGES = (*INTERPRETERS, *COMPILERS)
-UNKNOWN_HINT = "(Java, Go, Rust and TypeScript need the polyglot template)"
-POLYGLOT_HINT = ("Java, Go, Rust and TypeScript need the `polyglot` template: build it with `corral templates build "
-                 "polyglot` and create the sandbox with template 'polyglot'")
+POLYGLOT = ("java", "go", "rust", "typescript", "r")  # what only the polyglot template has the tools of
+LANGUAGES = ("python", "bash", "javascript", *COMPILERS, "r")
+UNKNOWN_HINT = "(Java, Go, Rust and TypeScript need the polyglot template, and so does R)"
+POLYGLOT_HINT = ("Java, Go, Rust, TypeScript and R need the `polyglot` template: build it with `corral templates "
+                 "build polyglot` and create the sandbox with template 'polyglot'")
+DEFAULT_CWD = "/workspace"
+NAME = re.compile(r"^[^\x00/]{1,128}$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 PROGRAM_KEPT = 64 * 1024  # what a program's Process keeps of its output: every byte is relayed as it comes
 KILL_GRACE = 2.0  # after an interrupt, how long a cell may take to stop before its session is killed
 START_TIMEOUT = 60.0
@@ -114,12 +131,34 @@ class FrameReader:
         return kind, payload
 
 
-class Session:
-    def __init__(self, name: str, language: str, proc: Process) -> None:
+class Context:
+    """What a session is started as: an id, a language, a working directory and the kernel's options."""
+
+    def __init__(self, name: str, language: str, cwd: str, options: dict[str, Any]) -> None:
         self.name = name
         self.language = language
+        self.cwd = cwd
+        self.options = options
+        self.session: Session | None = None
+        self.starting = threading.Lock()  # one start at a time, without holding up the other contexts
+        self.closed = False
+
+    def info(self) -> dict[str, Any]:
+        session = self.session if self.session is not None and not self.session.dead else None
+        return {"name": self.name, "language": self.language, "cwd": self.cwd,
+                "pid": session.proc.pid if session else 0, "started_at": session.started_at if session else 0,
+                "busy": session.busy.locked() if session else False,
+                "execution_count": session.count if session else 0}
+
+
+class Session:
+    def __init__(self, context: Context, proc: Process) -> None:
+        self.context = context
+        self.name = context.name
+        self.language = context.language
         self.proc = proc
         self.started_at = time.time()
+        self.count = 0  # cells run, the running one included: E2B's execution count
         self.busy = threading.Lock()  # one cell at a time
         self.kill_at: float | None = None  # set by an interrupt: kill if the cell still runs by then
         self.killed = False
@@ -137,12 +176,8 @@ class Session:
         finally:
             _close_quietly(self.err_fd)
 
-    def info(self) -> dict[str, Any]:
-        return {"name": self.name, "language": self.language, "pid": self.proc.pid, "started_at": self.started_at,
-                "busy": self.busy.locked()}
-
-    def send_cell(self, code: str) -> None:
-        frame = protocol.encode_json(protocol.REQUEST, {"code": code})
+    def send_cell(self, code: str, env: dict[str, str]) -> None:
+        frame = protocol.encode_json(protocol.REQUEST, {"code": code, "env": env})
         assert self.proc.stdin_fd is not None
         try:
             os.write(self.proc.stdin_fd, frame) if len(frame) < 65536 else _write_all(self.proc.stdin_fd, frame)
@@ -183,7 +218,7 @@ def _write_all(fd: int, data: bytes) -> None:
 class Sessions:
     def __init__(self, table: ProcessTable) -> None:
         self.table = table
-        self.sessions: dict[str, Session] = {}
+        self.contexts: dict[str, Context] = {}  # in creation order
         self.lock = threading.Lock()
 
     # -- ops ---------------------------------------------------------------------------------------------
@@ -195,54 +230,146 @@ class Sessions:
         timeout = req.get("timeout")
         if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):
             raise ProcessError("invalid_request", "timeout must be a positive number of seconds")
-        language = req.get("language") or "python"
-        if language in COMPILERS:
-            self._run_program(ch, req, code, None if timeout is None else float(timeout))
+        cell_env = _cell_env(req.get("cell_env"))
+        language = _language(req.get("language"))
+        if req.get("context") is None and (language or "python") in COMPILERS:
+            self._run_program(ch, req, code, None if timeout is None else float(timeout), cell_env)
             return
         if req.get("stdin_b64") is not None:
-            raise ProcessError("invalid_request", f"stdin is not supported for {language} sessions; only for "
-                                                  + ", ".join(COMPILERS))
-        session = self._get_or_start(req)
+            raise ProcessError("invalid_request", f"stdin is not supported for {language or 'python'} sessions; "
+                                                  "only for " + ", ".join(COMPILERS))
+        context = self._context_to_run(req, language)
+        session = self._session(context, req.get("env"))
         with session.busy:
-            ch.event(event="started", session=session.name, language=session.language, pid=session.proc.pid)
+            session.count += 1
+            ch.event(event="started", session=context.name, language=context.language, pid=session.proc.pid,
+                     execution_count=session.count)
             started = time.monotonic()
-            done = self._run_cell(ch, session, code, None if timeout is None else float(timeout))
+            done = self._run_cell(ch, session, code, cell_env, None if timeout is None else float(timeout))
         done["duration"] = round(time.monotonic() - started, 6)
+        done["execution_count"] = session.count
         ch.send_json(protocol.EVENT, done)
 
     def op_interrupt(self, ch: Channel, req: dict[str, Any]) -> None:
-        self._named(req).interrupt()
+        session = self._named(req).session
+        if session is not None:
+            session.interrupt()
         ch.event(event="done")
 
     def op_restart(self, ch: Channel, req: dict[str, Any]) -> None:
-        old = self._named(req)
-        self._end(old)
-        self._get_or_start({**req, "language": old.language, "env": req.get("env")})
+        """A running session is replaced by a fresh one; one that never ran (or died) is fresh already."""
+        context = self._named(req)
+        session = context.session
+        if session is not None and not session.dead:
+            self._end(session)
+            self._session(context, req.get("env"))
         ch.event(event="done")
 
     def op_close(self, ch: Channel, req: dict[str, Any]) -> None:
-        self._end(self._named(req))
+        context = self._named(req)
+        with self.lock:
+            if self.contexts.get(context.name) is context:
+                del self.contexts[context.name]
+        with context.starting:  # a cell that found the context just before now starts no session for it
+            context.closed = True
+        if context.session is not None:
+            self._end(context.session)
         ch.event(event="done")
 
     def op_list(self, ch: Channel, req: dict[str, Any]) -> None:
+        """The running sessions."""
         with self.lock:
-            sessions = list(self.sessions.values())
-        ch.event(event="done", sessions=[s.info() for s in sessions])
+            running = [c for c in self.contexts.values() if c.session is not None and not c.session.dead]
+        ch.event(event="done", sessions=[c.info() for c in running])
 
-    # -- sessions ------------------------------------------------------------------------------------------
+    def op_context_create(self, ch: Channel, req: dict[str, Any]) -> None:
+        language = _language(req.get("language")) or "python"
+        if language not in languages.SESSION_LANGUAGES:
+            raise ProcessError("invalid_request", f"no code contexts for {language!r}; contexts run "
+                                                  f"{', '.join(languages.SESSION_LANGUAGES)}")
+        _check_available(language, req.get("env"))
+        name = req.get("context")
+        if name is None:
+            import uuid
 
-    def _named(self, req: dict[str, Any]) -> Session:
+            name = str(uuid.uuid4())
+        context = Context(_name(name, "context"), language, _cwd(req.get("cwd")), _options(req))
+        with self.lock:
+            if context.name in self.contexts:
+                raise ProcessError("conflict", f"a code context {context.name!r} exists already")
+            self.contexts[context.name] = context
+        ch.event(event="done", context=context.info())
+
+    def op_contexts(self, ch: Channel, req: dict[str, Any]) -> None:
+        """Every context, the listed defaults (made here if need be, with the request's cwd) first."""
+        defaults = []
+        for language in languages.LISTED_DEFAULTS:
+            name = languages.default_context(language)
+            if name in self.contexts or _missing_tool(language, req.get("env")) is None:
+                defaults.append(self._registered(name, language, req))
+        with self.lock:
+            others = [c for c in self.contexts.values() if c not in defaults]
+        ch.event(event="done", contexts=[c.info() for c in [*defaults, *others]])
+
+    # -- contexts and their sessions ---------------------------------------------------------------------
+
+    def _named(self, req: dict[str, Any]) -> Context:
         name = str(req.get("session") or "default")
         with self.lock:
-            session = self.sessions.get(name)
-        if session is None:
+            context = self.contexts.get(name)
+        if context is None:
             raise ProcessError("not_found", f"no code session {name!r} in this sandbox")
+        return context
+
+    def _registered(self, name: str, language: str, req: dict[str, Any]) -> Context:
+        """The context `name`, made with `language` and the request's cwd and options if it does not exist."""
+        with self.lock:
+            context = self.contexts.get(name)
+        if context is None:
+            made = Context(name, language, _cwd(req.get("cwd")), _options(req))
+            with self.lock:
+                context = self.contexts.setdefault(name, made)
+        return context
+
+    def _context_to_run(self, req: dict[str, Any], language: str | None) -> Context:
+        """`context`: an existing context or a default one, whatever its language (unless one is given).
+        Otherwise `session` (or the language's default context), made for the language on first use."""
+        if req.get("context") is not None:
+            name = _name(req["context"], "context")
+            with self.lock:
+                context = self.contexts.get(name)
+            if context is None:
+                default = languages.DEFAULT_CONTEXTS.get(name)
+                if default is None:
+                    raise ProcessError("not_found", f"no code context {name!r} in this sandbox")
+                _check_available(default, req.get("env"))
+                context = self._registered(name, default, req)
+        else:
+            language = language or "python"
+            if language not in languages.SESSION_LANGUAGES:
+                raise ProcessError("invalid_request", f"unknown language {language!r}; available: "
+                                                      f"{', '.join(LANGUAGES)} {UNKNOWN_HINT}")
+            name = _name(req.get("session") or languages.default_context(language), "session")
+            if name not in self.contexts:  # a language the template lacks makes no context
+                _check_available(language, req.get("env"))
+            context = self._registered(name, language, req)
+        if language is not None and context.language != language:
+            raise ProcessError("conflict", f"code session {context.name!r} runs {context.language}, not "
+                                           f"{language}; use another session name")
+        return context
+
+    def _session(self, context: Context, env: Any) -> Session:
+        with context.starting:
+            if context.closed:
+                raise ProcessError("not_found", f"the code context {context.name!r} was closed")
+            session = context.session
+            if session is None or session.dead:
+                session = context.session = self._start(context, env)
         return session
 
     def _end(self, session: Session) -> None:
-        with self.lock:
-            if self.sessions.get(session.name) is session:
-                del self.sessions[session.name]
+        if session.context.session is session:
+            session.context.session = None
         session.kill()
         if not session.busy.locked():  # a running cell's loop sees the EOF and cleans up itself
             with session.busy:
@@ -250,38 +377,24 @@ class Sessions:
                     _drain_to_eof(session)
                     session.reap()
 
-    def _get_or_start(self, req: dict[str, Any]) -> Session:
-        name = req.get("session") or "default"
-        language = req.get("language") or "python"
-        if not isinstance(name, str) or not name or len(name) > 128:
-            raise ProcessError("invalid_request", "session must be a name of 1 to 128 characters")
-        if language not in INTERPRETERS:
-            raise ProcessError("invalid_request", f"unknown language {language!r}; available: "
-                                                  f"{', '.join(LANGUAGES)} {UNKNOWN_HINT}")
-        with self.lock:
-            session = self.sessions.get(name)
-            if session is not None and session.dead:
-                del self.sessions[name]
-                session = None
-            if session is None:
-                session = self._start(name, language, req.get("env"))
-                self.sessions[name] = session
-        if session.language != language:
-            raise ProcessError("conflict", f"code session {name!r} runs {session.language}, not {language}; "
-                                           "use another session name")
-        return session
-
-    def _start(self, name: str, language: str, env: Any) -> Session:
-        interpreter = INTERPRETERS[language]
-        path = str((env or {}).get("PATH") or "") or "/usr/local/bin:/usr/bin:/bin"
-        if _which(interpreter, path) is None or (language != "python" and _which("python3", path) is None):
-            raise ProcessError("invalid_request", f"{language} is not available in this sandbox: its template "
-                                                  f"has no {interpreter}")
-        proc = self.table.spawn({"cmd": ["python3", "-B", "-c", BOOT, language], "cwd": "/workspace",
-                                 "env": env, "stdin": True})
+    def _start(self, context: Context, env: Any) -> Session:
+        _check_available(context.language, env)
+        if not os.path.isdir(context.cwd):
+            raise ProcessError("invalid_request", f"the working directory {context.cwd} of code context "
+                                                  f"{context.name!r} no longer exists")
+        if not os.access(context.cwd, os.X_OK):
+            raise ProcessError("permission_denied", f"the working directory {context.cwd} of code context "
+                                                    f"{context.name!r} cannot be entered by the sandbox user; "
+                                                    "create a context with a directory it may enter, such as "
+                                                    "/home/user or /workspace")
+        options = dict(context.options)
+        if context.language == "typescript":
+            options["typescript"] = _typescript_module(env)
+        proc = self.table.spawn({"cmd": ["python3", "-B", "-c", BOOT, context.language, _json(options)],
+                                 "cwd": context.cwd, "env": env, "stdin": True})
         with self.table.lock:  # not a command: the processes API must neither list nor reap it
             self.table.processes.pop(proc.id, None)
-        session = Session(name, language, proc)
+        session = Session(context, proc)
         try:
             _await_ready(session)
         except BaseException:
@@ -290,16 +403,20 @@ class Sessions:
             raise
         return session
 
-    def _run_cell(self, ch: Channel, session: Session, code: str, timeout: float | None) -> dict[str, Any]:
+    def _run_cell(self, ch: Channel, session: Session, code: str, env: dict[str, str],
+                  timeout: float | None) -> dict[str, Any]:
         session.kill_at = None
-        timed_out = False
+        timed_out = host_left = False
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            session.send_cell(code)
+            session.send_cell(code, env)
             while True:
                 now = time.monotonic()
                 if deadline is not None and now >= deadline:
                     deadline, timed_out = None, True
+                    session.interrupt()
+                if not host_left and _host_left(ch):
+                    host_left = True  # nobody waits for this cell any more: stop it, keep the session
                     session.interrupt()
                 if session.kill_at is not None and now >= session.kill_at:
                     session.kill()
@@ -317,9 +434,8 @@ class Sessions:
             return self._died(session, timed_out)
 
     def _died(self, session: Session, timed_out: bool) -> dict[str, Any]:
-        with self.lock:
-            if self.sessions.get(session.name) is session:
-                del self.sessions[session.name]
+        if session.context.session is session:
+            session.context.session = None  # the context stays: its next cell starts a fresh session
         code, sig = session.reap()
         how = f"signal {sig}" if sig is not None else f"exit status {code}"
         if session.killed:
@@ -331,18 +447,18 @@ class Sessions:
         return {"event": "done", "error": error, "timed_out": timed_out, "session_restarted": True,
                 "killed": session.killed, "signal": sig, "exit_code": code}
 
-
     # -- compiled languages --------------------------------------------------------------------------------
 
-    def _run_program(self, ch: Channel, req: dict[str, Any], code: str, timeout: float | None) -> None:
+    def _run_program(self, ch: Channel, req: dict[str, Any], code: str, timeout: float | None,
+                     cell_env: dict[str, str]) -> None:
         """Compile `code` in a fresh directory and run the program: compile errors apart from runtime ones."""
         import base64
         import binascii
         import shutil
         import tempfile
 
-        language = str(req.get("language"))
-        name = req.get("session") or "default"
+        language = _language(req.get("language")) or "python"
+        name = req.get("session") or languages.default_context(language)  # only echoed: programs keep no state
         stdin = req.get("stdin_b64")
         try:
             data = None if stdin is None else base64.b64decode(str(stdin), validate=True)
@@ -360,6 +476,7 @@ class Sessions:
                                                   f"no {missing}{hint}")
         if chain.get("env"):
             env = {**chain["env"], **(env or {})}
+        env = {**(env or {}), **cell_env}
         workdir = tempfile.mkdtemp(prefix="corral-code-", dir="/tmp")  # we run as the sandbox user
         try:
             for file, text in {chain["source"]: code, **chain.get("files", {})}.items():
@@ -495,7 +612,97 @@ def _relay(ch: Channel, kind: int, payload: bytes) -> None:
     try:
         ch.send(kind, payload)
     except Closed:
-        pass  # the host left; the cell still runs to its end, as a notebook's would
+        pass  # the host left: the run loop sees it (`_host_left`) and interrupts the cell
+
+
+def _host_left(ch: Channel) -> bool:
+    """Did the host close its end? It sends nothing while a cell runs, so a readable socket means EOF."""
+    fd = ch.sock.fileno()
+    if fd < 0 or not select.select([fd], [], [], 0)[0]:
+        return False
+    try:
+        return ch.sock.recv(1, MSG_PEEK | MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+# -- what requests carry ----------------------------------------------------------------------------------
+
+
+def _language(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise ProcessError("invalid_request", "language must be a string")
+    return languages.normalize(value)
+
+
+def _name(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not NAME.match(value):
+        raise ProcessError("invalid_request", f"{what} must be a name of 1 to 128 characters, without '/'")
+    return value
+
+
+def _cwd(value: Any) -> str:
+    """A new context's working directory: absolute, and a directory now (whether it may be entered shows when a
+    cell runs there)."""
+    if value is None:
+        return DEFAULT_CWD
+    if not isinstance(value, str) or not value.startswith("/") or "\x00" in value:
+        raise ProcessError("invalid_request", "cwd must be an absolute path")
+    if not os.path.isdir(value):
+        raise ProcessError("invalid_request", f"working directory {value!r} does not exist in the sandbox")
+    return os.path.normpath(value)
+
+
+def _options(req: dict[str, Any]) -> dict[str, Any]:
+    return {"show_saved_images": bool(req.get("show_saved_images"))}
+
+
+def _cell_env(value: Any) -> dict[str, str]:
+    """Environment variables for one cell: names are identifiers (every language sets them, bash included)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ProcessError("invalid_request", "a cell's env must be an object of names to strings")
+    for name, item in value.items():
+        if not isinstance(name, str) or not ENV_NAME.match(name):
+            raise ProcessError("invalid_request", f"environment variable name {name!r} is not valid: letters, "
+                                                  "digits and '_', not starting with a digit")
+        if not isinstance(item, str) or "\x00" in item:
+            raise ProcessError("invalid_request", f"environment variable {name} must be a string without NUL")
+    return dict(value)
+
+
+def _path(env: Any) -> str:
+    return str((env or {}).get("PATH") or "") or "/usr/local/bin:/usr/bin:/bin"
+
+
+def _missing_tool(language: str, env: Any) -> str | None:
+    tools = ("python3", *KERNEL_TOOLS[language])
+    return next((tool for tool in tools if _which(tool, _path(env)) is None), None)
+
+
+def _check_available(language: str, env: Any) -> None:
+    missing = _missing_tool(language, env)
+    if missing is not None:
+        hint = f"; {POLYGLOT_HINT}" if language in POLYGLOT else ""
+        raise ProcessError("invalid_request", f"{language} is not available in this sandbox: its template has "
+                                              f"no {missing}{hint}")
+
+
+def _typescript_module(env: Any) -> str:
+    """The TypeScript compiler's module directory, from its `tsc` (`<module>/bin/tsc`, linked from PATH)."""
+    tsc = _which("tsc", _path(env))
+    return os.path.dirname(os.path.dirname(os.path.realpath(tsc))) if tsc else ""
+
+
+def _json(value: Any) -> str:
+    import json
+
+    return json.dumps(value, separators=(",", ":"))
 
 
 def _await_ready(session: Session) -> None:

@@ -1,15 +1,17 @@
 """A code session's own process: runs cells, one at a time, for the agent (see docs/code.md).
 
-Started by the agent as `python3 -B -c "...; from agent.kernel import main; main()" LANGUAGE`. It reads
-`REQUEST` frames (`{"code": ...}`) on its stdin and writes the agent's frames on its stdout: `STDOUT`/`STDERR`
-bytes as the cell writes them, `EVENT {"event": "result", ...}` for each rich result, and one
-`EVENT {"event": "done", "error": ...}` per cell. Before reading the first cell it says `EVENT {"event": "ready"}`.
+Started by the agent as `python3 -B -c "...; from agent.kernel import main; main()" LANGUAGE [OPTIONS]` in the
+session's working directory, OPTIONS being JSON (`show_saved_images`; `typescript`, the TypeScript compiler's module
+directory). It reads `REQUEST` frames (`{"code": ..., "env": {...}}`, `env` being set for that cell only) on its
+stdin and writes the agent's frames on its stdout: `STDOUT`/`STDERR` bytes as the cell writes them,
+`EVENT {"event": "result", ...}` for each rich result, and one `EVENT {"event": "done", "error": ...}` per cell.
+Before reading the first cell it says `EVENT {"event": "ready"}`.
 
 The cell's own fds 1 and 2 are pipes this process reads (so subprocesses stream too, bytes exact) and its stdin
 is /dev/null: the protocol fds are private duplicates the cell never sees.
 
-For `python` the cell runs here; for `bash` and `javascript` this process drives a long-lived `bash` or `node`
-child that shares those output pipes and reports each cell's end on a status pipe.
+For `python` the cell runs here; for the other languages this process drives a long-lived child (bash, node,
+Rscript, java: `agent/drivers.py`) that shares those output pipes and answers each cell on a pipe of its own.
 """
 
 from __future__ import annotations
@@ -21,11 +23,11 @@ import os
 import sys
 import threading
 
-from . import charts, protocol
+from . import charts, drivers, notebook, protocol
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, NoReturn
 
 SIGINT = 2
 FIONREAD = 0x541B
@@ -38,9 +40,11 @@ REPR_METHODS = (
     ("_repr_markdown_", "text/markdown"),
     ("_repr_latex_", "text/latex"),
     ("_repr_json_", "application/json"),
+    ("_repr_pdf_", "application/pdf"),
+    ("_repr_javascript_", "application/javascript"),
     ("_repr_e2b_chart_", "e2b/chart"),  # E2B's: a figure's data as a chart (agent/charts.py)
 )
-BINARY_MIMES = frozenset({"image/png", "image/jpeg"})
+BINARY_MIMES = frozenset({"image/png", "image/jpeg", "application/pdf"})
 JSON_MIMES = frozenset({"application/json", "e2b/chart"})
 FIGURE_EVENT_SLACK = 16 * 1024  # a figure's result event besides its PNG and chart: the repr, the JSON around
 
@@ -138,6 +142,7 @@ def _setup_fds() -> tuple[int, int, Wire]:
 
 def main() -> None:
     language = sys.argv[1] if len(sys.argv) > 1 else "python"
+    options: dict[str, Any] = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
     # The `agent` package must not shadow a user's own module of that name.
     for name in [n for n in sys.modules if n == "agent" or n.startswith("agent.")]:
         del sys.modules[name]
@@ -147,11 +152,12 @@ def main() -> None:
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # a pipe: streamed line by line
     sys.stderr.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     threading.Thread(target=wire.forward, daemon=True).start()
-    runner = PythonRunner(wire) if language == "python" else ChildRunner(wire, language)
+    runner = PythonRunner(wire, options) if language == "python" else ChildRunner(wire, language, options)
     _ignore_sigint()
     wire.event(event="ready")
     while (req := read_request(proto_in)) is not None:
-        error = runner.run(str(req.get("code", "")))
+        env = req.get("env") or {}
+        error = runner.run(str(req.get("code", "")), {str(k): str(v) for k, v in env.items()})
         _ignore_sigint()  # an interrupt that comes after the cell must not break the protocol
         _flush()
         wire.drain()
@@ -176,7 +182,7 @@ def _flush() -> None:
 
 
 class PythonRunner:
-    def __init__(self, wire: Wire) -> None:
+    def __init__(self, wire: Wire, options: dict[str, Any]) -> None:
         import types
 
         self.wire = wire
@@ -194,24 +200,46 @@ class PythonRunner:
 
         # plt.show() under Agg would warn on every call; figures come back after the cell anyway.
         warnings.filterwarnings("ignore", message=".*non-interactive.*cannot be shown")
+        notebook.install(self.display, self._flush_figures,
+                         show_saved_images=bool(options.get("show_saved_images")))
 
-    def display(self, *objs: object) -> None:
+    def display(self, *objs: object, raw: bool = False, **_: Any) -> None:
+        """IPython's `display`: each object as a result; with `raw=True`, each is a mime bundle already."""
         for obj in objs:
-            self.emit(obj, main=False)
+            if raw and isinstance(obj, dict):
+                _flush()
+                self.wire.drain()
+                data = {str(mime): json.dumps(value) if isinstance(value, dict | list) else _encode(str(mime), value)
+                        for mime, value in obj.items()}
+                self.wire.event(event="result", is_main_result=False, data=data)
+            else:
+                self.emit(obj, main=False)
 
     def emit(self, obj: object, *, main: bool) -> None:
         _flush()
         self.wire.drain()  # what was printed before the result comes before it
-        self.wire.event(event="result", is_main_result=main, data=format_object(obj))
+        self.wire.event(event="result", is_main_result=main, data={**format_object(obj), **data_mimes(obj)})
 
-    def run(self, code: str) -> dict[str, str] | None:
+    def run(self, code: str, env: dict[str, str]) -> dict[str, str] | None:
+        saved = {name: os.environ.get(name) for name in env}
+        os.environ.update(env)
+        try:
+            return self._run(code)
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+    def _run(self, code: str) -> dict[str, str] | None:
         import signal
 
         self.count += 1
         filename = f"<cell-{self.count}>"
         try:
             signal.signal(SIGINT, signal.default_int_handler)
-            value = self._execute(transform_magics(code), filename)
+            value = self._execute(transform_magics(leading_indent(code)), filename)
             signal.signal(SIGINT, signal.SIG_IGN)
             if value is not None:
                 self.ns["_"] = value
@@ -274,6 +302,19 @@ class _PNG:
         return repr(self.fig)
 
 
+def leading_indent(code: str) -> str:
+    """A cell indented as a whole (a triple-quoted string in the caller's code) loses that indent, as in IPython.
+
+    Its first non-blank line's indent goes from every line that starts with it; blank lines stay, so that line
+    numbers in tracebacks are the cell's own."""
+    lines = code.split("\n")
+    first = next((line for line in lines if line.strip()), "")
+    indent = first[: len(first) - len(first.lstrip(" \t"))]
+    if not indent:
+        return code
+    return "\n".join(line[len(indent):] if line.startswith(indent) else line for line in lines)
+
+
 def transform_magics(code: str) -> str:
     """`!cmd` lines run in a shell and `%pip ...` runs pip (like IPython, line by line)."""
     lines = code.split("\n")
@@ -325,6 +366,29 @@ def format_object(obj: object) -> dict[str, str]:
     return data
 
 
+def data_mimes(obj: object) -> dict[str, str]:
+    """Mime types besides IPython's: a pandas DataFrame's columns as `e2b/data` (JSON `{column: [values]}`, E2B's
+    structured data; timestamps in ISO 8601, NaN as null)."""
+    pandas = sys.modules.get("pandas")  # a DataFrame exists only if the cell imported pandas
+    if pandas is None or not isinstance(obj, pandas.DataFrame):
+        return {}
+    try:
+        columns = obj.to_dict(orient="list")
+        return {"e2b/data": json.dumps({str(k): [_plain(v) for v in values] for k, values in columns.items()})}
+    except Exception:  # an exotic frame loses this format, not the result
+        return {}
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    if hasattr(value, "item"):  # a numpy scalar
+        value = value.item()
+    if isinstance(value, float) and value != value:
+        return None
+    return value if isinstance(value, str | int | float | bool | type(None)) else str(value)
+
+
 def _call_repr(obj: object, method: str) -> object:
     fn = getattr(obj, method, None)
     if not callable(fn):
@@ -354,121 +418,142 @@ def describe_error(exc: BaseException) -> dict[str, str]:
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:  # our own frames, not the cell's
         tb = tb.tb_next
+    if isinstance(exc, SyntaxError) and not isinstance(exc.__cause__, BaseException):
+        tb = None  # the cell did not run: the frames are the parser's (ast.parse), the cell's line is in exc
     text = "".join(traceback.format_exception(type(exc), exc, tb))
     return {"name": type(exc).__name__, "value": str(exc), "traceback": text}
 
 
-# -- bash and javascript -------------------------------------------------------------------------------
-
-# Cells arrive NUL-terminated on bash's stdin; each one's exit status goes to the status pipe.
-BASH_LOOP = ('trap : INT; while IFS= read -r -d "" __corral_cell; do eval "$__corral_cell" </dev/null; '
-             'printf "%d\\n" $? >&{fd}; done')
-# Inline, not a file: the agent directory the host mounts carries only Python (and its spawn shim).
-NODE_DRIVER = r"""
-// The javascript session's driver, run by agent/kernel.py as `node -e DRIVER STATUS_FD`.
-// Cells arrive as JSON lines on stdin; each one's outcome goes to STATUS_FD as one JSON line: {"text"} for the
-// last expression's value (util.inspect, as Node's REPL prints it) and/or {"error": {name, value, traceback}}.
-// One persistent vm context keeps the state (var, let, const, functions) from cell to cell.
-'use strict';
-const fs = require('fs');
-const readline = require('readline');
-const util = require('util');
-const vm = require('vm');
-
-const statusFd = Number(process.argv[1]);
-const sandbox = {
-  console, require, process, Buffer, URL, TextEncoder, TextDecoder, setTimeout, clearTimeout, setInterval,
-  clearInterval, setImmediate, clearImmediate, queueMicrotask, structuredClone, module: { exports: {} },
-};
-sandbox.global = sandbox;
-const context = vm.createContext(sandbox);
-let count = 0;
-
-// Between cells an interrupt must not end the session; during one, breakOnSigint turns it into an error.
-process.on('SIGINT', () => {});
-
-function reply(obj) {
-  fs.writeSync(statusFd, JSON.stringify(obj) + '\n');
-}
-
-function describe(err) {
-  if (err instanceof Error || (err && typeof err === 'object' && 'stack' in err)) {
-    // The cell's own frames only: cut where the vm module and this driver begin.
-    const lines = String(err.stack).split('\n');
-    const end = lines.findIndex((l) => l.includes('node:vm') || l.includes('[eval]'));
-    const stack = (end < 0 ? lines : lines.slice(0, end)).join('\n');
-    return { name: String(err.name || 'Error'), value: String(err.message || ''), traceback: stack };
-  }
-  return { name: 'Error', value: util.inspect(err), traceback: 'Uncaught ' + util.inspect(err) };
-}
-
-async function run(code) {
-  count += 1;
-  try {
-    let value = vm.runInContext(code, context, { filename: `<cell-${count}>`, breakOnSigint: true });
-    if (value && typeof value.then === 'function') value = await value;
-    return value === undefined ? {} : { text: util.inspect(value) };
-  } catch (err) {
-    return { error: describe(err) };
-  }
-}
-
-const rl = readline.createInterface({ input: process.stdin });
-const queue = [];
-let busy = false;
-rl.on('line', (line) => {
-  queue.push(JSON.parse(line).code);
-  if (!busy) drain();
-});
-rl.on('close', () => process.exit(0));
-
-async function drain() {
-  busy = true;
-  while (queue.length) reply(await run(queue.shift()));
-  busy = false;
-}
-"""
+# -- bash, javascript, typescript, r and java ------------------------------------------------------------
 
 
 class ChildRunner:
-    """Drives a long-lived bash or node: cells in on its stdin, one status line per cell on a pipe."""
+    """Drives a long-lived bash, node, Rscript or java (agent/drivers.py): cells in on one pipe, answers out on
+    another; the child's stdout and stderr are ours, the pipes the forwarder reads."""
 
-    def __init__(self, wire: Wire, language: str) -> None:
+    def __init__(self, wire: Wire, language: str, options: dict[str, Any]) -> None:
+        import shutil
         import subprocess
 
         self.wire = wire
         self.language = language
+        cells_r, cells_w = os.pipe()
         status_r, status_w = os.pipe()
-        if language == "bash":
-            argv = ["bash", "--noprofile", "--norc", "-c", BASH_LOOP.format(fd=status_w)]
-        else:
-            argv = ["node", "-e", NODE_DRIVER, str(status_w)]
-        # Its stdout and stderr are ours: the pipes the forwarder reads.
-        self.child = subprocess.Popen(argv, stdin=subprocess.PIPE, pass_fds=(status_w,))
-        os.close(status_w)
-        self.status = os.fdopen(status_r, "rb")
-
-    def run(self, code: str) -> dict[str, str] | None:
-        assert self.child.stdin is not None
-        payload = code.replace("\x00", "") + "\x00" if self.language == "bash" else (
-            json.dumps({"code": code}) + "\n")
+        workdir = None
         try:
-            self.child.stdin.write(payload.encode())
-            self.child.stdin.flush()
-        except BrokenPipeError:
-            pass
-        line = self.status.readline()
-        if not line:
-            # The shell exited (`exit 3` in a cell, `process.exit(3)`): so does the session, with its status,
-            # which the agent reports ("the session's process ended (exit status 3)").
-            status = self.child.wait()
-            raise SystemExit(status if status >= 0 else 128 - status)
+            argv, workdir = _driver_argv(language, cells_r, status_w, options)
+            self.child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, pass_fds=(cells_r, status_w))
+        finally:
+            os.close(cells_r)
+            os.close(status_w)
+        self.cells = cells_w
+        self.status = os.fdopen(status_r, "rb")
+        try:
+            if language != "bash":
+                self._ready()
+        finally:
+            if workdir is not None:  # the driver has read its source by now
+                shutil.rmtree(workdir, ignore_errors=True)
+
+    def run(self, code: str, env: dict[str, str]) -> dict[str, str] | None:
         if self.language == "bash":
-            code_ = int(line or b"0")
-            return None if code_ == 0 else {"name": "ExitStatus", "value": str(code_),
-                                           "traceback": f"the cell exited with status {code_}"}
-        reply = json.loads(line)
-        if "text" in reply:
-            self.wire.event(event="result", is_main_result=True, data={"text/plain": reply["text"]})
-        err = reply.get("error")
-        return err if isinstance(err, dict) else None
+            setup, restore = _bash_env(env)
+            self._send("\x00".join([setup, code.replace("\x00", ""), restore]).encode() + b"\x00")
+            line = self.status.readline()
+            if not line:
+                self._exited()
+            status = int(line or b"0")
+            return None if status == 0 else {"name": "ExitStatus", "value": str(status),
+                                              "traceback": f"the cell exited with status {status}"}
+        parts = [code, *(item for pair in env.items() for item in pair)]
+        frame = bytearray(f"{len(parts)}\n".encode())
+        for part in parts:
+            data = part.encode(errors="surrogateescape")
+            frame += f"{len(data)}\n".encode() + data
+        self._send(bytes(frame))
+        return self._answer()
+
+    def _send(self, data: bytes) -> None:
+        try:
+            _write_all(self.cells, data)
+        except BrokenPipeError:
+            pass  # it exited: the status pipe says so
+
+    def _answer(self) -> dict[str, str] | None:
+        error: dict[str, str] = {}
+        while (message := self._message()) is not None:
+            tag, payload = message
+            if tag in ("out", "err"):
+                self.wire.send(protocol.STDOUT if tag == "out" else protocol.STDERR, payload)
+            elif tag in ("result", "display"):
+                self.wire.drain()  # what the child printed before comes before the result
+                self.wire.event(event="result", is_main_result=tag == "result",
+                                data={"text/plain": payload.decode(errors="replace")})
+            elif tag in ("ename", "evalue", "etrace"):
+                error[{"ename": "name", "evalue": "value", "etrace": "traceback"}[tag]] = payload.decode(
+                    errors="replace")
+            elif tag == "done":
+                return {"name": "Error", "value": "", "traceback": "", **error} if error else None
+        self._exited()
+
+    def _ready(self) -> None:
+        message = self._message()
+        if message is None or message[0] != "ready":
+            self.wire.drain()  # its last words (on our stderr) reach the agent first
+            self._exited()
+
+    def _message(self) -> tuple[str, bytes] | None:
+        head = self.status.readline()
+        if not head:
+            return None
+        tag, _, size = head.decode().partition(" ")
+        return tag, self.status.read(int(size))
+
+    def _exited(self) -> NoReturn:
+        # The child exited (`exit 3` in a bash cell, `process.exit(3)`, `quit(status = 3)`): so does the session,
+        # with its status, which the agent reports ("the session's process ended (exit status 3)").
+        status = self.child.wait()
+        raise SystemExit(status if status >= 0 else 128 - status)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _driver_argv(language: str, cells: int, status: int, options: dict[str, Any]) -> tuple[list[str], str | None]:
+    """The child's command line, and the temporary directory holding its driver's source (if written)."""
+    if language == "bash":
+        return ["bash", "--noprofile", "--norc", "-c", drivers.BASH_LOOP.format(cells=cells, status=status)], None
+    if language in ("javascript", "typescript"):
+        typescript = [str(options.get("typescript") or "")] if language == "typescript" else []
+        return ["node", "--expose-internals", "-e", drivers.NODE_DRIVER, str(cells), str(status), *typescript], None
+    import tempfile
+
+    workdir = tempfile.mkdtemp(prefix="corral-kernel-")  # private (0700): the driver's source, until it started
+    if language == "r":
+        source = os.path.join(workdir, "driver.R")
+        argv = ["Rscript", source, str(cells), str(status)]
+        text = drivers.R_DRIVER
+    else:
+        source = os.path.join(workdir, "CorralJShell.java")
+        # Serial GC: fewer threads (the sandbox's pids limit) and less memory, for a REPL's small heaps.
+        argv = ["java", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", source, str(cells), str(status)]
+        text = drivers.JAVA_DRIVER
+    with open(source, "w", encoding="utf-8") as f:
+        f.write(text)
+    return argv, workdir
+
+
+def _bash_env(env: dict[str, str]) -> tuple[str, str]:
+    """Shell code that sets a cell's environment variables, and code that puts back what they were."""
+    import shlex
+
+    setup, restore = [], []
+    for name, value in env.items():  # names are identifiers: the agent checked them
+        setup.append(f'if [ -n "${{{name}+x}}" ]; then __corral_saved_{name}="${name}"; __corral_had_{name}=1; '
+                     f'else __corral_had_{name}=; fi; export {name}={shlex.quote(value)}')
+        restore.append(f'if [ -n "$__corral_had_{name}" ]; then export {name}="$__corral_saved_{name}"; '
+                       f'else unset {name}; fi; unset __corral_saved_{name} __corral_had_{name}')
+    return "\n".join(setup), "\n".join(restore)

@@ -2,7 +2,7 @@
 
 from ._agent_client import AgentClient, PtySession, StartCallback, WatchStream
 from ._capacity import Capacity, MachineUsage
-from ._code import CodeError, CodeResult, CodeSession, RichResult
+from ._code import CodeError, CodeResult, CodeSession, RichResult, default_context, normalize_language
 from ._engine import Engine, Files, Processes, SandboxHandle, read_agent_address
 from ._models import (
     DEFAULT_FILE_ROOTS,
@@ -51,6 +51,8 @@ __all__ = [
     "WatchEvent",
     "WatchEventType",
     "WatchStream",
+    "default_context",
+    "normalize_language",
     "parse_size",
     "read_agent_address",
 ]

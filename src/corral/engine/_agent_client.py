@@ -11,7 +11,7 @@ import base64
 import builtins
 import contextlib
 import socket
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import IO, Any
 
 from .._exceptions import AgentError, CorralError, error_from_code
@@ -341,14 +341,20 @@ class AgentClient:
 
     # -- code sessions ---------------------------------------------------------------------------------
 
-    async def run_code(self, code: str, *, language: str = "python", session: str = "default",
-                       timeout: float | None = None, stdin: bytes | None = None,
-                       env: dict[str, str] | None = None,
+    async def run_code(self, code: str, *, language: str | None = "python", session: str | None = None,
+                       context: str | None = None, timeout: float | None = None, stdin: bytes | None = None,
+                       env: dict[str, str] | None = None, cell_env: Mapping[str, str] | None = None,
+                       cwd: str | None = None, show_saved_images: bool = False,
                        on_stdout: OutputCallback | None = None, on_stderr: OutputCallback | None = None,
                        on_result: ResultCallback | None = None) -> CodeResult:
-        """Run one cell; `env` applies only if this call starts the session; `stdin` only for c and cpp."""
+        """Run one cell (docs/code.md). `env` (the sandbox's), `cwd` and `show_saved_images` apply only if this
+        call starts the session; `cell_env` only to this cell; `stdin` only for compiled programs."""
         args: dict[str, Any] = {"code": code, "language": language, "session": session, "timeout": timeout,
-                                "env": env}
+                                "env": env, **_context_args(cwd, show_saved_images)}
+        if context is not None:
+            args["context"] = context
+        if cell_env:
+            args["cell_env"] = dict(cell_env)
         if stdin is not None:
             args["stdin_b64"] = base64.b64encode(stdin).decode()
         async with self._op("code_run", **args) as conn:
@@ -377,6 +383,18 @@ class AgentClient:
                                            results)
                 else:
                     raise protocol.ProtocolError(f"unexpected frame kind {kind} in a cell's output")
+
+    async def create_code_context(self, language: str = "python", *, cwd: str | None = None,
+                                  name: str | None = None, env: dict[str, str] | None = None,
+                                  show_saved_images: bool = False) -> CodeSession:
+        ev = await self._simple("code_context_create", language=language, context=name, env=env,
+                                **_context_args(cwd, show_saved_images))
+        return code_session(ev["context"])
+
+    async def code_contexts(self, *, cwd: str | None = None, env: dict[str, str] | None = None,
+                            show_saved_images: bool = False) -> builtins.list[CodeSession]:
+        ev = await self._simple("code_contexts", env=env, **_context_args(cwd, show_saved_images))
+        return [code_session(c) for c in ev["contexts"]]
 
     async def code_sessions(self) -> builtins.list[CodeSession]:
         ev = await self._simple("code_list")
@@ -790,3 +808,8 @@ def _process_info(p: dict[str, Any]) -> ProcessInfo:
                        pty=bool(p.get("pty")), started_at=float(p.get("started_at") or 0),
                        exit_code=exit_.get("exit_code"), tag=p.get("tag"), cwd=p.get("cwd"),
                        env=dict(p.get("env") or {}))
+
+
+def _context_args(cwd: str | None, show_saved_images: bool) -> dict[str, Any]:
+    """How a context starts, for the ops that may make one: only what differs from the agent's defaults."""
+    return {**({} if cwd is None else {"cwd": cwd}), **({"show_saved_images": True} if show_saved_images else {})}

@@ -1,4 +1,7 @@
-"""Code sessions' results, as the engine returns them (docs/code.md, "Engine")."""
+"""Code sessions' results and contexts, as the engine returns them (docs/code.md, "Engine").
+
+The language rules (aliases, default contexts' ids) are the agent's own (`corral.agent.languages`): re-exported
+here so that a host names a default context exactly as the agent does."""
 
 from __future__ import annotations
 
@@ -8,9 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._output import OutputText
+from ..agent.languages import SESSION_LANGUAGES, default_context
+from ..agent.languages import normalize as normalize_language
 
-# java, go, rust and typescript need the polyglot template (its toolchains); the others work in the default one.
-LANGUAGES = ("python", "bash", "javascript", "c", "cpp", "java", "go", "rust", "typescript")
+# java, go, rust, typescript and r need the polyglot template (its toolchains); the others work in the default one.
+LANGUAGES = ("python", "bash", "javascript", "c", "cpp", "java", "go", "rust", "typescript", "r")
 CHART_MIME = "e2b/chart"  # a matplotlib figure's data as a chart, JSON text (docs/code.md, "Charts")
 
 
@@ -58,14 +63,20 @@ class CodeResult(OutputText):
     duration: float = 0.0
     signal: int | None = None  # what ended the session's process, when it ended
     killed: bool = False  # ended by us (an interrupt that did not stop it in time), not by itself or the kernel
+    execution_count: int | None = None  # the cell's number in its session (1, 2, ...); None for a program
 
 
 @dataclass(frozen=True)
 class CodeSession:
+    """A code context: `name` is its id. `pid` 0 (and `started_at` 0): its session has not started (or ended);
+    its next cell starts one, in `cwd`. `execution_count`: cells its current session ran."""
+
     name: str
     language: str
     pid: int
     started_at: float
+    cwd: str = ""
+    execution_count: int = 0
 
 
 ResultCallback = Callable[[RichResult], Awaitable[None] | None]
@@ -98,12 +109,15 @@ def code_result(session: str, language: str, ev: dict[str, Any], out: bytes, err
         duration=float(ev.get("duration") or 0.0),
         signal=ev.get("signal"),
         killed=bool(ev.get("killed")),
+        execution_count=ev.get("execution_count"),
     )
 
 
 def code_session(raw: dict[str, Any]) -> CodeSession:
     return CodeSession(name=str(raw["name"]), language=str(raw["language"]), pid=int(raw["pid"]),
-                       started_at=float(raw.get("started_at") or 0.0))
+                       started_at=float(raw.get("started_at") or 0.0), cwd=str(raw.get("cwd") or ""),
+                       execution_count=int(raw.get("execution_count") or 0))
 
 
-__all__ = ["LANGUAGES", "CodeError", "CodeResult", "CodeSession", "ResultCallback", "RichResult"]
+__all__ = ["LANGUAGES", "SESSION_LANGUAGES", "CodeError", "CodeResult", "CodeSession", "ResultCallback",
+           "RichResult", "default_context", "normalize_language"]

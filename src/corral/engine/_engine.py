@@ -26,7 +26,7 @@ import re
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -563,22 +563,43 @@ class Engine:
                                          on_stderr=on_stderr, on_start=on_start, tag=tag)
         return self._with_denials(sb, await self._with_oom(sb, result, before), started)
 
-    async def run_code(self, sandbox_id: str, code: str, *, language: str = "python", session: str | None = None,
-                       timeout: float | None = None, stdin: bytes | None = None,
-                       on_stdout: OutputCallback | None = None,
+    async def run_code(self, sandbox_id: str, code: str, *, language: str = "python",
+                       session: str | None = None, context: str | None = None, timeout: float | None = None,
+                       stdin: bytes | None = None, env: Mapping[str, str] | None = None, cwd: str | None = None,
+                       show_saved_images: bool = False, on_stdout: OutputCallback | None = None,
                        on_stderr: OutputCallback | None = None, on_result: ResultCallback | None = None
                        ) -> CodeResult:
         """Run a cell in a stateful session (docs/code.md). Never raises for the cell's errors, timeouts or OOM.
 
-        `session` None: the language's own default session, "default" for python and the language's name for the
-        others (one default context per language, as in E2B), so cells of two languages never meet in one."""
+        `session` None: the language's own default context (`default_context(language)`: "default" for python,
+        the language's name for the others, as in E2B), so cells of two languages never meet in one. `context`:
+        run in that context (made by `create_code_context`, listed by `code_contexts`, or a language's default),
+        in its own language (`language` is ignored); java and typescript run there as sessions, not as compiled
+        programs. `env`: environment variables for this cell only, on top of the sandbox's. `cwd` and
+        `show_saved_images` apply if this call makes the context (`cwd` None: /workspace)."""
         sb = self._running(sandbox_id)
         before = await self.backend.oom_kills(sb.record)
-        session = session or ("default" if language == "python" else language)
-        result = await sb.agent.run_code(code, language=language, session=session, timeout=timeout,
-                                         stdin=stdin, env=self._env(sb, None), on_stdout=on_stdout,
+        result = await sb.agent.run_code(code, language=None if context is not None else language,
+                                         session=session, context=context,
+                                         timeout=timeout, stdin=stdin, env=self._env(sb, None), cell_env=env,
+                                         cwd=cwd, show_saved_images=show_saved_images, on_stdout=on_stdout,
                                          on_stderr=on_stderr, on_result=on_result)
         return await self._code_with_oom(sb, result, before)
+
+    async def create_code_context(self, sandbox_id: str, language: str = "python", *, cwd: str | None = None,
+                                  name: str | None = None, show_saved_images: bool = False) -> CodeSession:
+        """A new code context (its session starts with its first cell): its id is `name`, else a new UUID. `cwd`
+        must be a directory (None: /workspace); that the sandbox user may enter it shows when a cell runs."""
+        sb = self._running(sandbox_id)
+        return await sb.agent.create_code_context(language, cwd=cwd, name=name, env=self._env(sb, None),
+                                                  show_saved_images=show_saved_images)
+
+    async def code_contexts(self, sandbox_id: str, *, cwd: str | None = None,
+                            show_saved_images: bool = False) -> builtins.list[CodeSession]:
+        """Every code context of the sandbox, the default python and javascript ones first (made here, with `cwd`
+        and `show_saved_images`, if they do not exist yet), then the others in the order they were made."""
+        sb = self._running(sandbox_id)
+        return await sb.agent.code_contexts(cwd=cwd, env=self._env(sb, None), show_saved_images=show_saved_images)
 
     async def _code_with_oom(self, sb: _Sandbox, result: CodeResult, before: int) -> CodeResult:
         # As for exec: the session's process died of a SIGKILL we did not send while the OOM counter moved.

@@ -1,5 +1,6 @@
-"""The code interpreter: run a cell in a stateful session (for its result, or streamed), and list, interrupt,
-restart and close sessions (docs/code.md). Audited as `code.run` with the code verbatim, and `code.<operation>`.
+"""The code interpreter: run a cell in a stateful session (for its result, or streamed); create and list code
+contexts; list, interrupt, restart and close sessions (docs/code.md). Audited as `code.run` with the code verbatim
+(a cell's environment variables by name only: their values may be secrets), and `code.<operation>`.
 
 A cell that raises, times out or is OOM-killed is not an error: those are fields of the result (the record
 names the exception the cell raised).
@@ -8,7 +9,7 @@ names the exception the cell raised).
 from __future__ import annotations
 
 import builtins
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,17 +29,30 @@ ResultCallback = Callable[[RichResult], Awaitable[None]]
 @dataclass(frozen=True)
 class Cell:
     """A cell to run. `session` None: the language's default session (the engine names it); `stdin` is the
-    program's stdin, for compiled languages."""
+    program's stdin, for compiled languages.
+
+    `context`: run in that code context instead (an id from `Code.create_context` or `Code.contexts`, or a
+    language's default, `corral.engine.default_context(language)`), in its own language (`language` is
+    ignored); an unknown id is a `NotFoundError`. `env`: environment variables for this cell only, on top of the
+    sandbox's. `cwd` and `show_saved_images` apply if this call makes the context (docs/code.md)."""
 
     code: str
     language: str = "python"
     session: str | None = None
     timeout: float | None = None
     stdin: bytes | None = None
+    context: str | None = None
+    env: Mapping[str, str] | None = None
+    cwd: str | None = None
+    show_saved_images: bool = False
 
     def audit_params(self) -> dict[str, Any]:
-        return {"code": self.code, "language": self.language, "session": self.session, "timeout": self.timeout,
-                **({} if self.stdin is None else {"stdin": True})}
+        given = {"stdin": self.stdin is not None, "context": self.context,
+                 "env": sorted(self.env) if self.env else None, "cwd": self.cwd,
+                 "show_saved_images": self.show_saved_images}
+        language = None if self.context is not None else self.language  # a context runs its own language
+        return {"code": self.code, "language": language, "session": self.session, "timeout": self.timeout,
+                **{k: v for k, v in given.items() if v}}
 
 
 def _outcome(result: CodeResult) -> dict[str, Any]:
@@ -84,6 +98,29 @@ class Code:
             self._svc.engine.info(sandbox_id)
         return CodeStream(self._svc, audit, sandbox_id, cell)
 
+    async def create_context(self, principal: Principal, sandbox_id: str, language: str = "python",
+                             cwd: str | None = None, *, show_saved_images: bool = False) -> CodeSession:
+        """A new code context, its id a new UUID; its session starts with its first cell (in `cwd`, None:
+        /workspace). A cwd that is no directory is an `InvalidRequestError`; one the sandbox user may not enter
+        is accepted, and its cells get a `PermissionDeniedError`."""
+        params = {"language": language, "cwd": cwd, **({"show_saved_images": True} if show_saved_images else {})}
+        async with self._svc.audited(principal, "code.create_context", sandbox_id, params=params) as audit:
+            await self._authorized(principal, sandbox_id)
+            context = await self._svc.engine.create_code_context(sandbox_id, language, cwd=cwd,
+                                                                 show_saved_images=show_saved_images)
+            audit.outcome["context"] = context.name
+        return context
+
+    async def contexts(self, principal: Principal, sandbox_id: str, *, cwd: str | None = None,
+                       show_saved_images: bool = False) -> builtins.list[CodeSession]:
+        """Every code context: the default python and javascript ones first (made with `cwd` and
+        `show_saved_images` if they do not exist yet), then the others in the order they were made."""
+        async with self._svc.audited(principal, "code.contexts", sandbox_id) as audit:
+            await self._authorized(principal, sandbox_id)
+            found = await self._svc.engine.code_contexts(sandbox_id, cwd=cwd, show_saved_images=show_saved_images)
+            audit.outcome["count"] = len(found)
+        return found
+
     async def sessions(self, principal: Principal, sandbox_id: str) -> builtins.list[CodeSession]:
         async with self._svc.audited(principal, "code.sessions", sandbox_id) as audit:
             await self._authorized(principal, sandbox_id)
@@ -119,6 +156,9 @@ class Code:
 
 async def _run_code(svc: Service, sandbox_id: str, cell: Cell, **callbacks: Any) -> CodeResult:
     # Only what was given: the engine picks each language's default session.
-    given: dict[str, Any] = {k: v for k, v in (("session", cell.session), ("stdin", cell.stdin)) if v is not None}
+    given: dict[str, Any] = {k: v for k, v in (("session", cell.session), ("stdin", cell.stdin),
+                                               ("context", cell.context), ("env", cell.env), ("cwd", cell.cwd),
+                                               ("show_saved_images", cell.show_saved_images or None))
+                             if v is not None}
     return await svc.engine.run_code(sandbox_id, cell.code, language=cell.language, timeout=cell.timeout,
                                      **given, **callbacks)

@@ -266,12 +266,14 @@ DEFAULT_TEMPLATE = TemplateSpec(
     env={"PATH": _PATH, "LANG": "C.UTF-8", "MPLBACKEND": "Agg"},
 )
 
-# `default` plus the toolchains of the compiled `java`, `go`, `rust` and `typescript` code languages
-# (docs/code.md): OpenJDK 17, Go 1.19, rustc 1.63 and tsc 4.8 (which runs on the default's nodejs).
+# `default` plus the toolchains of the compiled `java`, `go`, `rust` and `typescript` code languages and of the
+# `r`, `java` (jshell) and `typescript` sessions (docs/code.md): OpenJDK 17, Go 1.19, rustc 1.63, tsc 4.8 (which
+# runs on the default's nodejs) and R 4.2 (`r-base-core`: the interpreter without the recommended packages).
 POLYGLOT_TEMPLATE = TemplateSpec.model_validate({
     **DEFAULT_TEMPLATE.model_dump(),
     "name": "polyglot",
-    "apt_packages": [*DEFAULT_TEMPLATE.apt_packages, "default-jdk-headless", "golang-go", "node-typescript", "rustc"],
+    "apt_packages": [*DEFAULT_TEMPLATE.apt_packages, "default-jdk-headless", "golang-go", "node-typescript",
+                     "r-base-core", "rustc"],
 })
 
 BUILTIN_SPECS: Mapping[str, TemplateSpec] = {spec.name: spec for spec in (DEFAULT_TEMPLATE, POLYGLOT_TEMPLATE)}
