@@ -19,21 +19,21 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .._exceptions import CorralError, InvalidRequestError
-from ..engine import CodeResult, RichResult
+from .._exceptions import CorralError, InvalidRequestError, NotFoundError
+from ..control import Principal
+from ..engine import CodeResult, CodeSession, RichResult, default_context, normalize_language
 from ..service import Cell, status_for
 from ._auth import sandbox_caller
 from ._files import sandbox_of
 from ._front import Front, front_of
+from ._user import HOME, absolute_path
 
 __all__ = ["INTERPRETER_PORT", "interpreter_app", "result_json"]
 
 INTERPRETER_PORT = 49999
-_LANGUAGES = {"python": "python", "js": "javascript", "javascript": "javascript", "ts": "typescript",
-              "typescript": "typescript", "bash": "bash", "sh": "bash", "r": "r", "java": "java"}
 # MIME types and E2B's result keys; anything else goes under `extra`.
 _KEYS = {"text/plain": "text", "text/html": "html", "text/markdown": "markdown", "image/svg+xml": "svg",
          "image/png": "png", "image/jpeg": "jpeg", "application/pdf": "pdf", "text/latex": "latex",
@@ -51,28 +51,98 @@ class ExecuteRequest(BaseModel):
     env_vars: dict[str, str] | None = None
 
 
-def language_of(name: str | None) -> str:
-    language = _LANGUAGES.get((name or "python").strip().lower())
-    if language is None:
-        raise InvalidRequestError(f"unknown language {name!r}: use one of {', '.join(sorted(set(_LANGUAGES)))}")
-    return language
+class ContextRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    language: str | None = Field(None, max_length=64)
+    cwd: str | None = Field(None, max_length=4096)
 
 
 async def execute(request: Request) -> Response:
     svc = front_of(request).service
     try:
-        sandbox_id = _sandbox(request)
-        principal = await sandbox_caller(svc, request, sandbox_id, ports=True)
+        sandbox_id, principal = await _caller(request)
         body = ExecuteRequest.model_validate_json(await request.body())
         if body.context_id and body.language:
             raise InvalidRequestError("pass a context or a language, not both")
-        cell = Cell(code=body.code, language=language_of(body.language), session=body.context_id or None)
+        # E2B's contexts run in the user's home and show images saved with PIL, as E2B's kernels do.
+        context = body.context_id or default_context(body.language or "python")
+        cell = Cell(code=body.code, context=context, env=body.env_vars or None, cwd=HOME, show_saved_images=True)
         stream = await svc.code.stream(principal, sandbox_id, cell)
     except ValidationError as exc:
         return PlainTextResponse(f"invalid request: {exc.errors()[0]['msg']}", status_code=400)
     except CorralError as exc:
-        return PlainTextResponse(exc.message, status_code=status_for(exc.code))
+        return _refusal(exc)
     return StreamingResponse(_lines(stream), media_type="application/x-ndjson")
+
+
+async def create_context(request: Request) -> Response:
+    svc = front_of(request).service
+    try:
+        sandbox_id, principal = await _caller(request)
+        raw = await request.body()
+        body = ContextRequest.model_validate_json(raw) if raw.strip() else ContextRequest.model_validate({})
+        language = normalize_language(body.language or "python")
+        cwd = absolute_path(body.cwd, what="cwd", default=HOME)
+        made = await svc.code.create_context(principal, sandbox_id, language, cwd, show_saved_images=True)
+    except ValidationError as exc:
+        return PlainTextResponse(f"invalid request: {exc.errors()[0]['msg']}", status_code=400)
+    except CorralError as exc:
+        return _refusal(exc)
+    return JSONResponse(_context_json(made))
+
+
+async def list_contexts(request: Request) -> Response:
+    svc = front_of(request).service
+    try:
+        sandbox_id, principal = await _caller(request)
+        found = await svc.code.contexts(principal, sandbox_id, cwd=HOME, show_saved_images=True)
+    except CorralError as exc:
+        return _refusal(exc)
+    return JSONResponse([_context_json(c) for c in found])
+
+
+async def restart_context(request: Request) -> Response:
+    return await _context_op(request, "restart")
+
+
+async def remove_context(request: Request) -> Response:
+    return await _context_op(request, "close")
+
+
+async def _context_op(request: Request, operation: str) -> Response:
+    svc = front_of(request).service
+    try:
+        sandbox_id, principal = await _caller(request)
+        context_id = request.path_params["context_id"]
+        await _known_context(request, sandbox_id, principal, context_id)
+        op = svc.code.restart if operation == "restart" else svc.code.close
+        await op(principal, sandbox_id, context_id)
+    except CorralError as exc:
+        return _refusal(exc)
+    return Response(status_code=204)
+
+
+async def _known_context(request: Request, sandbox_id: str, principal: Any, context_id: str) -> None:
+    """E2B answers an unknown context with 404; restarting or closing one that never ran is no error here."""
+    svc = front_of(request).service
+    found = await svc.code.contexts(principal, sandbox_id, cwd=HOME, show_saved_images=True)
+    if context_id not in {c.name for c in found}:
+        raise NotFoundError(f"context {context_id!r} not found")
+
+
+def _context_json(context: CodeSession) -> dict[str, Any]:
+    return {"id": context.name, "language": context.language, "cwd": context.cwd}
+
+
+async def _caller(request: Request) -> tuple[str, Principal]:
+    sandbox_id = _sandbox(request)
+    return sandbox_id, await sandbox_caller(front_of(request).service, request, sandbox_id, ports=True)
+
+
+def _refusal(exc: CorralError) -> Response:
+    """Errors before a stream are plain text, as E2B's server answers them (the SDKs read 404 and the rest)."""
+    return PlainTextResponse(exc.message, status_code=status_for(exc.code))
 
 
 async def _lines(stream: Any) -> AsyncIterator[bytes]:
@@ -121,7 +191,7 @@ def _ending(result: CodeResult) -> list[bytes]:
     elif result.timed_out:
         lines.append(_line({"type": "error", "name": "TimeoutError", "value": "the cell timed out",
                             "traceback": ""}))
-    count = getattr(result, "execution_count", None)
+    count = result.execution_count
     if count is not None:
         lines.append(_line({"type": "number_of_executions", "execution_count": count}))
     lines.append(_line({"type": "end_of_execution"}))
@@ -171,6 +241,12 @@ def _sandbox(request: Request) -> str:
 
 
 def interpreter_app(front: Front) -> Starlette:
-    app = Starlette(routes=[Route("/execute", execute, methods=["POST"])])
+    app = Starlette(routes=[
+        Route("/execute", execute, methods=["POST"]),
+        Route("/contexts", create_context, methods=["POST"]),
+        Route("/contexts", list_contexts, methods=["GET"]),
+        Route("/contexts/{context_id}/restart", restart_context, methods=["POST"]),
+        Route("/contexts/{context_id}", remove_context, methods=["DELETE"]),
+    ])
     app.state.front = front
     return app
