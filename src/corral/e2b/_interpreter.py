@@ -10,6 +10,7 @@ statuses (404 unknown context, 400 bad request).
 
 from __future__ import annotations
 
+import asyncio
 import codecs
 import json
 from collections.abc import AsyncIterator
@@ -24,8 +25,8 @@ from starlette.routing import Route
 
 from .._exceptions import CorralError, InvalidRequestError, NotFoundError
 from ..control import Principal
-from ..engine import CodeResult, CodeSession, RichResult, default_context, normalize_language
-from ..service import Cell, status_for
+from ..engine import SESSION_LANGUAGES, CodeResult, CodeSession, RichResult, default_context, normalize_language
+from ..service import Cell, CodeStream, OutputCallback, status_for
 from ._auth import sandbox_caller
 from ._files import sandbox_of
 from ._front import Front, front_of
@@ -66,14 +67,14 @@ async def execute(request: Request) -> Response:
         if body.context_id and body.language:
             raise InvalidRequestError("pass a context or a language, not both")
         # E2B's contexts run in the user's home and show images saved with PIL, as E2B's kernels do.
-        context = body.context_id or default_context(body.language or "python")
+        context = body.context_id or default_context(_language(body.language))
         cell = Cell(code=body.code, context=context, env=body.env_vars or None, cwd=HOME, show_saved_images=True)
         stream = await svc.code.stream(principal, sandbox_id, cell)
     except ValidationError as exc:
         return PlainTextResponse(f"invalid request: {exc.errors()[0]['msg']}", status_code=400)
     except CorralError as exc:
         return _refusal(exc)
-    return StreamingResponse(_lines(stream), media_type="application/x-ndjson")
+    return await _Cell(stream).response()
 
 
 async def create_context(request: Request) -> Response:
@@ -82,7 +83,7 @@ async def create_context(request: Request) -> Response:
         sandbox_id, principal = await _caller(request)
         raw = await request.body()
         body = ContextRequest.model_validate_json(raw) if raw.strip() else ContextRequest.model_validate({})
-        language = normalize_language(body.language or "python")
+        language = _language(body.language)
         cwd = absolute_path(body.cwd, what="cwd", default=HOME)
         made = await svc.code.create_context(principal, sandbox_id, language, cwd, show_saved_images=True)
     except ValidationError as exc:
@@ -131,6 +132,14 @@ async def _known_context(request: Request, sandbox_id: str, principal: Any, cont
         raise NotFoundError(f"context {context_id!r} not found")
 
 
+def _language(name: str | None) -> str:
+    language = normalize_language(name or "python")
+    if language not in SESSION_LANGUAGES:
+        raise InvalidRequestError(f"unknown language {name!r}: use one of {', '.join(SESSION_LANGUAGES)} "
+                                  "(or js, ts)")
+    return language
+
+
 def _context_json(context: CodeSession) -> dict[str, Any]:
     return {"id": context.name, "language": context.language, "cwd": context.cwd}
 
@@ -145,42 +154,68 @@ def _refusal(exc: CorralError) -> Response:
     return PlainTextResponse(exc.message, status_code=status_for(exc.code))
 
 
-async def _lines(stream: Any) -> AsyncIterator[bytes]:
-    """The cell's NDJSON lines, produced while it runs (the stream's callbacks feed a queue)."""
-    import asyncio
+_REFUSAL_WAIT = 2.0
+_KEEPALIVE_EVERY = 30.0
+_KEEPALIVE = b'{"type":"keepalive"}\n'
 
-    queue: asyncio.Queue[bytes | None] = asyncio.Queue()
-    decoders = {name: codecs.getincrementaldecoder("utf-8")("replace") for name in ("stdout", "stderr")}
 
-    def text_of(name: str) -> Any:
+class _Cell:
+    """A cell running for an `/execute` request: its NDJSON lines in a queue, fed by the stream's callbacks."""
+
+    def __init__(self, stream: CodeStream) -> None:
+        self.stream = stream
+        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._decoders = {name: codecs.getincrementaldecoder("utf-8")("replace") for name in ("stdout", "stderr")}
+        self.task = asyncio.create_task(self._run())
+
+    def _text(self, name: str) -> OutputCallback:
         async def emit(chunk: bytes) -> None:
-            text = decoders[name].decode(chunk)
+            text = self._decoders[name].decode(chunk)
             if text:
-                await queue.put(_line({"type": name, "text": text, "timestamp": _now()}))
+                await self.queue.put(_line({"type": name, "text": text, "timestamp": _now()}))
         return emit
 
-    async def on_result(result: RichResult) -> None:
-        await queue.put(_line(result_json(result)))
+    async def _result(self, result: RichResult) -> None:
+        await self.queue.put(_line(result_json(result)))
 
-    async def run() -> None:
+    async def _run(self) -> None:
         try:
-            result: CodeResult = await stream.run(on_stdout=text_of("stdout"), on_stderr=text_of("stderr"),
-                                                  on_result=on_result)
+            result = await self.stream.run(on_stdout=self._text("stdout"), on_stderr=self._text("stderr"),
+                                           on_result=self._result)
             for line in _ending(result):
-                await queue.put(line)
+                await self.queue.put(line)
         finally:
-            await queue.put(None)
+            await self.queue.put(None)
 
-    task = asyncio.create_task(run())
-    try:
-        while (item := await queue.get()) is not None:
-            yield item
-        if task.exception() is not None:
-            raise task.exception()  # type: ignore[misc]
-    finally:
-        if not task.done():
-            task.cancel()  # the client left: the cell is interrupted
-        await stream.close()
+    async def response(self) -> Response:
+        """The stream of lines; a cell refused before any output (an unknown context, a language the template
+        lacks) is answered with its error's status instead, as E2B's server answers it."""
+        try:  # a refusal comes within milliseconds; a quiet cell must not keep the answer's headers waiting
+            first: bytes | None = await asyncio.wait_for(self.queue.get(), _REFUSAL_WAIT)
+        except TimeoutError:
+            first = _KEEPALIVE
+        if first is None and (failed := self.task.exception()) is not None:
+            await self.stream.close()
+            if isinstance(failed, CorralError):
+                return _refusal(failed)
+            raise failed
+        return StreamingResponse(self._lines(first), media_type="application/x-ndjson")
+
+    async def _lines(self, first: bytes | None) -> AsyncIterator[bytes]:
+        try:
+            item = first
+            while item is not None:
+                yield item
+                try:  # a line now and then keeps proxies from closing a quiet stream (the SDKs skip it)
+                    item = await asyncio.wait_for(self.queue.get(), _KEEPALIVE_EVERY)
+                except TimeoutError:
+                    item = _KEEPALIVE
+            if (failed := self.task.exception()) is not None:
+                raise failed  # after the stream began: cut, and the SDK asks /health whether the sandbox is gone
+        finally:
+            if not self.task.done():
+                self.task.cancel()  # the client left: the cell is interrupted
+            await self.stream.close()
 
 
 def _ending(result: CodeResult) -> list[bytes]:

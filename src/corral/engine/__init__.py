@@ -2,7 +2,15 @@
 
 from ._agent_client import AgentClient, PtySession, StartCallback, WatchStream
 from ._capacity import Capacity, MachineUsage
-from ._code import CodeError, CodeResult, CodeSession, RichResult, default_context, normalize_language
+from ._code import (
+    SESSION_LANGUAGES,
+    CodeError,
+    CodeResult,
+    CodeSession,
+    RichResult,
+    default_context,
+    normalize_language,
+)
 from ._engine import Engine, Files, Processes, SandboxHandle, read_agent_address
 from ._models import (
     DEFAULT_FILE_ROOTS,
@@ -24,6 +32,7 @@ from ._models import (
 
 __all__ = [
     "DEFAULT_FILE_ROOTS",
+    "SESSION_LANGUAGES",
     "AgentClient",
     "Capacity",
     "CodeError",

@@ -119,5 +119,14 @@ def code_session(raw: dict[str, Any]) -> CodeSession:
                        execution_count=int(raw.get("execution_count") or 0))
 
 
-__all__ = ["LANGUAGES", "SESSION_LANGUAGES", "CodeError", "CodeResult", "CodeSession", "ResultCallback",
-           "RichResult", "default_context", "normalize_language"]
+__all__ = [
+    "LANGUAGES",
+    "SESSION_LANGUAGES",
+    "CodeError",
+    "CodeResult",
+    "CodeSession",
+    "ResultCallback",
+    "RichResult",
+    "default_context",
+    "normalize_language",
+]
