@@ -8,7 +8,8 @@ everything public ("internet"); it never opens private ranges to a sandbox. So:
 * nothing said, or `allow_internet_access: true`: "internet" (public addresses only), within the tenant's ceiling;
   with nothing said and a tenant whose ceiling is narrower, the ceiling itself;
 * `allow_internet_access: false`, or `denyOut` holding `0.0.0.0/0`: "none", plus the domains of `allowOut`;
-* an IP or CIDR in `allowOut` other than `0.0.0.0/0`, or a `denyOut` entry other than `0.0.0.0/0`: refused with
+* a single address in `allowOut` (`1.1.1.1`, `1.1.1.1/32`) is a rule for that address (a private one is refused,
+  as always); a wider range other than `0.0.0.0/0`, or a `denyOut` entry other than `0.0.0.0/0`, is refused with
   the reason (the proxy cannot express them), never silently widened or narrowed.
 """
 
@@ -46,10 +47,14 @@ def egress_policy(allow_internet: bool | None, allow_out: Sequence[str] | None, 
 
 
 def _domain(entry: str) -> str:
+    """A host rule of Corral's policy: a name as it is, one address as itself (`1.1.1.1`, `1.1.1.1/32`)."""
     try:
-        ipaddress.ip_network(entry, strict=False)
+        network = ipaddress.ip_network(entry, strict=False)
     except ValueError:
         return entry
+    if network.num_addresses == 1:
+        address = network.network_address
+        return str(address) if address.version == 4 else f"[{address}]"
     raise InvalidRequestError(
         f"allowOut entry {entry!r} is an address range: Corral's egress proxy allows sandboxes to reach hosts by name "
         f"(e.g. 'pypi.org', '*.example.com'), or every public address with {ALL_TRAFFIC!r}; private ranges are never "
