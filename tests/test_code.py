@@ -44,6 +44,16 @@ async def test_bytes_exact(sandbox):
     assert r.stdout_bytes == b"a\xff\xfe\x00b!\n"
 
 
+async def test_results_up_to_a_frame_arrive_whole_and_bigger_ones_say_what_was_left_out(sandbox):
+    """A result event is one frame of the agent's protocol (up to 4 MiB): a 1.5 MB HTML repr arrives whole; a
+    6 MB one loses its HTML, keeps its text, and the cell's stderr says so (a 1 MiB chunking once broke both)."""
+    r = await sandbox.run_code("class H:\n  def _repr_html_(self): return 'x' * 1_500_000\nH()")
+    assert r.error is None and len(r.results[0].data["text/html"]) == 1_500_000
+    r = await sandbox.run_code("class H:\n  def _repr_html_(self): return 'x' * 6_000_000\nH()")
+    assert r.error is None and "text/html" not in r.results[0].data and r.results[0].data["text/plain"]
+    assert "left out: text/html (6000000 bytes)" in r.stderr
+
+
 async def test_error_and_session_survives(sandbox):
     await sandbox.run_code("y = 'kept'")
     r = await sandbox.run_code("def f():\n    raise ValueError('bad value')\nf()")

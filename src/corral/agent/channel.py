@@ -72,8 +72,10 @@ class Channel:
         return protocol.decode_json(payload)
 
     def send(self, kind: int, payload: bytes = b"") -> None:
-        frames = [protocol.encode(kind, payload[i : i + protocol.CHUNK])
-                  for i in range(0, max(len(payload), 1), protocol.CHUNK)]
+        # Bytes go in frames of a chunk; a JSON message is read whole, so it is one frame (up to MAX_FRAME).
+        frames = [protocol.encode(kind, payload)] if kind in protocol.JSON_KINDS else \
+            [protocol.encode(kind, payload[i : i + protocol.CHUNK]) for i in range(0, max(len(payload), 1),
+                                                                                   protocol.CHUNK)]
         try:
             with self._send_lock:
                 for frame in frames:

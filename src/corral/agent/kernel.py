@@ -62,13 +62,40 @@ class Wire:
             self._write(kind, payload)
 
     def _write(self, kind: int, payload: bytes) -> None:
-        for i in range(0, max(len(payload), 1), protocol.CHUNK):
-            view = memoryview(protocol.encode(kind, payload[i : i + protocol.CHUNK]))
+        # Output goes in frames of a chunk; an event is read whole, so it is one frame (up to MAX_FRAME).
+        step = (len(payload) or 1) if kind in protocol.JSON_KINDS else protocol.CHUNK
+        for i in range(0, max(len(payload), 1), step):
+            view = memoryview(protocol.encode(kind, payload[i : i + step]))
             while view:
                 view = view[os.write(self.fd, view) :]
 
     def event(self, **fields: Any) -> None:
-        self.send(protocol.EVENT, json.dumps(fields, separators=(",", ":")).encode())
+        payload = json.dumps(fields, separators=(",", ":")).encode()
+        if len(payload) > protocol.MAX_FRAME and isinstance(fields.get("data"), dict):
+            payload = self._fitted(fields)
+        self.send(protocol.EVENT, payload)
+
+    def _fitted(self, fields: dict[str, Any]) -> bytes:
+        """A result too big for one frame: its largest formats are left out (text/plain stays, cut if it must)
+        until it fits, and the cell's stderr says which, so nothing is lost silently."""
+        data = dict(fields["data"])
+        dropped = []
+        while True:
+            payload = json.dumps({**fields, "data": data}, separators=(",", ":")).encode()
+            if len(payload) <= protocol.MAX_FRAME:
+                break
+            others = [m for m in data if m != "text/plain"]
+            if others:
+                mime = max(others, key=lambda m: len(str(data[m])))
+                dropped.append(f"{mime} ({len(str(data.pop(mime)))} bytes)")
+            else:
+                text = str(data.get("text/plain", ""))
+                data["text/plain"] = text[: max(0, len(text) - (len(payload) - protocol.MAX_FRAME) - 64)]
+                dropped.append("the end of text/plain")
+        note = (f"corral: a result was too large for one message ({protocol.MAX_FRAME} bytes); left out: "
+                f"{', '.join(dropped)}\n")
+        self.send(protocol.STDERR, note.encode())
+        return payload
 
     def forward(self) -> None:
         import select
