@@ -674,7 +674,7 @@ def test_the_whole_checklist_passes_on_a_local_deployment(server: ServerProcess)
     problems = [f"{i.number} {i.title}: {i.status}: {i.detail} (fix: {i.fix})" for i in report.items
                 if i.status == "FAIL" or (i.status == "N/A" and not i.detail)]
     assert problems == [], "\n".join(problems)
-    assert [i.number for i in report.items] == list(range(1, 37))
+    assert [i.number for i in report.items] == [*range(1, 37), 43]
     assert {t for i in report.items for t in i.tasks} == {t.id for t in tasks}  # every task ran, none skipped
     assert report.exit_code == 0 and report.cleanup_problems == []
     # The host-side parts ran (the server is on this machine), rather than being skipped.
@@ -683,6 +683,7 @@ def test_the_whole_checklist_passes_on_a_local_deployment(server: ServerProcess)
     assert "the server's peak memory grew by" in detail[13]
     assert "with a host canary" in detail[19]
     assert "runtime_unavailable" in detail[36]
+    assert "E2B's API: 17 calls on another tenant's sandbox (404) or by an auditor (403) were refused" in detail[43]
     # Its tenants are disabled with their keys revoked, and nothing of theirs runs any more.
     assert list((server.home / "sandboxes").iterdir()) == []
     with Admin(api_key=server.admin_key, base_url=server.url) as admin:
@@ -699,11 +700,12 @@ def test_the_cli_checks_chosen_items_of_a_local_deployment(server: ServerProcess
     app = typer.Typer()
     app.command()(_check.check_command)
     env = {"CORRAL_URL": server.url, "CORRAL_API_KEY": server.admin_key}
-    result = CliRunner().invoke(app, ["--home", str(server.home), "-i", "3", "-i", "32", "-i", "36", "--json"],
-                                env=env)
+    result = CliRunner().invoke(app, ["--home", str(server.home), "-i", "3", "-i", "32", "-i", "36", "-i", "43",
+                                      "--json"], env=env)
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    assert [(i["number"], i["status"]) for i in doc["items"]] == [(3, "PASS"), (32, "PASS"), (36, "PASS")]
+    assert [(i["number"], i["status"]) for i in doc["items"]] == [(3, "PASS"), (32, "PASS"), (36, "PASS"),
+                                                                   (43, "PASS")]
     assert len(doc["items"][0]["tasks"]) == sum(3 in t.checklist for t in checklist_tasks())
     assert doc["ok"] is True and doc["cleanup_problems"] == []
     assert list((server.home / "sandboxes").iterdir()) == []

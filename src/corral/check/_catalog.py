@@ -1,4 +1,5 @@
-"""The 36 items of the sandbox checklist: each one's number, the property it proves, and how to fix a failure.
+"""The items of the sandbox checklist (1-36, and 43 of the ones after them): each one's number, the property it
+proves, and how to fix a failure.
 
 The text follows the project's checklist (CHECKLIST.md), kept here as data because the product cannot read the
 project's documents at run time. `DEFAULT_FIXES` is what a failure of an item says to do when the probe that
@@ -91,6 +92,9 @@ ITEMS: dict[int, Item] = {i.number: i for i in (
                                   "proxy's events must be wired to the audit log"),
     Item(36, "Fail closed", "upgrade Corral: creating a sandbox must fail when the runtime, a cgroup controller "
                             "or a namespace is unavailable, never start it without them"),
+    Item(43, "Every front end keeps tenancy and roles",
+         "upgrade Corral: every front end (E2B's API, MCP, the dashboard) must call the service layer with the "
+         "caller's own principal; report the route that answered"),
 )}
 
 

@@ -16,6 +16,7 @@ from .._exceptions import CorralError
 from ._audit import item_34_audit_tamper_evident, item_35_audit_complete
 from ._backend import item_31_gvisor
 from ._context import CheckContext
+from ._fronts import item_43_front_ends_keep_tenancy
 from ._host import item_02_agent_channel, item_19_symlink_swap_race, item_36_fail_closed
 from ._limits import item_09_process_limit, item_13_output_cap
 from ._model import ItemFailed, NotApplicable, Status, Verdict
@@ -48,6 +49,7 @@ PROBES: tuple[Probe, ...] = (
     Probe(34, item_34_audit_tamper_evident),
     Probe(35, item_35_audit_complete),
     Probe(36, item_36_fail_closed),
+    Probe(43, item_43_front_ends_keep_tenancy),
 )
 
 

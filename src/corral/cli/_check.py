@@ -17,7 +17,7 @@ from ._common import ApiKeyOption, JsonOption, UrlOption
 HomeOption = Annotated[Path | None, typer.Option(
     "--home", help="The server's state directory (its CORRAL_HOME), when it runs on this machine: enables the "
                    "host-side probes (agent socket, server memory, fail closed).", show_default=False)]
-ItemOption = Annotated[list[int], typer.Option("--item", "-i", help="Only this item (1-36), repeatable.")]
+ItemOption = Annotated[list[int], typer.Option("--item", "-i", help="Only this item (1-36, 43), repeatable.")]
 
 
 class _Bar:
@@ -52,7 +52,7 @@ def check_command(
     item: ItemOption = [],  # noqa: B006 - typer reads the default, never mutates it
     as_json: JsonOption = False,
 ) -> None:
-    """Prove the sandbox checklist (36 items) against a running deployment; exit 1 if any item fails.
+    """Prove the sandbox checklist (items 1-36 and 43) against a running deployment; exit 1 if any item fails.
 
     Needs an admin's key: the check runs in throwaway tenants (`corral-check-<hex>`) that are disabled, emptied
     and stripped of their keys at the end.
