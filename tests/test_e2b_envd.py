@@ -246,3 +246,32 @@ def test_rpcs_need_the_sandboxs_own_credentials(e2b_server: E2BServer, sbx: Sand
     assert httpx.get(f"{e2b_server.url}/health", headers={**base, "X-Access-Token": sbx._envd_access_token}
                      ).status_code == 204
     assert httpx.get(f"{e2b_server.url}/health", headers=base).status_code == 401
+
+
+def test_hosts_name_the_sandbox_and_port_as_well_as_headers(e2b_server: E2BServer, sbx: Sandbox) -> None:
+    """`<port>-<id>.<domain>` hosts reach envd and the code interpreter too (what the SDKs use without
+    E2B_SANDBOX_URL), and any other port goes to the sandbox's own server, with the traffic token."""
+    port = e2b_server.server.port
+    token = {"X-Access-Token": sbx._envd_access_token}
+    r = httpx.get(f"{e2b_server.url}/health", headers={"Host": f"49983-{sbx.sandbox_id}.localhost:{port}", **token})
+    assert r.status_code == 204
+    r = httpx.get(f"{e2b_server.url}/contexts", headers={"Host": f"49999-{sbx.sandbox_id}.localhost:{port}",
+                                                          "E2B-Traffic-Access-Token": sbx.traffic_access_token})
+    assert r.status_code == 200 and {"python", "javascript"} <= {c["language"] for c in r.json()}
+    server = sbx.commands.run("python3 -m http.server 8000", background=True)
+    try:
+        for _ in range(50):
+            r = httpx.get(f"{e2b_server.url}/", headers={"Host": sbx.get_host(8000),
+                                                                     "E2B-Traffic-Access-Token":
+                                                                         sbx.traffic_access_token})
+            if r.status_code == 200:
+                break
+            time.sleep(0.1)
+        assert r.status_code == 200 and "Directory listing" in r.text
+        r = httpx.get(f"{e2b_server.url}/", headers={"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "8000",
+                                                     "E2B-Traffic-Access-Token": sbx.traffic_access_token})
+        assert r.status_code == 200 and "Directory listing" in r.text
+        assert httpx.get(f"{e2b_server.url}/", headers={"E2b-Sandbox-Id": sbx.sandbox_id,
+                                                         "E2b-Sandbox-Port": "8000"}).status_code == 401
+    finally:
+        server.kill()
