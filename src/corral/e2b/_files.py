@@ -29,7 +29,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from .._exceptions import AuthenticationError, CorralError, InvalidRequestError
 from ..control import Principal
 from ..service import TokenPurpose
-from ._auth import sandbox_caller
+from ._auth import client_info, sandbox_caller
 from ._errors import corral_error, e2b_error
 from ._front import front_of
 from ._user import absolute_path, check_user
@@ -52,7 +52,7 @@ async def download(request: Request) -> Response:
         path = absolute_path(maybe_path)
         chunks = await front_of(request).service.files.read(principal, sandbox_id, path)
     except CorralError as exc:
-        return _file_error(exc)
+        return corral_error(exc)
     headers = {"Content-Disposition": f"attachment; filename*=UTF-8''{_quote(path.rsplit('/', 1)[-1])}"}
     encoding = _accepted_encoding(request.headers.get("accept-encoding", ""))
     if encoding is None:
@@ -77,7 +77,7 @@ async def upload(request: Request) -> Response:
             await _write(request, sandbox_id, principal, path, body, metadata)
             written = [path]
     except CorralError as exc:
-        return _file_error(exc)
+        return corral_error(exc)
     return JSONResponse([_written(p, metadata) for p in written])
 
 
@@ -143,11 +143,15 @@ async def _authorized(request: Request, operation: str, *,
         if sandbox_id is None:
             raise InvalidRequestError("no sandbox: send the E2b-Sandbox-Id header")
         return sandbox_id, await sandbox_caller(svc, request, sandbox_id), path
-    signed = _signed_sandbox(request, operation, raw_path or "", signature, sandbox_id)
-    record = await svc.store.find_sandbox(signed)
-    if record is None:
-        raise AuthenticationError("invalid signature")
-    return signed, await svc.access.creator(record), path
+    try:
+        signed = _signed_sandbox(request, operation, raw_path or "", signature, sandbox_id)
+        record = await svc.store.find_sandbox(signed)
+        if record is None:
+            raise AuthenticationError("invalid signature")
+        return signed, await svc.access.creator(record), path
+    except AuthenticationError as exc:
+        await svc.record_denial(client_info(request), exc, None)
+        raise
 
 
 def _signed_sandbox(request: Request, operation: str, path: str, signature: str, sandbox_id: str | None) -> str:
@@ -165,14 +169,12 @@ def _signed_sandbox(request: Request, operation: str, path: str, signature: str,
         expected = "v1_" + base64.b64encode(hashlib.sha256(raw.encode()).digest()).decode().rstrip("=")
         if hmac.compare_digest(expected.encode(), signature.encode()):
             if expiry is not None and int(expiry) < time.time():
-                raise _Expired()
+                raise AuthenticationError(_EXPIRED)
             return candidate
     raise AuthenticationError("invalid signature")
 
 
-class _Expired(AuthenticationError):
-    def __init__(self) -> None:
-        super().__init__("signature is already expired")
+_EXPIRED = "signature is already expired"  # envd's words, which E2B's SDK tests compare
 
 
 def _metadata(request: Request) -> dict[str, str] | None:
@@ -249,8 +251,6 @@ async def _decoded(chunks: AsyncIterator[bytes], encoding: str) -> AsyncIterator
 
 
 def _file_error(exc: CorralError) -> Response:
-    if isinstance(exc, _Expired):
-        return e2b_error(401, exc.message)
     return corral_error(exc)
 
 
