@@ -86,7 +86,7 @@ _COMMANDS: dict[str, _Command] = {
                                              "same run)."),
     "eval": _Command("_eval", "eval_app", "The evaluation corpus: run it against a sandbox service, report, "
                                           "compare."),
-    "check": _Command("_check", "check_command", "Prove the sandbox checklist (items 1-36, 43) against a "
+    "check": _Command("_check", "check_command", "Prove the sandbox checklist (items 1-36 and 43) against a "
                                                  "running deployment; exit 1 if any item fails."),
 }
 
