@@ -32,6 +32,7 @@ from corral.eval import (
     Read,
     RichResult,
     RunResults,
+    SetNetwork,
     Setup,
     Stdout,
     Task,
@@ -172,6 +173,25 @@ def test_server_placeholder_is_resolved_everywhere():
     assert "loopback_server" in t.needs()
     r = resolve(t, "127.0.0.1:9")
     assert r.setup.network == ("127.0.0.1:9",) and r.steps[0].cmd == "curl http://127.0.0.1:9/a"  # type: ignore[union-attr]
+
+
+def test_needs_follow_from_policies_and_checks():
+    def needs(*steps, network="none"):
+        return Task("f.x/1", "f.x", "security", "t", steps, setup=Setup(network=network)).needs()
+
+    assert "ip_allowlist" in needs(Exec("true"), network=("10.0.0.1",))
+    assert "ip_allowlist" in needs(Exec("true"), SetNetwork(("[fe80::1]",)))
+    assert "ip_allowlist" not in needs(Exec("true"), network=("{server}", "pypi.org", "127.0.0.1:8080"))
+    assert "output_cap" in needs(Exec("yes", (Truncated(),)))
+    assert "output_cap" not in needs(Exec("yes", (ExitCode(0),)))
+
+
+def test_a_bare_string_shows_its_repr_only_from_a_service_that_shows_strings_bare():
+    assert CodeText(equals="'done'").verify(Outcome("code", text="done", text_unquoted=True)) is None
+    assert CodeText(equals='"done"').verify(Outcome("code", text="done", text_unquoted=True)) is None
+    assert CodeText(equals="'done'").verify(Outcome("code", text="done")) is not None  # Corral keeps the repr
+    assert CodeText(equals="42").verify(Outcome("code", text="4", text_unquoted=True)) is not None
+    assert CodeText(equals="'done'").verify(Outcome("code", text="'done'", text_unquoted=True)) is None
 
 
 # -- the runner with fake adapters ----------------------------------------------------------------------

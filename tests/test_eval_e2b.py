@@ -1,6 +1,10 @@
-"""The E2B adapter's mapping, against a stand-in for the E2B SDK (the real service is not reachable from CI):
-non-zero exits and timeouts become outcomes, text output is what the corpus measures, errors keep their kind,
-and tasks needing what E2B lacks are skipped."""
+"""The E2B adapter's mapping, against a stand-in for the E2B SDK: non-zero exits, signals and timeouts become
+outcomes, text output is what the corpus measures, errors keep their kind, egress refusals come back from the
+command's error, and tasks needing what the target lacks are skipped. Against Corral's E2B API the adapter
+uses what that API offers (network policies, live changes, pause and connect, contexts in /workspace).
+
+The live tier at the end runs a seeded sample through the real E2B SDK against a real `corral serve`, beside
+Corral's own SDK on the same sample."""
 
 from __future__ import annotations
 
@@ -17,32 +21,50 @@ from corral.eval import (
     CodeError,
     CodeText,
     Data,
+    Denied,
     E2BAdapter,
     Exec,
     ExitCode,
+    Fails,
+    Pause,
     Read,
+    SetNetwork,
     Setup,
     Stdout,
     Task,
     TimedOut,
+    Truncated,
     Write,
     run_tasks,
 )
 
 pytestmark = pytest.mark.anyio
 
-
-class CommandExitException(Exception):
-    def __init__(self, exit_code: int, stdout: str, stderr: str) -> None:
-        super().__init__(f"exit {exit_code}")
-        self.exit_code, self.stdout, self.stderr = exit_code, stdout, stderr
+DENIED = ("corral: Corral egress denied: pypi.org is not reachable, this sandbox has no network access (policy: "
+          'none); allow it with network=["pypi.org"] (6 attempts)')
 
 
-class TimeoutException(Exception):
+class SandboxException(Exception):
     pass
 
 
-class NotFoundException(Exception):
+@dataclass
+class CommandExitException(SandboxException):
+    exit_code: int
+    stdout: str
+    stderr: str
+    error: str | None
+
+
+class TimeoutException(SandboxException):
+    pass
+
+
+class NotFoundException(SandboxException):
+    pass
+
+
+class InvalidArgumentException(SandboxException):
     pass
 
 
@@ -51,6 +73,10 @@ class FakeFiles:
     store: dict[str, bytes] = field(default_factory=dict)
 
     async def write(self, path: str, data: bytes) -> None:
+        if not path.startswith("/"):
+            raise InvalidArgumentException(f"{path!r} is relative")
+        if path.startswith("/etc/"):
+            raise SandboxException(f"403: {path}: Permission denied")
         self.store[path] = data
 
     async def read(self, path: str, format: str = "text") -> Any:
@@ -61,37 +87,118 @@ class FakeFiles:
 
 
 @dataclass
-class FakeCommands:
-    files: FakeFiles
+class Result:
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int = 0
+    error: str | None = None
 
-    async def run(self, cmd: str, timeout: float = 60, cwd: str | None = None, envs: Any = None) -> Any:
+
+class FakeHandle:
+    """What `commands.run(background=True)` returns: output so far, and `wait()` for the end."""
+
+    def __init__(self, cmd: str, cwd: str | None, stdin: bool) -> None:
+        self.cmd, self.cwd, self.pid = cmd, cwd or "/home/user", 7
+        self.stdin: bytearray | None = bytearray() if stdin else None
+        self.stdin_closed = False
+        self.stdout, self.stderr = "", ""
+
+    async def wait(self) -> Result:
+        cmd = self.cmd
         if cmd.startswith("sleep"):
+            self.stdout = "partial\n"
             raise TimeoutException("context deadline exceeded")
         if cmd.startswith("exit "):
-            raise CommandExitException(int(cmd.split()[1]), "", "bye\n")
-        if cmd.startswith("(cat) < "):
-            data = self.files.store[cmd.split("< ")[1]]
-            return types.SimpleNamespace(exit_code=0, stdout=data.decode("utf-8", "replace"), stderr="")
-        return types.SimpleNamespace(exit_code=0, stdout=cmd.removeprefix("echo ") + "\n", stderr="")
+            code = int(cmd.split()[1])
+            raise CommandExitException(code, "", "bye\n", f"exit status {code}")
+        if cmd == "kill -9 $$":
+            raise CommandExitException(-1, "", "", "signal: killed")
+        if cmd == "pip install x":
+            raise CommandExitException(1, "", "ERROR: 403\n", f"exit status 1; {DENIED}")
+        if cmd == "cat":
+            assert self.stdin is not None and self.stdin_closed, "stdin was not sent and closed"
+            return Result(stdout=bytes(self.stdin).decode("utf-8", "replace"))
+        if cmd == "pwd":
+            return Result(stdout=self.cwd + "\n")
+        return Result(stdout=cmd.removeprefix("echo ") + "\n")
+
+
+@dataclass
+class FakeCommands:
+    handles: dict[int, FakeHandle] = field(default_factory=dict)
+
+    async def run(self, cmd: str, background: bool = False, envs: Any = None, cwd: str | None = None,
+                  stdin: bool = False, timeout: float = 60) -> Any:
+        handle = FakeHandle(cmd, cwd, stdin)
+        self.handles[handle.pid] = handle
+        return handle if background else await handle.wait()
+
+    async def send_stdin(self, pid: int, data: bytes) -> None:
+        stdin = self.handles[pid].stdin
+        assert stdin is not None, "the command was started without stdin"
+        stdin += data
+
+    async def close_stdin(self, pid: int) -> None:
+        self.handles[pid].stdin_closed = True
+
+
+@dataclass
+class Context:
+    id: str
+    language: str
+    cwd: str
 
 
 class FakeSandbox:
+    made: ClassVar[list[dict[str, Any]]] = []
     killed: ClassVar[list[str]] = []
 
-    def __init__(self) -> None:
+    def __init__(self, options: dict[str, Any]) -> None:
+        self.options = options
         self.files = FakeFiles()
-        self.commands = FakeCommands(self.files)
+        self.commands = FakeCommands()
+        self.network: list[dict[str, Any]] = []
+        self.contexts: list[Context] = []
+        self.variables: dict[str, dict[str, str]] = {}
+        self.paused = False
 
     @classmethod
     async def create(cls, **kwargs: Any) -> FakeSandbox:
-        return cls()
+        cls.made.append(kwargs)
+        return cls(kwargs)
 
-    async def run_code(self, code: str, language: str = "python", timeout: float = 60) -> Any:
+    async def update_network(self, network: dict[str, Any]) -> None:
+        self.network.append(network)
+
+    async def pause(self) -> bool:
+        self.paused = True
+        return True
+
+    async def connect(self) -> FakeSandbox:
+        assert self.paused, "connect resumes a paused sandbox"
+        self.paused = False
+        return self
+
+    async def create_code_context(self, cwd: str | None = None, language: str | None = None) -> Context:
+        context = Context(f"ctx-{len(self.contexts)}", language or "python", cwd or "/home/user")
+        self.contexts.append(context)
+        return context
+
+    async def run_code(self, code: str, language: str | None = None, context: Context | None = None,
+                       timeout: float = 60) -> Any:
+        assert not (language and context), "E2B takes a language or a context, not both"
         logs = types.SimpleNamespace(stdout=[], stderr=[])
         if code == "1/0":
             err = types.SimpleNamespace(name="ZeroDivisionError", value="division by zero")
             return types.SimpleNamespace(logs=logs, results=[], error=err)
-        main = types.SimpleNamespace(is_main_result=True, text=str(eval(code)), png=None)
+        variables = self.variables.setdefault(context.id if context else language or "python", {})
+        if "=" in code:
+            name, value = (part.strip() for part in code.split("=", 1))
+            variables[name] = value
+            return types.SimpleNamespace(logs=logs, results=[], error=None)
+        text = variables[code] if code in variables else str(eval(code))
+        text = text[1:-1] if text[:1] == text[-1:] == "'" else text  # E2B shows a string without its quotes
+        main = types.SimpleNamespace(is_main_result=True, text=text, png=None, extra={})
         return types.SimpleNamespace(logs=logs, results=[main], error=None)
 
     async def kill(self) -> None:
@@ -103,36 +210,106 @@ def fake_e2b(monkeypatch: pytest.MonkeyPatch) -> None:
     module = types.ModuleType("e2b_code_interpreter")
     module.AsyncSandbox = FakeSandbox  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "e2b_code_interpreter", module)
-    FakeSandbox.killed = []
+    FakeSandbox.killed, FakeSandbox.made = [], []
 
 
 def task(name: str, *steps: Any, **kwargs: Any) -> Task:
     return Task(f"e2b.x/{name}", "e2b.x", "file_io", name, tuple(steps), **kwargs)
 
 
+def outcomes(run: Any) -> dict[str, tuple[str, str | None]]:
+    return {r.id.split("/")[1]: (r.status, r.mode) for r in run.results}
+
+
+CORRAL = "http://corral.test:7770"
+
+
 async def test_steps_map_to_outcomes_and_text_transport_is_measured(fake_e2b: None) -> None:
     binary = Blob.literal(b"\xff\xfe\x00ok")
     tasks = [
         task("echo", Exec("echo hi", (Stdout(equals=b"hi\n"), ExitCode(0)))),
-        task("exit", Exec("exit 3", (ExitCode(3),))),
-        task("timeout", Exec("sleep 9", (TimedOut(),), timeout=1)),
+        task("exit", Exec("exit 3", (ExitCode(3), Stdout(equals=b"")))),
+        task("signal", Exec("kill -9 $$", (ExitCode(137),))),  # E2B's "signal: killed", as a shell says it
+        task("timeout", Exec("sleep 9", (TimedOut(), Stdout(equals=b"partial\n")), timeout=1)),
         task("stdin", Exec("cat", (Stdout(equals=binary, mode="stdin_lost"),), stdin=binary)),
+        task("stdin-text", Exec("cat", (Stdout(equals=b"line\n"),), stdin=Blob.literal(b"line\n"))),
         task("files", Write("/home/user/b", binary), Read("/home/user/b", (Data(binary),))),
         task("missing", Read("/home/user/none", (Data(b""),))),
+        task("refused", Write("/etc/x", Blob.literal("x"), (Fails(code="permission_denied"),))),
         task("code", Code("1+1", (CodeText(equals="2"),)), Code("1/0", (CodeError("ZeroDivisionError"),))),
         task("limits", Exec("true", (ExitCode(0),)), setup=Setup(limits={"memory": "64M"})),
     ]
     run = await run_tasks(tasks, E2BAdapter(api_key="test"), concurrency=4)
-    got = {r.id.split("/")[1]: (r.status, r.mode) for r in run.results}
-    assert got == {
-        "echo": ("pass", None), "exit": ("pass", None), "timeout": ("pass", None),
+    assert outcomes(run) == {
+        "echo": ("pass", None), "exit": ("pass", None), "signal": ("pass", None), "timeout": ("pass", None),
         "stdin": ("fail", "stdin_lost"),  # text transport replaced the invalid bytes: measured, not hidden
-        "files": ("pass", None), "missing": ("fail", "sandbox_unavailable"), "code": ("pass", None),
-        "limits": ("skip", None),
+        "stdin-text": ("pass", None), "files": ("pass", None), "missing": ("fail", "sandbox_unavailable"),
+        "refused": ("pass", None), "code": ("pass", None), "limits": ("skip", None),
     }
     missing = next(r for r in run.results if r.id.endswith("/missing"))
     assert "NotFoundException" in missing.failures[0].detail
-    assert len(FakeSandbox.killed) == 7  # every sandbox opened was killed
+    assert len(FakeSandbox.killed) == 10  # every sandbox opened was killed
+
+
+async def test_e2b_cloud_claims_only_what_it_has_and_keeps_its_own_conventions(fake_e2b: None) -> None:
+    tasks = [
+        task("pwd", Exec("pwd", (Stdout(equals=b"/home/user\n"),))),
+        task("policy", Exec("true"), setup=Setup(network=("pypi.org",))),
+        task("pause", Pause()),
+        task("cap", Exec("echo x", (Truncated(),))),
+    ]
+    run = await run_tasks(tasks, E2BAdapter(api_key="e2b_key", template="code-interpreter-v1"), concurrency=2)
+    assert outcomes(run) == {"pwd": ("pass", None), "policy": ("skip", None), "pause": ("skip", None),
+                             "cap": ("skip", None)}
+    [made] = FakeSandbox.made
+    assert made["template"] == "code-interpreter-v1" and made["allow_internet_access"] is False
+    assert "api_url" not in made and made["api_key"] == "e2b_key"  # E2B_DOMAIN and its defaults decide
+
+
+async def test_against_corral_the_adapter_uses_what_its_e2b_api_offers(fake_e2b: None) -> None:
+    tasks = [
+        task("pwd", Exec("pwd", (Stdout(equals=b"/workspace\n"),))),
+        task("relative", Write("data.bin", Blob.literal("d")), Read("/workspace/data.bin", (Data(b"d"),))),
+        task("allowlist", Exec("pip install x", (ExitCode(1), Denied("pypi.org"))),
+             setup=Setup(network=("@packages", "127.0.0.1:8080"))),
+        task("live", SetNetwork("none"), SetNetwork(("pypi.org",)), SetNetwork("internet"),
+             setup=Setup(network="internet")),
+        task("pause", Code("x = 'kept'"), Pause(), Code("x", (CodeText(equals="'kept'"),))),
+        task("sessions", Code("x = 'one'", session="a"), Code("x = 'two'", session="b"),
+             Code("x", (CodeText(equals="'one'"),), session="a")),
+        task("address", Exec("true"), setup=Setup(network=("10.0.0.1",))),
+        task("cap", Exec("echo x", (Truncated(),))),
+    ]
+    run = await run_tasks(tasks, E2BAdapter(base_url=CORRAL, api_key="dev-key"), concurrency=1)
+    assert outcomes(run) == {
+        "pwd": ("pass", None), "relative": ("pass", None), "allowlist": ("pass", None), "live": ("pass", None),
+        "pause": ("pass", None), "sessions": ("pass", None),
+        "address": ("skip", None),  # Corral's E2B API allows by host name only
+        "cap": ("skip", None),  # E2B's protocol has no truncation flag
+    }
+    skipped = {r.id.split("/")[1]: r.skip_reason for r in run.results if r.status == "skip"}
+    assert skipped == {"address": "e2b lacks ip_allowlist", "cap": "e2b lacks output_cap"}
+    made = {m["metadata"]["eval"].split("/")[1]: m for m in FakeSandbox.made}
+    for options in made.values():
+        assert options["api_url"] == options["sandbox_url"] == CORRAL and options["validate_api_key"] is False
+        assert options["api_key"] == "dev-key" and options["template"] == "default"
+    assert made["pwd"]["allow_internet_access"] is False and made["live"]["allow_internet_access"] is True
+    assert made["allowlist"]["network"] == {"allow_out": ["@packages", "127.0.0.1:8080"], "deny_out": ["0.0.0.0/0"]}
+
+
+async def test_live_network_changes_and_contexts_reach_the_sdk(fake_e2b: None) -> None:
+    adapter = E2BAdapter(base_url=CORRAL, api_key="dev-key")
+    session = await adapter.open(task("x", Exec("true")))
+    sandbox = session.sandbox
+    for step in (SetNetwork("none"), SetNetwork(("pypi.org",)), SetNetwork("internet")):
+        assert (await session.run(step)).error is None
+    assert sandbox.network == [{"deny_out": ["0.0.0.0/0"]}, {"allow_out": ["pypi.org"], "deny_out": ["0.0.0.0/0"]},
+                               {}]
+    for step in (Code("1"), Code("2"), Code("4", language="bash"), Code("3", session="s")):
+        assert (await session.run(step)).error is None
+    assert [(c.language, c.cwd) for c in sandbox.contexts] == [("python", "/workspace"), ("bash", "/workspace"),
+                                                               ("python", "/workspace")]
+    await session.close()
 
 
 async def test_without_the_sdk_every_task_fails_setup_with_the_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -246,7 +246,6 @@ class Denied(Check):
 
     host: str = ""
     mode: str = "unhelpful_network_error"
-    requires: ClassVar[frozenset[str]] = frozenset({"egress_denials"})
 
     def verify(self, o: Outcome) -> Failure | None:
         for d in o.denials:

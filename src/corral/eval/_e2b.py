@@ -72,9 +72,12 @@ _BY_STATUS = {"400": "invalid_request", "401": "unauthenticated", "403": "permis
               "503": "capacity_exceeded", "507": "disk_full"}
 _BY_RPC = {"permission_denied": "permission_denied", "failed_precondition": "conflict", "already_exists": "conflict",
            "internal": "server_error", "unknown": "server_error", "unavailable": "agent_error"}
-_PREFIX = re.compile(r"^(?:Code\.)?(\d{3}|[A-Za-z_]+): ")  # "403: ...", "Code.FAILED_PRECONDITION: ..."
-# Corral's E2B API: "exit status 1; corral: Corral egress denied: <host> ...", one line per refusal.
-_DENIAL = re.compile(r"(?:^|; )corral: (Corral egress denied: (.+?) (?:is |resolves |needs |\()[^\n]*)", re.M)
+# "403: ...", "400 Bad Request: ..." (the interpreter's), "Code.FAILED_PRECONDITION: ..." (an RPC's)
+_PREFIX = re.compile(r"^(?:Code\.)?(\d{3}|[A-Za-z_]+)(?: [A-Z][A-Za-z ]*)?: ")
+# Corral's E2B API: "exit status 1; corral: <reason>", one line per refusal; the host is the reason's subject.
+_NOTICE = re.compile(r"(?:^|; )corral: ([^\n]+)", re.M)
+_SUBJECT = re.compile(r"^(?:Corral egress denied: (.+?) (?:is |resolves |needs |\()|Corral egress: cannot resolve "
+                      r"(\S+?):|DNS lookup of (\S+) refused)")
 _SIGNAL = re.compile(r"^signal: ([^;\n]+)")
 
 
@@ -324,10 +327,16 @@ def _signal_number(name: str) -> int | None:
 
 
 def _denials(error: str) -> tuple[Denial, ...]:
-    """Corral's E2B API names each refused connection in the command's error (`corral: Corral egress denied:
-    <what> is not ...`): the reason, whose subject (a host, `host:port`, "package mirror") stands for the host;
-    E2B's cloud says nothing, and so nothing comes back."""
-    return tuple(Denial(m.group(2), None, m.group(1)) for m in _DENIAL.finditer(error))
+    """Corral's E2B API names each refused connection in the command's error, a `corral: <reason>` line each (the
+    egress notice of `corral/_output.py`); the reason's subject (a host, `host:port`, "package mirror") stands for
+    the host. E2B's cloud says nothing, and so nothing comes back."""
+    found = []
+    for m in _NOTICE.finditer(error):
+        reason = m.group(1)
+        subject = _SUBJECT.match(reason)
+        host = next((g for g in subject.groups() if g), reason) if subject is not None else reason
+        found.append(Denial(host, None, reason))
+    return tuple(found)
 
 
 def _code_outcome(ex: Any) -> Outcome:
