@@ -23,9 +23,9 @@ E2B's interpreter shows a string value without its repr quotes, which the outcom
 Conventions bridged against Corral: the corpus's working directory is `/workspace` (Corral's default), E2B's is
 the user's home, so commands, contexts and relative file paths are given `/workspace` explicitly.
 
-Not offered by any E2B API, so skipped: resource `limits` at create (E2B has no such parameter), tar uploads
-(`archive`), and allowlist entries that are IP addresses (`ip_allowlist`: Corral's E2B API allows by host name
-only, `corral/e2b/_network.py`; E2B's cloud is not claimed to have it either).
+Not offered through E2B's API, so skipped (said so, never passed): resource `limits` at create (E2B has no such
+parameter), tar uploads (`archive`), and output cut at a cap and flagged with its true size (`output_cap`: E2B's
+protocol streams all of it and has no such flag).
 """
 
 from __future__ import annotations

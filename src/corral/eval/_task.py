@@ -14,7 +14,6 @@ from __future__ import annotations
 import builtins
 import functools
 import hashlib
-import ipaddress
 import random
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -62,7 +61,6 @@ CAPABILITIES = frozenset({
     "limits",           # memory / cpus / pids / disk limits at create
     "loopback_server",  # reach the runner's loopback server through an explicit allowance
     "network_policy",   # per-sandbox egress policies (allowlists, none) and live changes
-    "ip_allowlist",     # an allowlist entry that is an IP address, not a host name (`10.0.0.1`)
     "egress_denials",   # the command's result lists the refusals that happened while it ran
     "output_cap",       # output over a cap comes back cut, flagged as truncated, with its true size
     "pause",            # pause and resume keeping state
@@ -312,26 +310,9 @@ class Task:
             needed.add("limits")
         if self.setup.network not in ("none", "internet"):
             needed.add("network_policy")
-        if _names_addresses(self):
-            needed.add("ip_allowlist")
         if _mentions_server(self):
             needed.add("loopback_server")
         return frozenset(needed)
-
-
-def _names_addresses(task: Task) -> bool:
-    """An allowlist (at create or in a `SetNetwork`) names a bare IP address: `{server}`, an `ip:port` pair the
-    tenant is allowed, is a host and port, not an address entry."""
-    policies = [task.setup.network, *(s.network for s in task.steps if isinstance(s, SetNetwork))]
-    return any(_is_address(entry) for policy in policies if isinstance(policy, tuple) for entry in policy)
-
-
-def _is_address(entry: str) -> bool:
-    try:
-        ipaddress.ip_address(entry.strip("[]"))
-    except ValueError:
-        return False
-    return True
 
 
 def _mentions_server(task: Task) -> bool:
