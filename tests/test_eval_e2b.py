@@ -125,7 +125,7 @@ class FakeHandle:
             return Result(stdout=bytes(self.stdin).decode("utf-8", "replace"))
         if cmd == "pwd":
             return Result(stdout=self.cwd + "\n")
-        return Result(stdout=cmd.removeprefix("echo ") + "\n")
+        return Result(stdout=cmd.removeprefix("echo ").split(";")[0] + "\n")  # `echo x; exit 0` says x
 
 
 @dataclass
@@ -313,6 +313,24 @@ async def test_live_network_changes_and_contexts_reach_the_sdk(fake_e2b: None) -
     assert [(c.language, c.cwd) for c in sandbox.contexts] == [("python", "/workspace"), ("bash", "/workspace"),
                                                                ("python", "/workspace")]
     await session.close()
+
+
+def test_the_cli_aims_e2b_at_its_cloud_without_a_url(fake_e2b: None, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from corral.cli import app
+
+    monkeypatch.setenv("CORRAL_URL", "http://corral.test:1")  # a Corral's URL in the environment is not a target
+    out = tmp_path / "r.jsonl"
+    args = ["eval", "run", "--adapter", "e2b", "--task", "file_io.exit_codes/exit-0", "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    run = RunResults.load(out)
+    assert run.header["target"] == "e2b-cloud" and set(run.header["sdk"]) == {"e2b", "e2b-code-interpreter"}
+    assert [r.status for r in run.results] == ["pass"] and "api_url" not in FakeSandbox.made[0]
+    bad = CliRunner().invoke(app, ["eval", "run", "--adapter", "modal", "--task", "file_io.exit_codes/exit-0"])
+    assert bad.exit_code == 2 and "corral or e2b" in bad.output
 
 
 async def test_without_the_sdk_every_task_fails_setup_with_the_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
