@@ -175,7 +175,7 @@ def test_server_placeholder_is_resolved_everywhere():
 
 
 def test_a_truncation_check_needs_an_output_cap():
-    def needs(*steps):
+    def needs(*steps: Exec) -> frozenset[str]:
         return Task("f.x/1", "f.x", "resource_abuse", "t", steps).needs()
 
     assert "output_cap" in needs(Exec("yes", (Truncated(),)))

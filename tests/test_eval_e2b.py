@@ -308,8 +308,8 @@ async def test_live_network_changes_and_contexts_reach_the_sdk(fake_e2b: None) -
         assert (await session.run(step)).error is None
     assert sandbox.network == [{"deny_out": ["0.0.0.0/0"]}, {"allow_out": ["pypi.org"], "deny_out": ["0.0.0.0/0"]},
                                {}]
-    for step in (Code("1"), Code("2"), Code("4", language="bash"), Code("3", session="s")):
-        assert (await session.run(step)).error is None
+    for cell in (Code("1"), Code("2"), Code("4", language="bash"), Code("3", session="s")):
+        assert (await session.run(cell)).error is None
     assert [(c.language, c.cwd) for c in sandbox.contexts] == [("python", "/workspace"), ("bash", "/workspace"),
                                                                ("python", "/workspace")]
     await session.close()
