@@ -174,6 +174,22 @@ def test_server_placeholder_is_resolved_everywhere():
     assert r.setup.network == ("127.0.0.1:9",) and r.steps[0].cmd == "curl http://127.0.0.1:9/a"  # type: ignore[union-attr]
 
 
+def test_a_truncation_check_needs_an_output_cap():
+    def needs(*steps: Exec) -> frozenset[str]:
+        return Task("f.x/1", "f.x", "resource_abuse", "t", steps).needs()
+
+    assert "output_cap" in needs(Exec("yes", (Truncated(),)))
+    assert "output_cap" not in needs(Exec("yes", (ExitCode(0),)))
+
+
+def test_a_bare_string_shows_its_repr_only_from_a_service_that_shows_strings_bare():
+    assert CodeText(equals="'done'").verify(Outcome("code", text="done", text_unquoted=True)) is None
+    assert CodeText(equals='"done"').verify(Outcome("code", text="done", text_unquoted=True)) is None
+    assert CodeText(equals="'done'").verify(Outcome("code", text="done")) is not None  # Corral keeps the repr
+    assert CodeText(equals="42").verify(Outcome("code", text="4", text_unquoted=True)) is not None
+    assert CodeText(equals="'done'").verify(Outcome("code", text="'done'", text_unquoted=True)) is None
+
+
 # -- the runner with fake adapters ----------------------------------------------------------------------
 
 

@@ -4,7 +4,8 @@
 corral eval run --local --sample 150 --seed 1        # a private server on this machine, a seeded sample
 corral eval run --local --backend docker             # the same, its sandboxes in Docker containers
 corral eval run --url URL --api-key ADMIN_KEY        # a deployment: a throwaway tenant is made and removed
-corral eval run --adapter e2b --without loopback_server  # any E2B-compatible service (E2B_API_KEY)
+corral eval run --adapter e2b --local                # E2B's SDK against a private Corral's E2B API
+corral eval run --adapter e2b                        # E2B's cloud (E2B_API_KEY)
 corral eval ls --category security                   # what the corpus holds
 corral eval report results.jsonl --out report/       # Markdown, HTML and JSON
 corral eval compare before.jsonl after.jsonl         # two runs side by side
@@ -29,7 +30,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..eval import CAPABILITIES, CATEGORIES, MODES, RunResults, Task, TaskResult, load_corpus
-from ..eval._deployment import local_capabilities, local_server, run_on_corral
+from ..eval._corral import CorralAdapter
+from ..eval._deployment import AdapterFactory, local_capabilities, local_server, run_on_corral
 from ..eval._runner import run_tasks
 from ..eval._select import select
 from ._common import ApiKeyOption, JsonOption, UrlOption, config, print_json, print_table
@@ -77,8 +79,9 @@ def run_command(
     as_tenant: Annotated[bool, typer.Option(
         "--as-tenant", help="The key is a developer key: run as its tenant (the loopback server's tasks are "
                             "skipped). Default: an admin key, and a throwaway tenant is made.")] = False,
-    adapter: Annotated[str, typer.Option(help="corral, or e2b (E2B_API_KEY; `pip install e2b-code-interpreter`).")
-                       ] = "corral",
+    adapter: Annotated[str, typer.Option(help="corral (Corral's SDK), or e2b (E2B's SDK, `pip install "
+                                              "e2b-code-interpreter`): with --local or --url, against Corral's "
+                                              "E2B API; else E2B's cloud (E2B_API_KEY).")] = "corral",
     concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1, help="Tasks at once.")] = 50,
     heavy_concurrency: Annotated[int | None, typer.Option(
         min=1, help="CPU-heavy tasks (ML, data, pip, compiles) at once, within -c (default: 2 per core).")
@@ -101,21 +104,27 @@ def run_command(
         raise typer.BadParameter("--backend chooses the backend of the private server: give --local too (a "
                                  "deployment runs whatever backend it was started with)", param_hint="--backend")
     _check_backend(backend)
-    if adapter == "corral" and not local:
+    if adapter not in ("corral", "e2b"):
+        raise typer.BadParameter(f"unknown adapter {adapter!r}: corral or e2b", param_hint="--adapter")
+    e2b_cloud = adapter == "e2b" and not local and url is None
+    if not local and not e2b_cloud:
         url, api_key = _deployment(url, api_key)
     out = out or Path("eval-results") / f"{time.strftime('%Y%m%d-%H%M%S')}-{adapter}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
-    header = {"filters": {"family": family, "category": category, "tag": tag, "task": task, "sample": sample,
-                          "seed": seed}}
+    filters = {"family": family, "category": category, "tag": tag, "task": task, "sample": sample, "seed": seed}
+    header: dict[str, Any] = {"filters": filters}
+    if adapter == "e2b":
+        header["sdk"] = _e2b_sdk_versions()
     with open(out, "w", encoding="utf-8") as sink, _progress(len(tasks)) as tick, ExitStack() as stack:
-        if adapter == "e2b":
-            from ..eval._e2b import E2BAdapter
+        if e2b_cloud:
+            from ..eval._e2b import CLOUD_CAPABILITIES, E2BAdapter
 
-            e2b = E2BAdapter(api_key=api_key, capabilities=E2BAdapter.default_capabilities - set(without))
+            e2b = E2BAdapter(api_key=api_key, capabilities=CLOUD_CAPABILITIES - set(without))
             run = asyncio.run(run_tasks(tasks, e2b, concurrency=concurrency, retries=retries, out=sink,
-                                        progress=tick, header=header, heavy_concurrency=heavy_concurrency))
-        elif adapter == "corral":
-            caps = local_capabilities() if local else frozenset(CAPABILITIES)
+                                        progress=tick, header=header | {"target": "e2b-cloud"},
+                                        heavy_concurrency=heavy_concurrency))
+        else:
+            caps, factory = _on_corral(adapter, local)
             if local:
                 url, api_key = stack.enter_context(local_server(backend=backend))
                 as_tenant = False
@@ -123,13 +132,35 @@ def run_command(
                 tasks, base_url=url, admin_key=None if as_tenant else api_key,
                 api_key=api_key if as_tenant else None, concurrency=concurrency, retries=retries,
                 capabilities=caps - set(without), out=sink, progress=tick, header=header,
-                heavy_concurrency=heavy_concurrency))
-        else:
-            raise typer.BadParameter(f"unknown adapter {adapter!r}: corral or e2b")
+                heavy_concurrency=heavy_concurrency, adapter_type=factory))
     _summary(run, out)
     _write_report(run, report or out.with_suffix(""))
     if run.counts().get("fail"):
         raise typer.Exit(1)
+
+
+def _on_corral(adapter: str, local: bool) -> tuple[frozenset[str], AdapterFactory]:
+    """What the run may claim on a Corral server, and the adapter that drives it: Corral's own SDK, or E2B's SDK
+    against the server's E2B API (everything that API offers, `CORRAL_CAPABILITIES`)."""
+    caps = local_capabilities() if local else frozenset(CAPABILITIES)
+    if adapter == "corral":
+        return caps, CorralAdapter
+    from ..eval._e2b import CORRAL_CAPABILITIES, E2BAdapter
+
+    return caps & CORRAL_CAPABILITIES, E2BAdapter
+
+
+def _e2b_sdk_versions() -> dict[str, str | None]:
+    """The E2B SDKs' versions, for the run's header (None: not installed; the run then says how to install it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found: dict[str, str | None] = {}
+    for name in ("e2b", "e2b-code-interpreter"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    return found
 
 
 class _progress:

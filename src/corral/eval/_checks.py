@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ._outcome import Outcome
 from ._task import Blob
@@ -80,9 +81,11 @@ def classify_bytes(expected: bytes, got: bytes, *, what: str = "data") -> Failur
 
 
 class Check:
-    """Base of every check: `mode` is what a failure of this check reveals."""
+    """Base of every check: `mode` is what a failure of this check reveals; `requires`, the capabilities of the
+    service (`CAPABILITIES`) without which the check cannot hold (its task is then skipped, `Task.needs`)."""
 
     mode: str
+    requires: ClassVar[frozenset[str]] = frozenset()
 
     def verify(self, o: Outcome) -> Failure | None:
         raise NotImplementedError
@@ -227,6 +230,7 @@ class Truncated(Check):
 
     size: int | None = None
     mode: str = "silent_output_truncation"
+    requires: ClassVar[frozenset[str]] = frozenset({"output_cap"})
 
     def verify(self, o: Outcome) -> Failure | None:
         if not o.truncated:
@@ -279,11 +283,20 @@ class CodeText(Check):
         if o.code_error is not None:
             return self.fail(f"the cell raised {o.code_error[0]}: {_clip(o.code_error[1])}")
         text = o.text or ""
-        if self.equals is not None and text != self.equals:
+        if self.equals is not None and not _same_value(text, self.equals, unquoted=o.text_unquoted):
             return self.fail(f"value {_clip(text, 200)!r}, expected {_clip(self.equals, 200)!r}")
         if self.matches is not None and not re.search(self.matches, text, re.S | re.M):
             return self.fail(f"value {_clip(text, 200)!r} does not match /{self.matches}/")
         return None
+
+
+def _same_value(text: str, expected: str, *, unquoted: bool) -> bool:
+    """`text` shows the value `expected` shows; from a service that shows strings bare (`unquoted`), a string's
+    repr (`'a'`) is shown without its quotes (`a`), exactly as E2B's interpreter strips them."""
+    if text == expected:
+        return True
+    quoted = len(expected) >= 2 and expected[0] == expected[-1] and expected[0] in "'\""
+    return unquoted and quoted and text == expected[1:-1]
 
 
 @dataclass(frozen=True)

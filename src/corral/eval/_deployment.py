@@ -20,20 +20,21 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 import httpx
 
 from .._exceptions import CorralError
 from .._sdk import AsyncAdmin, AsyncSandbox
 from .._settings import corral_home
+from ._adapter import Adapter
 from ._corral import CorralAdapter
 from ._loopback import LoopbackServer
 from ._result import RunResults, TaskResult
 from ._runner import run_tasks
 from ._task import CAPABILITIES, Task
 
-__all__ = ["EvalTenant", "eval_tenant", "local_capabilities", "local_server", "run_on_corral"]
+__all__ = ["AdapterFactory", "EvalTenant", "eval_tenant", "local_capabilities", "local_server", "run_on_corral"]
 
 _FIRST_SANDBOX_TIMEOUT = 1800.0  # seconds: a template's first sandbox may import gigabytes (see `_first_sandboxes`)
 
@@ -43,6 +44,13 @@ class EvalTenant:
     base_url: str
     api_key: str
     tenant: str
+
+
+class AdapterFactory(Protocol):
+    """How `run_on_corral` makes its adapter for the tenant it runs as: `CorralAdapter` (Corral's SDK),
+    `E2BAdapter` (E2B's SDK against Corral's E2B API), or a subclass of either."""
+
+    def __call__(self, *, base_url: str, api_key: str, capabilities: frozenset[str]) -> Adapter: ...
 
 
 @asynccontextmanager
@@ -113,12 +121,13 @@ async def run_on_corral(
     out: TextIO | None = None,
     progress: Callable[[TaskResult], None] | None = None,
     header: dict[str, Any] | None = None,
-    adapter_type: type[CorralAdapter] = CorralAdapter,
+    adapter_type: AdapterFactory = CorralAdapter,
     heavy_concurrency: int | None = None,
 ) -> RunResults:
     """Run `tasks` on the Corral at `base_url`: in a throwaway tenant when given an admin key (the loopback
     server allowed), else as `api_key`'s tenant (tasks that need the loopback server are then skipped).
-    `adapter_type` may be a subclass (the tests inject faults with one)."""
+    `adapter_type` makes the adapter: Corral's SDK by default, `E2BAdapter` for E2B's SDK against the same server,
+    or a subclass (the tests inject faults with one)."""
     head = {"base_url": base_url, **(header or {})}
     templates = {t.setup.template for t in tasks if not t.needs() - capabilities}
     with LoopbackServer() as loopback:

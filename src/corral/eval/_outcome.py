@@ -54,6 +54,8 @@ class Outcome:
     text: str | None = None
     results: tuple[dict[str, Any], ...] = ()  # MIME type -> value (images base64), as Jupyter sends them
     code_error: tuple[str, str] | None = None  # (name, value)
+    # The service shows a string value without its repr's quotes ('a' as a): E2B's code interpreter does.
+    text_unquoted: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> str:

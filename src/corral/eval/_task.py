@@ -62,6 +62,7 @@ CAPABILITIES = frozenset({
     "loopback_server",  # reach the runner's loopback server through an explicit allowance
     "network_policy",   # per-sandbox egress policies (allowlists, none) and live changes
     "egress_denials",   # the command's result lists the refusals that happened while it ran
+    "output_cap",       # output over a cap comes back cut, flagged as truncated, with its true size
     "pause",            # pause and resume keeping state
     "polyglot",         # the `polyglot` template (Java, Go, Rust, TypeScript)
     "packages",         # pip/npm reach their registries (through the policy's @packages)
@@ -301,6 +302,8 @@ class Task:
         needed = set(self.requires)
         for step in self.steps:
             needed |= STEP_REQUIRES.get(step.kind, frozenset())
+            for check in step.checks:
+                needed |= check.requires
         if self.setup.template == "polyglot":
             needed.add("polyglot")
         if self.setup.limits:

@@ -507,7 +507,9 @@ def _roundtrip() -> Iterator[Task]:
 
 # -- 16, 17: paths through the file API ------------------------------------------------------------------------------
 
-OUTSIDE = "outside the directories"
+# The refusal says why: outside the sandbox's file roots, or in /proc or /.corral, which the file API never reaches
+# whatever the roots (agent/files.py).
+OUTSIDE = "outside the directories|which the file API never (touches|changes)"
 REFUSED = ("permission_denied", "invalid_request")
 
 TRAVERSALS = (
