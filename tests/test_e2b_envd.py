@@ -101,6 +101,13 @@ def test_reconnect_follows_new_output_only(sbx: Sandbox) -> None:
     assert again.wait().stdout == "second\n"  # envd's Connect: no old output
 
 
+def test_a_command_killed_for_memory_says_so(sbx: Sandbox) -> None:
+    with pytest.raises(CommandExitException) as killed:
+        sbx.commands.run("python3 -c 'x = bytearray(3 * 2**30)'")  # past the default 512M limit
+    assert killed.value.exit_code == -1 and killed.value.error.startswith("signal: killed")
+    assert "corral: out of memory" in killed.value.error  # E2B's end event has no flag for it
+
+
 def test_timeouts_end_commands(sbx: Sandbox) -> None:
     started = time.monotonic()
     with pytest.raises(TimeoutException):
@@ -134,7 +141,7 @@ def test_terminal_input_resize_and_reconnect(sbx: Sandbox) -> None:
 # -- files -------------------------------------------------------------------------------------------------------
 
 
-def test_files_bytes_text_streams_gzip_and_metadata(sbx: Sandbox) -> None:
+def test_files_bytes_text_streams_gzip_and_metadata(e2b_server: E2BServer, sbx: Sandbox) -> None:
     data = bytes(range(256)) * 4096 + b"\x00"
     info = sbx.files.write("/home/user/all.bin", data)
     assert info.path == "/home/user/all.bin" and info.type is FileType.FILE
@@ -153,6 +160,9 @@ def test_files_bytes_text_streams_gzip_and_metadata(sbx: Sandbox) -> None:
     with pytest.raises(InvalidArgumentException):
         sbx.files.write("bad-meta.txt", "x", metadata={"k": "\x01"})
     assert not sbx.files.exists("bad-meta.txt")  # refused: nothing written
+    r = httpx.post(f"{e2b_server.url}/files", files={"file": ("", b"x")}, headers={
+        "E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": sbx._envd_access_token})
+    assert r.status_code == 400 and "filename" in r.json()["message"]  # no path, no name: said so
     written = sbx.files.write_files([WriteEntry(path="many/a.txt", data="A"), WriteEntry(path="many/b.bin",
                                                                                           data=b"\xff")])
     assert [w.path for w in written] == ["/home/user/many/a.txt", "/home/user/many/b.bin"]

@@ -79,6 +79,15 @@ def test_javascript_and_bash(sbx: Sandbox) -> None:
     assert sbx.run_code("pwd", language="bash").logs.stdout == ["/home/user\n"]
 
 
+def test_compiled_languages_beside_e2bs_kernels(sbx: Sandbox) -> None:
+    """Corral's own: C and C++ cells are compiled and run (no state between cells); a compile error is the
+    cell's error, not a failed request."""
+    ex = sbx.run_code('#include <stdio.h>\nint main(void) { printf("%d\\n", 6 * 7); return 0; }', language="c")
+    assert "".join(ex.logs.stdout) == "42\n" and ex.error is None
+    broken = sbx.run_code("int main(void) { return oops; }", language="c")
+    assert broken.error is not None and "oops" in broken.error.value + broken.error.traceback
+
+
 def test_timeouts_interrupt_and_the_session_survives(sbx: Sandbox) -> None:
     sbx.run_code("z = 7")
     started = time.monotonic()

@@ -30,6 +30,7 @@ from corral.eval import (
     Exec,
     ExitCode,
     Fails,
+    Oom,
     Pause,
     Read,
     RunResults,
@@ -118,6 +119,9 @@ class FakeHandle:
             raise CommandExitException(code, "", "bye\n", f"exit status {code}")
         if cmd == "kill -9 $$":
             raise CommandExitException(-1, "", "", "signal: killed")
+        if cmd == "hog":  # Corral's E2B API: the memory limit killed it, and its error says so
+            raise CommandExitException(-1, "", "", "signal: killed; corral: out of memory: the sandbox's memory "
+                                                   "limit was reached and the kernel killed the command")
         if cmd == "pip install x":
             raise CommandExitException(1, "", "ERROR: 403\n", f"exit status 1; {DENIED}")
         if cmd == "cat":
@@ -283,11 +287,12 @@ async def test_against_corral_the_adapter_uses_what_its_e2b_api_offers(fake_e2b:
         task("sessions", Code("x = 'one'", session="a"), Code("x = 'two'", session="b"),
              Code("x", (CodeText(equals="'one'"),), session="a")),
         task("cap", Exec("echo x", (Truncated(),))),
+        task("oom", Exec("hog", (Oom(), ExitCode(137)))),
     ]
     run = await run_tasks(tasks, E2BAdapter(base_url=CORRAL, api_key="dev-key"), concurrency=1)
     assert outcomes(run) == {
         "pwd": ("pass", None), "relative": ("pass", None), "allowlist": ("pass", None), "live": ("pass", None),
-        "pause": ("pass", None), "sessions": ("pass", None),
+        "pause": ("pass", None), "sessions": ("pass", None), "oom": ("pass", None),
         "cap": ("skip", None),  # E2B's protocol has no truncation flag
     }
     skipped = {r.id.split("/")[1]: r.skip_reason for r in run.results if r.status == "skip"}
@@ -370,18 +375,10 @@ EXPLAINED = (
     Explained("a timed-out cell is the SDK's TimeoutException: what the kernel did then is not reported",
               frozenset({"code_error_misreported", "timeout_not_enforced"}),
               says="no error came back .*expected (KeyboardInterrupt|SessionKilled)"),
-    Explained("Corral's E2B API refuses the compiled languages (c, cpp, go, rust) in /execute",
-              frozenset({"sandbox_unavailable"}), says="unknown language"),
     Explained("E2B's java and typescript cells are kernels (JShell, node), not compiled programs",
               frozenset({"code_error_misreported", "wrong_result"}), family="multi_language.polyglot"),
     Explained("E2B's SDK raises UnicodeEncodeError for a path with a lone surrogate, before any request",
               frozenset({"path_traversal_accepted"}), says="UnicodeEncodeError"),
-    Explained("Corral's E2B API answers an empty upload path with python-multipart's 'Too many fields'",
-              frozenset({"unclear_error"}), says="Too many fields"),
-    Explained("E2B's end event has no OOM flag: 'signal: killed', exit 137", frozenset({"oom_not_reported"})),
-    # Until main's 48c1e84 ("single addresses in allowOut are host rules") is merged in: allow_out=["10.0.0.1"].
-    Explained("Corral's E2B API refused a single address in allow_out", frozenset({"sandbox_unavailable"}),
-              says="is an address range"),
 )
 
 

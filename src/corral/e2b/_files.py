@@ -91,18 +91,23 @@ def _written(path: str, metadata: dict[str, str] | None) -> dict[str, Any]:
 async def _upload_parts(request: Request, sandbox_id: str, principal: Principal, path: str | None,
                         metadata: dict[str, str] | None) -> list[str]:
     try:
-        form = await request.form(max_files=1000, max_fields=0)
+        form = await request.form(max_files=1000, max_fields=100)
     except Exception as exc:  # python-multipart's errors, and Starlette's limits, as the client's mistake
         raise InvalidRequestError(f"the multipart body could not be read: {exc}") from exc
     written: list[str] = []
     try:
-        parts = [part for key, part in form.multi_items() if key == "file" and isinstance(part, UploadFile)]
+        named = [part for key, part in form.multi_items() if key == "file"]
+        parts = [part for part in named if isinstance(part, UploadFile)]
+        if len(parts) < len(named) and path is None:  # a part without a filename is a plain field to the parser
+            raise InvalidRequestError("a 'file' part has no filename: name each file's path in its part's filename "
+                                      "(or give a path parameter)")
         if not parts:
             raise InvalidRequestError("the multipart body has no 'file' part")
         if path is not None and len(parts) > 1:
             raise InvalidRequestError("several files need no 'path' parameter: each part's filename names it")
         for part in parts:
-            target = path if path is not None else absolute_path(part.filename, what="a part's filename")
+            target = path if path is not None else absolute_path(
+                part.filename, what="the file part's filename (its path; or give a path parameter)")
             await _write(request, sandbox_id, principal, target, _part_chunks(part), metadata)
             written.append(target)
     finally:

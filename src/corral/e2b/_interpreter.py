@@ -25,7 +25,15 @@ from starlette.routing import Route
 
 from .._exceptions import CorralError, InvalidRequestError, NotFoundError
 from ..control import Principal
-from ..engine import SESSION_LANGUAGES, CodeResult, CodeSession, RichResult, default_context, normalize_language
+from ..engine import (
+    LANGUAGES,
+    SESSION_LANGUAGES,
+    CodeResult,
+    CodeSession,
+    RichResult,
+    default_context,
+    normalize_language,
+)
 from ..service import Cell, CodeStream, OutputCallback, status_for
 from ._auth import sandbox_caller
 from ._files import sandbox_of
@@ -66,9 +74,7 @@ async def execute(request: Request) -> Response:
         body = ExecuteRequest.model_validate_json(await request.body())
         if body.context_id and body.language:
             raise InvalidRequestError("pass a context or a language, not both")
-        # E2B's contexts run in the user's home and show images saved with PIL, as E2B's kernels do.
-        context = body.context_id or default_context(_language(body.language))
-        cell = Cell(code=body.code, context=context, env=body.env_vars or None, cwd=HOME, show_saved_images=True)
+        cell = _cell(body)
         stream = await svc.code.stream(principal, sandbox_id, cell)
     except ValidationError as exc:
         return PlainTextResponse(f"invalid request: {exc.errors()[0]['msg']}", status_code=400)
@@ -132,11 +138,23 @@ async def _known_context(request: Request, sandbox_id: str, principal: Any, cont
         raise NotFoundError(f"context {context_id!r} not found")
 
 
+def _cell(body: ExecuteRequest) -> Cell:
+    env = body.env_vars or None
+    if body.context_id:
+        return Cell(code=body.code, context=body.context_id, env=env)
+    language = normalize_language(body.language or "python")
+    if language in COMPILED_LANGUAGES:  # Corral's own: compiled and run, with no state between cells
+        return Cell(code=body.code, language=language, env=env)
+    # E2B's contexts run in the user's home and show images saved with PIL, as E2B's kernels do.
+    return Cell(code=body.code, context=default_context(_language(body.language)), env=env, cwd=HOME,
+                show_saved_images=True)
+
+
 def _language(name: str | None) -> str:
     language = normalize_language(name or "python")
     if language not in SESSION_LANGUAGES:
-        raise InvalidRequestError(f"unknown language {name!r}: use one of {', '.join(SESSION_LANGUAGES)} "
-                                  "(or js, ts)")
+        known = ", ".join([*SESSION_LANGUAGES, *COMPILED_LANGUAGES])
+        raise InvalidRequestError(f"unknown language {name!r}: use one of {known} (or js, ts)")
     return language
 
 
@@ -154,6 +172,8 @@ def _refusal(exc: CorralError) -> Response:
     return PlainTextResponse(exc.message, status_code=status_for(exc.code))
 
 
+# Beside E2B's kernels, Corral compiles and runs these (docs/code.md): a cell is a whole program.
+COMPILED_LANGUAGES = tuple(language for language in LANGUAGES if language not in SESSION_LANGUAGES)
 _REFUSAL_WAIT = 2.0
 _KEEPALIVE_EVERY = 30.0
 _KEEPALIVE = b'{"type":"keepalive"}\n'

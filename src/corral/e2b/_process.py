@@ -23,11 +23,12 @@ from ._proto import b64, enum_of, field, integer, message_of, process_ref, unb64
 from ._rpc import Call, Rpc, Send
 from ._user import HOME, absolute_path
 
-__all__ = ["PROCESS_RPCS"]
+__all__ = ["OOM_NOTICE", "PROCESS_RPCS"]
 
 KEEPALIVE: Mapping[str, Any] = {"event": {"keepalive": {}}}
 _SIGNALS = {"SIGNAL_UNSPECIFIED": 0, "SIGNAL_SIGTERM": 15, "SIGNAL_SIGKILL": 9}
 _MAX_TAG = 256
+OOM_NOTICE = "corral: out of memory: the sandbox's memory limit was reached and the kernel killed the command\n"
 
 
 # -- starting and following ------------------------------------------------------------------------------------
@@ -120,6 +121,8 @@ def _end(result: ExecResult) -> dict[str, Any]:
         status = f"signal: {_signal_name(result.signal)}"
         end = {"exitCode": -1, "exited": False, "status": status, "error": status}
     notice = egress_notice((d.host, d.port, d.reason) for d in result.egress_denials)
+    if result.oom_killed:  # E2B's end event has no flag for it: say so where the SDKs show the error
+        notice = OOM_NOTICE + notice
     if notice:  # curl and git print only "403": the reason reaches the agent in the command's error
         end["error"] = "; ".join(filter(None, (end.get("error"), notice.strip())))
     return {"event": {"end": end}}

@@ -3,6 +3,7 @@
 from ._agent_client import AgentClient, PtySession, StartCallback, WatchStream
 from ._capacity import Capacity, MachineUsage
 from ._code import (
+    LANGUAGES,
     SESSION_LANGUAGES,
     CodeError,
     CodeResult,
@@ -32,6 +33,7 @@ from ._models import (
 
 __all__ = [
     "DEFAULT_FILE_ROOTS",
+    "LANGUAGES",
     "SESSION_LANGUAGES",
     "AgentClient",
     "Capacity",

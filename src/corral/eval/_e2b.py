@@ -79,6 +79,7 @@ _NOTICE = re.compile(r"(?:^|; )corral: ([^\n]+)", re.M)
 _SUBJECT = re.compile(r"^(?:Corral egress denied: (.+?) (?:is |resolves |needs |\()|Corral egress: cannot resolve "
                       r"(\S+?):|DNS lookup of (\S+) refused)")
 _SIGNAL = re.compile(r"^signal: ([^;\n]+)")
+_OOM = "corral: out of memory"  # Corral's E2B API: the end event of a command the memory limit killed
 
 
 def _sdk() -> Any:
@@ -312,7 +313,7 @@ def _exec_outcome(r: Any) -> Outcome:
         number = _signal_number(said.group(1))
         exit_code = 128 + number if number is not None else exit_code
     return Outcome("exec", exit_code=exit_code, signal=number, stdout=out, stderr=err, stdout_size=len(out),
-                   stderr_size=len(err), denials=_denials(error))
+                   stderr_size=len(err), denials=_denials(error), oom_killed=_OOM in error)
 
 
 def _signal_number(name: str) -> int | None:
@@ -333,6 +334,8 @@ def _denials(error: str) -> tuple[Denial, ...]:
     found = []
     for m in _NOTICE.finditer(error):
         reason = m.group(1)
+        if f"corral: {reason}".startswith(_OOM):
+            continue  # not a refusal: the command was killed for memory
         subject = _SUBJECT.match(reason)
         host = next((g for g in subject.groups() if g), reason) if subject is not None else reason
         found.append(Denial(host, None, reason))
