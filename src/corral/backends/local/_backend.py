@@ -8,7 +8,11 @@ elsewhere and holds the record `create` returned):
     disk.img       the sandbox's disk: a sparse ext4 image of `limits.disk` bytes
     disk/          where it is loop-mounted: `upper/` and `work/` of the overlay
     layers/<n>/    started from a snapshot: each of its layers (`_layers`), idmapped onto the sandbox's uid range
-    rootfs/        the overlay: the template read-only below, the snapshot's layers above it, `disk/upper` on top
+    lower/         created with root (docs/security.md): `template/`, the template's root idmapped from host ids
+                   onto the sandbox's range (its files become the sandbox root's), and `root/`, the agent's
+                   `root-layer` (`/usr/local/bin/sudo`) idmapped the same way
+    rootfs/        the overlay: the template read-only below, the snapshot's layers above it (and `lower/root`
+                   above those, with root), `disk/upper` on top
     agent/         a read-only overlay of the agent's files (`<home>/agent/<digest>/`), bind-mounted at /.corral/agent
     agent.sock     the agent's listening socket, root's, 0600. runc: bound here and inherited by the agent (stdin).
                    runsc cannot pass it: the agent binds it in `run/` and `create` moves it here (still bound)
@@ -51,6 +55,7 @@ from typing import Any, ClassVar
 from ..._atomic import write_json_atomic
 from ..._exceptions import ConflictError, NotFoundError, ServerError
 from ...templates import Template
+from .. import _idmap
 from .._contract import (
     JSON,
     AgentAddress,
@@ -63,7 +68,7 @@ from .._contract import (
 from .._spec import Runtime, SandboxSpec
 from .._volumes import HostVolumes, prepare_mountpoints
 from . import _cgroups, _disk, _preflight
-from ._agent_files import agent_layers, install_agent
+from ._agent_files import agent_layers, install_agent, root_layer
 from ._bundle import AGENT_RUN_DIR, ID_RANGE, SANDBOX_UID, BundleParams, build_config
 from ._layers import MAX_DEPTH, Layers, check_layers, mount_views
 from ._runtime import OCIRuntime
@@ -329,8 +334,8 @@ class LocalBackend:
         await _wait_cgroup_empty(rec.cgroups_path)
         await self.volumes.detach_all(rec.dir / "volumes")  # no process uses them now
         # The root before the layers below it and the disk that holds its upper layer.
-        unmounted = await _disk.unmount_all([rec.dir / "rootfs", *_layer_views(rec.dir), rec.dir / "disk",
-                                             rec.dir / "agent", rec.dir / "egress"])
+        unmounted = await _disk.unmount_all([rec.dir / "rootfs", *_layer_views(rec.dir), *_root_views(rec.dir),
+                                             rec.dir / "disk", rec.dir / "agent", rec.dir / "egress"])
         disk = unmounted.get(rec.dir / "disk")
         if disk is not None and not await _disk.wait_loop_detached(disk, rec.dir / "disk.img"):
             logger.warning("sandbox.loop_device_kept", extra={"sandbox": rec.sandbox_id, "device": disk})
@@ -434,8 +439,19 @@ class LocalBackend:
         (sbdir / "layers").mkdir(mode=0o700, exist_ok=True)
         views = [sbdir / "layers" / str(i) for i in range(len(record.layers))]
         trees = [self.layers.tree(layer) for layer in record.layers]
-        await _disk.in_thread(mount_views, trees, views, record.uid_base)
-        await _disk.mount_overlay([*views, Path(record.template_rootfs)], upper, work, sbdir / "rootfs")
+        if not spec.root:
+            await _disk.in_thread(mount_views, trees, views, record.uid_base)
+            await _disk.mount_overlay([*views, Path(record.template_rootfs)], upper, work, sbdir / "rootfs")
+            return
+        # Root: the template's files shown as the sandbox root's, and `sudo` on top. Two user namespaces (the
+        # snapshot layers' mapping and this one overlap on the sandbox's side), made at the same time.
+        lower = sbdir / "lower"
+        lower.mkdir(mode=0o700, exist_ok=True)
+        roots = [Path(record.template_rootfs), root_layer(await self._agent_source())]
+        await asyncio.gather(_disk.in_thread(mount_views, trees, views, record.uid_base),
+                             _disk.in_thread(_mount_host_views, roots, [lower / "template", lower / "root"],
+                                             record.uid_base))
+        await _disk.mount_overlay([lower / "root", *views, lower / "template"], upper, work, sbdir / "rootfs")
 
     async def _start(self, record: LocalRecord, spec: SandboxSpec) -> None:
         sbdir = record.dir
@@ -464,6 +480,7 @@ class LocalBackend:
             agent_run_dir=run_dir,
             egress_dir=egress_dir,
             volume_mounts=volume_mounts,
+            root=spec.root,
         )
         _write_state(sbdir / "config.json", build_config(params))
         if run_dir is not None:
@@ -550,6 +567,19 @@ class LocalBackend:
             return self.restore(_read_json(self.sandboxes_dir / sandbox_id / "backend.json"))
         return LocalRecord(sandbox_id=sandbox_id, dir=self.sandboxes_dir / sandbox_id, runtime=Runtime.RUNC,
                            slot=-1, uid_base=0, token="", cgroups_path=f"/{self.cgroup_parent}/{sandbox_id}")
+
+
+def _root_views(sbdir: Path) -> list[Path]:
+    return [sbdir / "lower" / "root", sbdir / "lower" / "template"]
+
+
+def _mount_host_views(trees: list[Path], targets: list[Path], uid_base: int) -> None:
+    """Each of `trees` (host-owned: the template, the root layer) on its target, its host ids shown as the
+    sandbox's (`_idmap.host_to_sandbox`). Blocking: call it in a thread."""
+    with _idmap.user_namespace(_idmap.host_to_sandbox(uid_base)) as userns:
+        for tree, target in zip(trees, targets, strict=True):
+            target.mkdir(mode=0o700, exist_ok=True)
+            _idmap.idmapped_bind(tree, target, userns)
 
 
 def _layer_views(sbdir: Path) -> list[Path]:
