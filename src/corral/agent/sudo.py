@@ -303,6 +303,7 @@ def main() -> NoReturn:
     try:
         opts = parse(sys.argv[1:])
         if _informational(opts):
+            sys.stdout.flush()
             os._exit(0)
         try:
             cwd = os.getcwd()

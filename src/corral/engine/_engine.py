@@ -953,7 +953,8 @@ class Files:
         self._user = check_user(user)
 
     def _agent(self) -> AgentClient:
-        return self._engine.agent(self._id).as_user(self._user)
+        agent = self._engine.agent(self._id)
+        return agent if self._user is None else agent.as_user(self._user)
 
     def _roots(self) -> list[str] | None:
         if self._given_roots is not None:
