@@ -249,6 +249,16 @@ async def test_a_sandbox_without_root_has_no_root_at_all(engine: Engine, sandbox
     assert not (engine.home / "sandboxes" / sandbox.id / "lower").exists()  # no idmapped template either
 
 
+async def test_the_agent_outlives_signals_from_its_own_user(sandbox: SandboxHandle) -> None:
+    """In a default sandbox the agent and the user share uid 1000: Python's SIGINT handler let `kill -INT 1`
+    end the sandbox (KeyboardInterrupt in PID 1). The agent ignores it now; commands still get it by default."""
+    for sig in ("INT", "TERM", "HUP", "QUIT", "USR1", "KILL"):
+        await sandbox.exec(f"kill -{sig} 1")
+    r = await sandbox.exec("grep SigIgn /proc/self/status; sh -c 'kill -INT $$'; echo $?")
+    ignored, status = r.stdout.splitlines()
+    assert not int(ignored.split()[1], 16) & (1 << (2 - 1)) and status == "130", r.stdout  # SIGINT: default
+
+
 # -- lifecycle of a root sandbox --------------------------------------------------------------------------
 
 
