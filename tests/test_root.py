@@ -128,6 +128,19 @@ async def test_root_writes_the_system_and_its_files_are_the_sandboxs_own_range(e
     assert mine.stdout == "user\nmore\n" and "Permission denied" in mine.stderr  # setuid bit: still no root
 
 
+async def test_sudo_installs_and_removes_a_package(root_sb: SandboxHandle) -> None:
+    """dpkg as root through sudo, a package built by the user: what `sudo apt-get install` does once it has the
+    .deb (the download itself goes through the egress proxy, which this test's engine has not)."""
+    r = await root_sb.exec(
+        "cd /tmp && mkdir -p pkg/DEBIAN pkg/usr/local/bin && printf 'Package: corral-t\\nVersion: 1.0\\n"
+        "Architecture: all\\nMaintainer: t <t@t>\\nDescription: t\\n' > pkg/DEBIAN/control && "
+        "printf '#!/bin/sh\\necho installed\\n' > pkg/usr/local/bin/corral-t && chmod 755 pkg/usr/local/bin/corral-t "
+        "&& dpkg-deb --root-owner-group --build pkg >/dev/null && sudo dpkg -i pkg.deb >/dev/null && corral-t && "
+        "stat -c %U /usr/local/bin/corral-t && dpkg -s corral-t | grep Status && sudo dpkg -r corral-t >/dev/null "
+        "2>&1 && test -e /usr/local/bin/corral-t || echo removed")
+    assert r.stdout.splitlines() == ["installed", "root", "Status: install ok installed", "removed"], r.stderr
+
+
 async def test_root_cannot_reach_the_agent_the_kernel_or_the_host(root_sb: SandboxHandle) -> None:
     r = await root_sb.exec(
         "unshare -U true; echo unshare=$?; mount -t tmpfs none /mnt; echo mount=$?; "
@@ -155,6 +168,15 @@ async def test_without_the_spawn_helper_the_drop_is_the_same(root_sb: SandboxHan
     found = status(r.stdout)
     assert found["Uid"].split() == ["1000"] * 4 and found["Groups"] == "", (r.stdout, r.stderr)
     assert all(int(found[cap], 16) == 0 for cap in ("CapPrm", "CapEff", "CapBnd")), found
+
+
+async def test_code_sessions_stay_the_users(root_sb: SandboxHandle) -> None:
+    cell = await root_sb.run_code("import os\n"
+                                  "os.getuid(), 'CapEff:\\t0000000000000000' in open('/proc/self/status').read()")
+    assert cell.results[0].data["text/plain"] == "(1000, True)", cell
+    program = await root_sb.run_code('#include <stdio.h>\n#include <unistd.h>\nint main(void) { printf("%d\\n", '
+                                     'getuid()); return 0; }', language="c")
+    assert program.stdout == "1000\n", program
 
 
 # -- file operations as a user --------------------------------------------------------------------------
