@@ -128,6 +128,14 @@ async def test_root_writes_the_system_and_its_files_are_the_sandboxs_own_range(e
     assert mine.stdout == "user\nmore\n" and "Permission denied" in mine.stderr  # setuid bit: still no root
 
 
+async def test_roots_writes_count_against_the_sandboxs_own_disk(engine: Engine) -> None:
+    async with await engine.create(rooted(limits={"disk": "64M"})) as sb:
+        r = await sb.exec("dd if=/dev/zero of=/usr/local/big bs=1M count=100 2>&1", user="root")
+        assert "No space left on device" in r.stdout, r.stdout
+        template = Path(engine.templates.get(TEMPLATE).rootfs)
+        assert not (template / "usr" / "local" / "big").exists()  # the template itself is never written
+
+
 async def test_sudo_installs_and_removes_a_package(root_sb: SandboxHandle) -> None:
     """dpkg as root through sudo, a package built by the user: what `sudo apt-get install` does once it has the
     .deb (the download itself goes through the egress proxy, which this test's engine has not)."""
