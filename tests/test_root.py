@@ -316,6 +316,29 @@ async def test_pause_to_disk_keeps_roots_files_and_owners(engine: Engine, root_s
     assert (await root_sb.exec("sudo id -u")).stdout == "0\n"
 
 
+async def test_a_boot_never_follows_what_root_planted_in_its_layer(engine: Engine, root_sb: SandboxHandle,
+                                                                   tmp_path: Path) -> None:
+    """After a pause to disk the host prepares the sandbox's directories again in its upper layer, where root
+    may have left symlinks to host paths in their place: they are replaced, never followed."""
+    canary = tmp_path / "canary"
+    canary.mkdir(mode=0o700)
+    (canary / "file").write_text("host")
+    os.chmod(canary / "file", 0o600)
+    r = await root_sb.exec(f"mv /workspace /ws-old && ln -s {canary} /workspace && "
+                           f"mv /home/user /home/u-old && ln -s {canary} /home/user && "
+                           f"rm /etc/resolv.conf && ln -s {canary}/file /etc/resolv.conf && echo planted", user="root")
+    assert r.stdout == "planted\n", r.stderr
+    await engine.pause(root_sb.id, memory=False)
+    await engine.resume(root_sb.id)
+    for path, mode in ((canary, 0o700), (canary / "file", 0o600)):
+        st = os.lstat(path)
+        assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (0, 0, mode), path
+    assert (canary / "file").read_text() == "host" and sorted(os.listdir(canary)) == ["file"]
+    r = await root_sb.exec("stat -c '%F %U' /workspace /home/user; grep -c '^nameserver 127.0.0.1' /etc/resolv.conf")
+    assert r.stdout.splitlines() == ["directory user", "directory user", "1"], r.stderr
+    await root_sb.files.write("/workspace/after.txt", b"ok")
+
+
 async def test_forks_and_snapshots_of_a_root_sandbox(engine: Engine, root_sb: SandboxHandle) -> None:
     await root_sb.exec("echo pkg > /usr/local/share/pkg.txt", user="root")
     async with await engine.fork(root_sb.id) as child:
