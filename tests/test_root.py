@@ -229,6 +229,9 @@ async def test_sudo_runs_as_root_with_exact_io_and_status(root_sb: SandboxHandle
     r = await root_sb.exec("sudo id -u; sudo -n -- id -u; sudo -u user id -u; sudo -u root -H id -u; "
                            "sudo -i pwd; sudo -s echo '$HOME'; cd /tmp && sudo pwd; sudo -D /etc pwd")
     assert r.stdout.splitlines() == ["0", "0", "1000", "0", "/root", "/root", "/tmp", "/etc"], r.stderr
+    r = await root_sb.exec("sudo -b sh -c 'sleep 0.5; id -u > /tmp/bg'; test -e /tmp/bg || echo not-yet; "
+                           "sleep 2; cat /tmp/bg")
+    assert r.stdout == "not-yet\n0\n", r.stderr  # -b: sudo returns at once, the command goes on
 
 
 async def test_sudo_resets_the_environment_like_env_reset(root_sb: SandboxHandle) -> None:
