@@ -418,3 +418,15 @@ def test_templates_ls_stays_local() -> None:
     env = {**os.environ, "CORRAL_HOME": str(TEMPLATE_HOME)}
     r = subprocess.run([CORRAL, "templates", "ls", "--json"], env=env, capture_output=True, timeout=60)
     assert r.returncode == 0 and TEMPLATE in [t["name"] for t in json.loads(r.stdout)]
+
+
+def test_root_sandboxes_and_exec_as_root(dev: Cli, sandbox: str) -> None:
+    info = json.loads(dev.ok("sandbox", "create", "--template", TEMPLATE, "--root", "--timeout", "120", "--json"))
+    try:
+        assert info["root"] is True
+        assert dev.ok("exec", "--user", "root", info["id"], "--", "id", "-u") == b"0\n"
+        assert dev.ok("exec", info["id"], "sudo id -u; id -u") == b"0\n1000\n"
+    finally:
+        dev.run("sandbox", "kill", info["id"])
+    refused = one_error_line(dev.run("exec", "--user", "root", sandbox, "id"), "permission_denied")
+    assert "root=True" in refused

@@ -42,7 +42,7 @@ except ImportError:
 
 from corral import ConflictError, RuntimeUnavailableError, ServerError
 from corral.backends import Limits, Runtime, SandboxSpec, UnixEndpoint, load_backend
-from corral.backends._contract import backend_limitations, backend_runtimes
+from corral.backends._contract import backend_limitations, backend_runtimes, supports_root
 from corral.backends.docker import LIMITATIONS, DockerBackend, DockerRecord, image_ref
 from corral.backends.docker._api import DEFAULT_BASE_URL, DockerAPI, docker_errors
 from corral.backends.docker._container import AGENT_SOCKET
@@ -259,7 +259,8 @@ async def test_the_proc_net_unix_task_passes_the_agents_own_socket_but_not_anoth
 def test_limitations_are_declared_in_the_contract(tmp_path: Path) -> None:
     docker, local = DockerBackend(tmp_path), LocalBackend(tmp_path)
     assert dict(backend_limitations(docker)) == LIMITATIONS
-    assert set(LIMITATIONS) == {"user_namespace", "agent_socket", "runtime_runsc"}
+    assert set(LIMITATIONS) == {"user_namespace", "agent_socket", "runtime_runsc", "root"}
+    assert not supports_root(docker) and supports_root(local)
     assert backend_runtimes(docker) == (Runtime.RUNC,)
     assert dict(backend_limitations(local)) == {} and backend_runtimes(local) == (Runtime.RUNC, Runtime.RUNSC)
     assert backend_limitations(object()) == {}  # a backend that declares nothing gives everything

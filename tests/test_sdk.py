@@ -716,7 +716,7 @@ def test_design_surface_is_there():
     assert create["template"].default == "default" and create["timeout"].default == 300
     assert create["network"].default == "none"
     run = inspect.signature(Commands.run).parameters
-    assert [*run][1:] == ["cmd", "timeout", "cwd", "env", "stdin", "on_stdout", "on_stderr", "background"]
+    assert [*run][1:] == ["cmd", "timeout", "cwd", "env", "stdin", "on_stdout", "on_stderr", "background", "user"]
     assert run["timeout"].default == 30
     for method in ("write", "read", "read_text", "list", "remove", "exists", "make_dir"):
         assert callable(getattr(Files, method))

@@ -48,7 +48,7 @@ class FakeProcesses:
 
     async def start(self, cmd: str | list[str], *, cwd: str | None, env: dict[str, str] | None,
                     timeout: float | None, max_output: int | None, stdin: bool, tag: str | None = None,
-                    pty: object = None) -> ProcessInfo:
+                    pty: object = None, user: str | None = None) -> ProcessInfo:
         self.calls.append(("start", cmd, cwd, env, timeout, max_output, stdin))
         info = ProcessInfo(id="p-2", pid=43, argv=["/bin/bash", "-lc", str(cmd)], running=True)
         self.infos[info.id] = info
@@ -144,7 +144,7 @@ class FakeEngine:
         return SimpleNamespace(processes=self.processes, pty=self._pty)
 
     async def _pty(self, cmd: str | list[str], *, rows: int, cols: int, cwd: str | None,
-                   env: dict[str, str] | None, timeout: float | None) -> FakeTerminal:
+                   env: dict[str, str] | None, timeout: float | None, user: str | None = None) -> FakeTerminal:
         self.calls.append(("pty", (cmd, rows, cols, cwd, env, timeout)))
         return self.terminal
 

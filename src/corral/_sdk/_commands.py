@@ -55,6 +55,7 @@ def _exec_body(
     env: Mapping[str, str] | None,
     stdin: Stdin,
     stream: bool,
+    user: str | None = None,
 ) -> dict[str, Any]:
     if isinstance(stdin, bool):
         raise ValueError("stdin=True keeps stdin open for send_stdin(), which needs background=True")
@@ -65,11 +66,13 @@ def _exec_body(
         "timeout": timeout,
         "stdin_b64": _stdin_b64(stdin),
         "stream": stream,
+        **_as(user),
     }
 
 
 def _start_body(
-    cmd: str | Sequence[str], *, timeout: float | None, cwd: str | None, env: Mapping[str, str] | None, stdin: Stdin
+    cmd: str | Sequence[str], *, timeout: float | None, cwd: str | None, env: Mapping[str, str] | None, stdin: Stdin,
+    user: str | None = None,
 ) -> dict[str, Any]:
     """A background command: stdin is /dev/null, the given bytes then EOF, or (True) a pipe kept open."""
     data = None if isinstance(stdin, bool) else stdin
@@ -80,7 +83,13 @@ def _start_body(
         "timeout": timeout,
         "stdin": stdin is True,
         "stdin_b64": _stdin_b64(data),
+        **_as(user),
     }
+
+
+def _as(user: str | None) -> dict[str, str]:
+    """Who runs the command, only when asked: a request of the sandbox user stays what it was."""
+    return {} if user is None else {"user": user}
 
 
 def _processes(data: Any) -> builtins.list[ProcessInfo]:
@@ -98,19 +107,19 @@ class Commands:
     def run(
         self, cmd: str | Sequence[str], *, timeout: float | None = ..., cwd: str | None = ...,
         env: Mapping[str, str] | None = ..., stdin: bytes | str | None = ..., on_stdout: OutputCallback | None = ...,
-        on_stderr: OutputCallback | None = ..., background: Literal[False] = ...,
+        on_stderr: OutputCallback | None = ..., background: Literal[False] = ..., user: str | None = ...,
     ) -> CommandResult: ...
     @overload
     def run(
         self, cmd: str | Sequence[str], *, timeout: float | None = ..., cwd: str | None = ...,
         env: Mapping[str, str] | None = ..., stdin: Stdin = ..., on_stdout: OutputCallback | None = ...,
-        on_stderr: OutputCallback | None = ..., background: Literal[True],
+        on_stderr: OutputCallback | None = ..., background: Literal[True], user: str | None = ...,
     ) -> CommandHandle: ...
     @overload
     def run(
         self, cmd: str | Sequence[str], *, timeout: float | None = ..., cwd: str | None = ...,
         env: Mapping[str, str] | None = ..., stdin: Stdin = ..., on_stdout: OutputCallback | None = ...,
-        on_stderr: OutputCallback | None = ..., background: bool = ...,
+        on_stderr: OutputCallback | None = ..., background: bool = ..., user: str | None = ...,
     ) -> CommandResult | CommandHandle: ...
     def run(
         self,
@@ -123,21 +132,23 @@ class Commands:
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,
         background: bool = False,
+        user: str | None = None,
     ) -> CommandResult | CommandHandle:
         """Run `cmd` (a string for `bash -lc`, or an argv list) and wait for it. Never raises on exit != 0.
 
         With `on_stdout`/`on_stderr` the output is streamed and each callback gets the bytes as they arrive.
         With `background=True` it returns a `CommandHandle` at once; `timeout` still bounds the command (None: it
         runs until killed or the sandbox ends), callbacks get the output while `handle.wait()` runs, and
-        `stdin=True` keeps stdin open for `handle.send_stdin()`.
+        `stdin=True` keeps stdin open for `handle.send_stdin()`. `user="root"` runs it as root, in a sandbox
+        created with `root=True` (else `PermissionDeniedError`); by default it runs as the sandbox user.
         """
         if background:
-            body = _start_body(cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin)
+            body = _start_body(cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin, user=user)
             info = ProcessInfo.from_wire(self._client.request("POST", process_path(self._sandbox_id), json=body))
             return CommandHandle(self._client, self._sandbox_id, info.id, info.pid, on_stdout=on_stdout,
                                  on_stderr=on_stderr)
         streaming = on_stdout is not None or on_stderr is not None
-        body = _exec_body(cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin, stream=streaming)
+        body = _exec_body(cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin, stream=streaming, user=user)
         path = sandbox_path(self._sandbox_id, "/exec")
         http_timeout = self._client.exec_timeout(timeout)
         if not streaming:
@@ -190,19 +201,19 @@ class AsyncCommands:
     async def run(
         self, cmd: str | Sequence[str], *, timeout: float | None = ..., cwd: str | None = ...,
         env: Mapping[str, str] | None = ..., stdin: bytes | str | None = ..., on_stdout: OutputCallback | None = ...,
-        on_stderr: OutputCallback | None = ..., background: Literal[False] = ...,
+        on_stderr: OutputCallback | None = ..., background: Literal[False] = ..., user: str | None = ...,
     ) -> CommandResult: ...
     @overload
     async def run(
         self, cmd: str | Sequence[str], *, timeout: float | None = ..., cwd: str | None = ...,
         env: Mapping[str, str] | None = ..., stdin: Stdin = ..., on_stdout: OutputCallback | None = ...,
-        on_stderr: OutputCallback | None = ..., background: Literal[True],
+        on_stderr: OutputCallback | None = ..., background: Literal[True], user: str | None = ...,
     ) -> AsyncCommandHandle: ...
     @overload
     async def run(
         self, cmd: str | Sequence[str], *, timeout: float | None = ..., cwd: str | None = ...,
         env: Mapping[str, str] | None = ..., stdin: Stdin = ..., on_stdout: OutputCallback | None = ...,
-        on_stderr: OutputCallback | None = ..., background: bool = ...,
+        on_stderr: OutputCallback | None = ..., background: bool = ..., user: str | None = ...,
     ) -> CommandResult | AsyncCommandHandle: ...
     async def run(
         self,
@@ -215,18 +226,19 @@ class AsyncCommands:
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,
         background: bool = False,
+        user: str | None = None,
     ) -> CommandResult | AsyncCommandHandle:
         """Run `cmd` (a string for `bash -lc`, or an argv list) and wait for it. Never raises on exit != 0.
 
         `background=True` returns an `AsyncCommandHandle` at once (see `Commands.run`).
         """
         if background:
-            body = _start_body(cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin)
+            body = _start_body(cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin, user=user)
             info = ProcessInfo.from_wire(await self._client.request("POST", process_path(self._sandbox_id), json=body))
             return AsyncCommandHandle(self._client, self._sandbox_id, info.id, info.pid, on_stdout=on_stdout,
                                       on_stderr=on_stderr)
         streaming = on_stdout is not None or on_stderr is not None
-        body = _exec_body(cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin, stream=streaming)
+        body = _exec_body(cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin, stream=streaming, user=user)
         path = sandbox_path(self._sandbox_id, "/exec")
         http_timeout = self._client.exec_timeout(timeout)
         if not streaming:

@@ -1,4 +1,8 @@
-"""`sb.files`: a sandbox's files as exact bytes, streamed both ways. Relative paths resolve against `/workspace`."""
+"""`sb.files`: a sandbox's files as exact bytes, streamed both ways. Relative paths resolve against `/workspace`.
+
+Every method takes `user`: who opens the files inside the sandbox (the kernel checks each path as that user's,
+and what it makes is that user's). None is the sandbox user; `"root"` needs a sandbox created with `root=True`
+(else `PermissionDeniedError`)."""
 
 from __future__ import annotations
 
@@ -38,12 +42,17 @@ def _fspath(path: PathLike) -> str:
     return text
 
 
-def _at(path: PathLike) -> dict[str, str]:
-    return {"path": _fspath(path)}
+def _at(path: PathLike, user: str | None = None) -> dict[str, str]:
+    return {"path": _fspath(path), **_as(user)}
 
 
-def _rename_body(src: PathLike, dst: PathLike, overwrite: bool) -> dict[str, Any]:
-    return {"src": _fspath(src), "dst": _fspath(dst), "overwrite": overwrite}
+def _as(user: str | None) -> dict[str, str]:
+    """The `user` field, only when one is asked for: requests of the sandbox user stay what they were."""
+    return {} if user is None else {"user": user}
+
+
+def _rename_body(src: PathLike, dst: PathLike, overwrite: bool, user: str | None) -> dict[str, Any]:
+    return {"src": _fspath(src), "dst": _fspath(dst), "overwrite": overwrite, **_as(user)}
 
 
 def _upload_kind(data: WriteData) -> bytes | IO[bytes]:
@@ -91,64 +100,67 @@ class Files:
     def _path(self, suffix: str = "") -> str:
         return sandbox_path(self._sandbox_id, "/files" + suffix)
 
-    def write(self, path: PathLike, data: WriteData, *, mode: int | None = None) -> Entry:
+    def write(self, path: PathLike, data: WriteData, *, mode: int | None = None,
+              user: str | None = None) -> Entry:
         """Write `data` (bytes, str as UTF-8, or a binary file object, streamed in chunks) to `path`."""
         payload = _upload_kind(data)
         content = payload if isinstance(payload, bytes) else _iter_file(payload)
-        params = {"path": _fspath(path)} | ({} if mode is None else {"mode": str(mode)})
+        params = _at(path, user) | ({} if mode is None else {"mode": str(mode)})
         headers = {"Content-Type": "application/octet-stream"}
         reply = json_dict(
             self._client.request("PUT", self._path(), params=params, content=content, headers=headers), "a write"
         )
         return Entry.from_wire({"type": "file", **reply})
 
-    def read(self, path: PathLike) -> bytes:
+    def read(self, path: PathLike, *, user: str | None = None) -> bytes:
         """The file's exact bytes."""
         # BytesIO, not a bytearray: getvalue() hands its buffer over, where bytes(bytearray) copies (and
         # page-faults) the whole file a second time, ~60 ms per 100 MiB.
         out = io.BytesIO()
-        self._download(self._path(), path, out)
+        self._download(self._path(), path, out, user)
         return out.getvalue()
 
-    def read_text(self, path: PathLike, *, encoding: str = "utf-8", errors: str = "replace") -> str:
+    def read_text(self, path: PathLike, *, encoding: str = "utf-8", errors: str = "replace",
+                  user: str | None = None) -> str:
         """The file as text; undecodable bytes are replaced unless `errors` says otherwise."""
-        return self.read(path).decode(encoding, errors=errors)
+        return self.read(path, user=user).decode(encoding, errors=errors)
 
-    def list(self, path: PathLike) -> builtins.list[Entry]:
-        data = json_dict(self._client.request("GET", self._path("/list"), params={"path": _fspath(path)}), "a list")
+    def list(self, path: PathLike, *, user: str | None = None) -> builtins.list[Entry]:
+        data = json_dict(self._client.request("GET", self._path("/list"), params=_at(path, user)), "a list")
         return [Entry.from_wire(e) for e in data.get("entries", [])]
 
-    def exists(self, path: PathLike) -> bool:
-        data = self._client.request("GET", self._path("/exists"), params={"path": _fspath(path)})
+    def exists(self, path: PathLike, *, user: str | None = None) -> bool:
+        data = self._client.request("GET", self._path("/exists"), params=_at(path, user))
         return bool(json_dict(data, "exists").get("exists"))
 
-    def make_dir(self, path: PathLike) -> bool:
+    def make_dir(self, path: PathLike, *, user: str | None = None) -> bool:
         """Create the directory (and its parents); `False` if it already existed."""
-        data = self._client.request("POST", self._path("/mkdir"), json={"path": _fspath(path)})
+        data = self._client.request("POST", self._path("/mkdir"), json=_at(path, user))
         return bool(json_dict(data, "mkdir").get("created"))
 
-    def remove(self, path: PathLike, *, recursive: bool = False) -> None:
-        params = {"path": _fspath(path)} | ({"recursive": "true"} if recursive else {})
+    def remove(self, path: PathLike, *, recursive: bool = False, user: str | None = None) -> None:
+        params = _at(path, user) | ({"recursive": "true"} if recursive else {})
         self._client.request("DELETE", self._path(), params=params)
 
-    def stat(self, path: PathLike) -> Entry:
+    def stat(self, path: PathLike, *, user: str | None = None) -> Entry:
         """The entry for `path` (`NotFoundError` if there is none)."""
-        return Entry.from_wire(json_dict(self._client.request("GET", self._path("/stat"), params=_at(path)), "stat"))
+        reply = self._client.request("GET", self._path("/stat"), params=_at(path, user))
+        return Entry.from_wire(json_dict(reply, "stat"))
 
-    def rename(self, src: PathLike, dst: PathLike, *, overwrite: bool = False) -> None:
+    def rename(self, src: PathLike, dst: PathLike, *, overwrite: bool = False, user: str | None = None) -> None:
         """Move `src` to `dst`; an existing `dst` is a `ConflictError` unless `overwrite`."""
-        self._client.request("POST", self._path("/rename"), json=_rename_body(src, dst, overwrite))
+        self._client.request("POST", self._path("/rename"), json=_rename_body(src, dst, overwrite, user))
 
-    def read_into(self, path: PathLike, dest: IO[bytes]) -> int:
+    def read_into(self, path: PathLike, dest: IO[bytes], *, user: str | None = None) -> int:
         """Stream the file into the binary file object `dest` (nothing is held in memory); the bytes written."""
-        return self._download(self._path(), path, dest)
+        return self._download(self._path(), path, dest, user)
 
-    def read_archive(self, path: PathLike, dest: IO[bytes]) -> int:
+    def read_archive(self, path: PathLike, dest: IO[bytes], *, user: str | None = None) -> int:
         """Stream the directory `path` as a tar archive into `dest`; the bytes written. Entries are named under
         the directory's own name (`/workspace/src/a` is `src/a`), as `tar -C /workspace -c src` would."""
-        return self._download(sandbox_path(self._sandbox_id, "/archive"), path, dest)
+        return self._download(sandbox_path(self._sandbox_id, "/archive"), path, dest, user)
 
-    def write_archive(self, path: PathLike, data: WriteData) -> int:
+    def write_archive(self, path: PathLike, data: WriteData, *, user: str | None = None) -> int:
         """Extract a tar archive (bytes or a binary file object, streamed) into the directory `path`.
 
         The archive is checked whole first: entries escaping `path` (`..`, absolute names, links out) refuse the
@@ -156,12 +168,12 @@ class Files:
         payload = _upload_kind(data)
         content = payload if isinstance(payload, bytes) else _iter_file(payload)
         url = sandbox_path(self._sandbox_id, "/archive")
-        reply = self._client.request("PUT", url, params=_at(path), content=content, headers=_OCTET_HEADERS)
+        reply = self._client.request("PUT", url, params=_at(path, user), content=content, headers=_OCTET_HEADERS)
         return int(json_dict(reply, "an archive upload").get("entries") or 0)
 
-    def _download(self, url: str, path: PathLike, dest: IO[bytes]) -> int:
+    def _download(self, url: str, path: PathLike, dest: IO[bytes], user: str | None = None) -> int:
         written = 0
-        with self._client.stream("GET", url, params=_at(path)) as response:
+        with self._client.stream("GET", url, params=_at(path, user)) as response:
             for chunk in response.iter_bytes():
                 dest.write(chunk)
                 written += len(chunk)
@@ -178,63 +190,65 @@ class AsyncFiles:
     def _path(self, suffix: str = "") -> str:
         return sandbox_path(self._sandbox_id, "/files" + suffix)
 
-    async def write(self, path: PathLike, data: WriteData, *, mode: int | None = None) -> Entry:
+    async def write(self, path: PathLike, data: WriteData, *, mode: int | None = None,
+                    user: str | None = None) -> Entry:
         """Write `data` (bytes, str as UTF-8, or a binary file object, sync or async, streamed) to `path`."""
         payload = _upload_kind(data)
         content = payload if isinstance(payload, bytes) else _aiter_file(payload)
-        params = {"path": _fspath(path)} | ({} if mode is None else {"mode": str(mode)})
+        params = _at(path, user) | ({} if mode is None else {"mode": str(mode)})
         headers = {"Content-Type": "application/octet-stream"}
         reply = await self._client.request("PUT", self._path(), params=params, content=content, headers=headers)
         return Entry.from_wire({"type": "file", **json_dict(reply, "a write")})
 
-    async def read(self, path: PathLike) -> bytes:
+    async def read(self, path: PathLike, *, user: str | None = None) -> bytes:
         out = io.BytesIO()  # see Files.read
-        await self._download(self._path(), path, out)
+        await self._download(self._path(), path, out, user)
         return out.getvalue()
 
-    async def read_text(self, path: PathLike, *, encoding: str = "utf-8", errors: str = "replace") -> str:
-        return (await self.read(path)).decode(encoding, errors=errors)
+    async def read_text(self, path: PathLike, *, encoding: str = "utf-8", errors: str = "replace",
+                  user: str | None = None) -> str:
+        return (await self.read(path, user=user)).decode(encoding, errors=errors)
 
-    async def list(self, path: PathLike) -> builtins.list[Entry]:
-        data = await self._client.request("GET", self._path("/list"), params={"path": _fspath(path)})
+    async def list(self, path: PathLike, *, user: str | None = None) -> builtins.list[Entry]:
+        data = await self._client.request("GET", self._path("/list"), params=_at(path, user))
         return [Entry.from_wire(e) for e in json_dict(data, "a list").get("entries", [])]
 
-    async def exists(self, path: PathLike) -> bool:
-        data = await self._client.request("GET", self._path("/exists"), params={"path": _fspath(path)})
+    async def exists(self, path: PathLike, *, user: str | None = None) -> bool:
+        data = await self._client.request("GET", self._path("/exists"), params=_at(path, user))
         return bool(json_dict(data, "exists").get("exists"))
 
-    async def make_dir(self, path: PathLike) -> bool:
-        data = await self._client.request("POST", self._path("/mkdir"), json={"path": _fspath(path)})
+    async def make_dir(self, path: PathLike, *, user: str | None = None) -> bool:
+        data = await self._client.request("POST", self._path("/mkdir"), json=_at(path, user))
         return bool(json_dict(data, "mkdir").get("created"))
 
-    async def remove(self, path: PathLike, *, recursive: bool = False) -> None:
-        params = {"path": _fspath(path)} | ({"recursive": "true"} if recursive else {})
+    async def remove(self, path: PathLike, *, recursive: bool = False, user: str | None = None) -> None:
+        params = _at(path, user) | ({"recursive": "true"} if recursive else {})
         await self._client.request("DELETE", self._path(), params=params)
 
-    async def stat(self, path: PathLike) -> Entry:
-        return Entry.from_wire(json_dict(await self._client.request("GET", self._path("/stat"), params=_at(path)),
+    async def stat(self, path: PathLike, *, user: str | None = None) -> Entry:
+        return Entry.from_wire(json_dict(await self._client.request("GET", self._path("/stat"), params=_at(path, user)),
                                          "stat"))
 
-    async def rename(self, src: PathLike, dst: PathLike, *, overwrite: bool = False) -> None:
-        await self._client.request("POST", self._path("/rename"), json=_rename_body(src, dst, overwrite))
+    async def rename(self, src: PathLike, dst: PathLike, *, overwrite: bool = False, user: str | None = None) -> None:
+        await self._client.request("POST", self._path("/rename"), json=_rename_body(src, dst, overwrite, user))
 
-    async def read_into(self, path: PathLike, dest: Any) -> int:
+    async def read_into(self, path: PathLike, dest: Any, *, user: str | None = None) -> int:
         """Stream the file into `dest` (a binary file object; its `write` may be a coroutine)."""
-        return await self._download(self._path(), path, dest)
+        return await self._download(self._path(), path, dest, user)
 
-    async def read_archive(self, path: PathLike, dest: Any) -> int:
-        return await self._download(sandbox_path(self._sandbox_id, "/archive"), path, dest)
+    async def read_archive(self, path: PathLike, dest: Any, *, user: str | None = None) -> int:
+        return await self._download(sandbox_path(self._sandbox_id, "/archive"), path, dest, user)
 
-    async def write_archive(self, path: PathLike, data: WriteData) -> int:
+    async def write_archive(self, path: PathLike, data: WriteData, *, user: str | None = None) -> int:
         payload = _upload_kind(data)
         content = payload if isinstance(payload, bytes) else _aiter_file(payload)
         url = sandbox_path(self._sandbox_id, "/archive")
-        reply = await self._client.request("PUT", url, params=_at(path), content=content, headers=_OCTET_HEADERS)
+        reply = await self._client.request("PUT", url, params=_at(path, user), content=content, headers=_OCTET_HEADERS)
         return int(json_dict(reply, "an archive upload").get("entries") or 0)
 
-    async def _download(self, url: str, path: PathLike, dest: Any) -> int:
+    async def _download(self, url: str, path: PathLike, dest: Any, user: str | None = None) -> int:
         written = 0
-        async with self._client.stream("GET", url, params=_at(path)) as response:
+        async with self._client.stream("GET", url, params=_at(path, user)) as response:
             async for chunk in response.aiter_bytes():
                 result = dest.write(chunk)
                 if inspect.isawaitable(result):

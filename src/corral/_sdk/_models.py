@@ -183,6 +183,7 @@ class SandboxInfo:
     paused_to_disk: bool = False  # state "paused" with no process nor memory left (docs/lifecycle.md)
     on_timeout: str = "kill"  # what the end of its time to live does: "kill" or "pause" (to disk)
     ttl_left: float | None = None  # paused to disk: the seconds of life it gets back when it resumes
+    root: bool = False  # created with root inside (docs/security.md)
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> SandboxInfo:
@@ -202,6 +203,7 @@ class SandboxInfo:
             paused_to_disk=bool(data.get("paused_to_disk")),
             on_timeout=str(data.get("on_timeout") or "kill"),
             ttl_left=float(data["ttl_left"]) if isinstance(data.get("ttl_left"), int | float) else None,
+            root=bool(data.get("root")),
         )
 
 

@@ -52,12 +52,13 @@ def _headers(api_key: str | None) -> dict[str, str]:
 
 
 def _start_frame(cmd: str | Sequence[str], rows: int, cols: int, cwd: str | None, env: Mapping[str, str] | None,
-                 timeout: float | None) -> str:
+                 timeout: float | None, user: str | None = None) -> str:
     if isinstance(cmd, bytes | bytearray):
         raise TypeError("cmd must be a str (run by bash -lc) or a sequence of str (argv), not bytes")
     _check_size(rows, cols)
-    return json.dumps({"type": "start", "cmd": cmd if isinstance(cmd, str) else list(cmd), "rows": rows,
-                       "cols": cols, "cwd": cwd, "env": dict(env or {}), "timeout": timeout})
+    frame = {"type": "start", "cmd": cmd if isinstance(cmd, str) else list(cmd), "rows": rows, "cols": cols,
+             "cwd": cwd, "env": dict(env or {}), "timeout": timeout}
+    return json.dumps(frame if user is None else {**frame, "user": user})
 
 
 def _check_size(rows: int, cols: int) -> None:
@@ -334,14 +335,16 @@ class Pty:
         env: Mapping[str, str] | None = None,
         timeout: float | None = None,
         on_data: OutputCallback | None = None,
+        user: str | None = None,
     ) -> PtySession:
         """Start `cmd` (`bash -lc` for a string, or an argv list) on a new terminal of `rows` x `cols`.
 
         `timeout` (seconds) bounds the process; None: it runs until it exits, is killed, or the session closes.
+        `user="root"`: the terminal's process runs as root (a sandbox created with `root=True` only).
         """
         from websockets.sync.client import connect as sync_connect
 
-        start = _start_frame(cmd, rows, cols, cwd, env, timeout)
+        start = _start_frame(cmd, rows, cols, cwd, env, timeout, user)
         config = self._client.config
         url = _ws_url(config.base_url, self._sandbox_id)
         with _map_ws_errors(url):
@@ -377,13 +380,14 @@ class AsyncPty:
         env: Mapping[str, str] | None = None,
         timeout: float | None = None,
         on_data: OutputCallback | None = None,
+        user: str | None = None,
     ) -> AsyncPtySession:
         """Start `cmd` on a new terminal (see `Pty.create`)."""
         import asyncio  # loaded already: this coroutine runs in its loop
 
         from websockets.asyncio.client import connect as async_connect
 
-        start = _start_frame(cmd, rows, cols, cwd, env, timeout)
+        start = _start_frame(cmd, rows, cols, cwd, env, timeout, user)
         config = self._client.config
         url = _ws_url(config.base_url, self._sandbox_id)
         with _map_ws_errors(url):

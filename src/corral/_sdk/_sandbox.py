@@ -42,6 +42,7 @@ def _create_body(
     on_timeout: str = "kill",
     volumes: Mapping[str, str] | None = None,
     public_ports: bool = False,
+    root: bool = False,
 ) -> dict[str, Any]:
     if isinstance(file_roots, str):
         raise TypeError("file_roots is a list of directories, not one string")
@@ -65,6 +66,8 @@ def _create_body(
         body["volumes"] = dict(volumes)
     if public_ports:
         body["public_ports"] = True
+    if root:
+        body["root"] = True
     return body if file_roots is None else {**body, "file_roots": builtins.list(file_roots)}
 
 
@@ -193,6 +196,7 @@ class Sandbox(_SandboxBase):
         on_timeout: str = "kill",
         volumes: Mapping[str, str] | None = None,
         public_ports: bool = False,
+        root: bool = False,
         api_key: str | None = None,
         base_url: str | None = None,
         request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
@@ -202,7 +206,10 @@ class Sandbox(_SandboxBase):
         """Start a new sandbox. `template` is a template's name or a snapshot's id (`Snapshot.id`); `timeout` is
         its time to live in seconds (never None: every sandbox has one); `on_timeout="pause"` pauses it to disk
         when that ends instead of killing it; `volumes` mounts the tenant's volumes by path (`{"/mnt/data":
-        "name"}`); `public_ports` lets anyone reach its ports (`get_host`) without the key;
+        "name"}`); `public_ports` lets anyone reach its ports (`get_host`) without the key; `root` gives it root
+        inside (`commands.run(..., user="root")`, files with `user="root"`, `sudo`; that root is an unprivileged
+        host uid, docs/security.md) where the server's backend can (the Docker backend refuses it:
+        `InvalidRequestError`);
         `runtime` is the OCI runtime, `"runc"` or `"runsc"` (gVisor), None: the server's default (`runc`);
         `api_key`/`base_url` default to `$CORRAL_API_KEY`/`$CORRAL_URL`; a 429 or 503 answer (quota, full
         machine: nothing was created) is retried up to `max_retries` times after the server's `Retry-After` (when
@@ -212,7 +219,7 @@ class Sandbox(_SandboxBase):
         client = SyncClient(config, transport)
         try:
             body = _create_body(template, timeout, network, limits, env, metadata, file_roots, runtime,
-                                on_timeout=on_timeout, volumes=volumes, public_ports=public_ports)
+                                on_timeout=on_timeout, volumes=volumes, public_ports=public_ports, root=root)
             info = SandboxInfo.from_wire(client.request("POST", "/v1/sandboxes", json=body))
         except BaseException:
             client.close()
@@ -404,6 +411,7 @@ class AsyncSandbox(_SandboxBase):
         on_timeout: str = "kill",
         volumes: Mapping[str, str] | None = None,
         public_ports: bool = False,
+        root: bool = False,
         api_key: str | None = None,
         base_url: str | None = None,
         request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
@@ -415,7 +423,7 @@ class AsyncSandbox(_SandboxBase):
         client = AsyncClient(config, transport)
         try:
             body = _create_body(template, timeout, network, limits, env, metadata, file_roots, runtime,
-                                on_timeout=on_timeout, volumes=volumes, public_ports=public_ports)
+                                on_timeout=on_timeout, volumes=volumes, public_ports=public_ports, root=root)
             info = SandboxInfo.from_wire(await client.request("POST", "/v1/sandboxes", json=body))
         except BaseException:
             await client.close()

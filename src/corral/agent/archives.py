@@ -17,6 +17,7 @@ import tarfile
 from . import protocol
 from .channel import Channel
 from .files import FileError, check_path, receive_into
+from .users import AGENT_IS_ROOT, ROOT
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -62,20 +63,26 @@ def op_tar_get(ch: Channel, req: dict[str, Any]) -> None:
 
 
 def op_tar_put(ch: Channel, req: dict[str, Any]) -> None:
+    """Unpack an uploaded tar below `path`. `owners`: entries keep the owners the archive names, for a request
+    acting as root (the engine restoring the /tmp of a sandbox with root across a pause to disk); otherwise what
+    is unpacked belongs to whoever the request acts as."""
     roots = req.get("roots")
     target = check_path(req.get("path"), roots, write=True)
+    owners = req.get("owners") is True
+    if owners and not (AGENT_IS_ROOT and req.get("user") == ROOT.name):
+        raise FileError("permission_denied", "an archive's owners are kept only by a request acting as root")
     real = os.path.realpath(target)  # the target's own links are followed once, here, and checked
     if roots:
         check_path(real, roots)
     root = _open_target(real, target)  # below it, nothing is ever followed
     try:
-        count = _receive_and_extract(ch, root, real, target)
+        count = _receive_and_extract(ch, root, real, target, owners=owners)
     finally:
         os.close(root)
     ch.event(event="done", entries=count)
 
 
-def _receive_and_extract(ch: Channel, root: int, real: str, target: str) -> int:
+def _receive_and_extract(ch: Channel, root: int, real: str, target: str, *, owners: bool = False) -> int:
     fd, spool = _spool(root, target)
     try:
         ch.event(event="ready")
@@ -85,7 +92,7 @@ def _receive_and_extract(ch: Channel, root: int, real: str, target: str) -> int:
             raise FileError.from_os(exc, target) from exc
         os.lseek(fd, 0, os.SEEK_SET)
         with os.fdopen(os.dup(fd), "rb") as f:
-            return _extract_safely(f, _Dirs(root, target), real)
+            return _extract_safely(f, _Dirs(root, target, owners=owners), real)
     finally:
         os.close(fd)
         try:
@@ -184,9 +191,10 @@ def _through_link(shown: str) -> FileError:
 class _Dirs:
     """Directories below the target as descriptors, the last parent kept open (members come grouped by directory)."""
 
-    def __init__(self, root: int, target: str) -> None:
+    def __init__(self, root: int, target: str, *, owners: bool = False) -> None:
         self.root = root
         self.target = target
+        self.owners = owners  # entries get the owners the archive names (see `op_tar_put`)
         self._parts: list[str] | None = None
         self._fd = -1
 
@@ -307,6 +315,8 @@ def _extract_member(tar: tarfile.TarFile, m: tarfile.TarInfo, dirs: _Dirs) -> No
         fd = dirs.open(parts)
         try:
             os.fchmod(fd, mode | 0o700)
+            if dirs.owners:
+                os.fchown(fd, *_owner(m))
         finally:
             os.close(fd)
         return
@@ -316,8 +326,16 @@ def _extract_member(tar: tarfile.TarFile, m: tarfile.TarInfo, dirs: _Dirs) -> No
         os.symlink(m.linkname, name, dir_fd=parent)
     elif m.islnk():
         _hard_link(dirs, _parts(m.linkname), parent, name)
+        return  # the same inode as its source, whose owner is set already
     else:
         _write_file(tar, m, parent, name, mode)
+    if dirs.owners:
+        os.chown(name, *_owner(m), dir_fd=parent, follow_symlinks=False)
+
+
+def _owner(m: tarfile.TarInfo) -> tuple[int, int]:
+    """The entry's uid and gid, where the sandbox has them (its user namespace maps 0..65535); else root's."""
+    return (m.uid if 0 <= m.uid < 65536 else 0), (m.gid if 0 <= m.gid < 65536 else 0)
 
 
 def _clear(parent: int, name: str, shown: str) -> None:

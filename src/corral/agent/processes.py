@@ -23,6 +23,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from .users import AGENT_IS_ROOT, ROOT, USER, User, named, privileged
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is slow to import, and the agent's start-up is every sandbox's start-up
     from typing import Any
@@ -30,9 +32,13 @@ if TYPE_CHECKING:  # typing is slow to import, and the agent's start-up is every
 _libc = ctypes.CDLL(None, use_errno=True)
 # Signal numbers as plain ints: the `signal` module builds enums on import, and every import here delays
 # every sandbox's start. Linux numbering (the agent only runs on Linux).
-SIGKILL, SIGSTOP, SIGPIPE, SIGXFSZ = 9, 19, 13, 25
+SIGINT, SIGKILL, SIGSTOP, SIGPIPE, SIGXFSZ = 2, 9, 19, 13, 25
+# What the agent ignores or handles for itself and every command must get back at its default (see `__main__`).
+CHILD_DEFAULT_SIGNALS = (SIGINT, SIGPIPE, SIGXFSZ)
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
+PR_CAPBSET_DROP = 24
+SIG_DFL = 0
 
 DEFAULT_MAX_OUTPUT = 16 * 1024 * 1024
 EXIT_GRACE = 0.1  # after the root exits, how long leftover holders of its pipes may keep us reading
@@ -44,14 +50,9 @@ CHILD_OOM_SCORE_ADJ = 500
 # Built by the host from spawn.c next to this file; see there for why. Absent: fall back to preexec_fn.
 SPAWN_SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corral-spawn")
 
-BASE_ENV = {
-    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-    "HOME": "/home/user",
-    "USER": "user",
-    "LOGNAME": "user",
-    "SHELL": "/bin/bash",
-    "LANG": "C.UTF-8",
-}
+BASE_ENV = USER.base_env()
+ROOT_NOT_ENABLED = ("this sandbox was created without root: its commands and files act as the user 'user' "
+                    "(uid 1000); create the sandbox with root=True to run as root")
 
 
 class ProcessError(Exception):
@@ -63,6 +64,17 @@ class ProcessError(Exception):
 
 def set_dumpable(on: bool) -> None:
     _libc.prctl(PR_SET_DUMPABLE, 1 if on else 0, 0, 0, 0)
+
+
+def resolve_user(name: Any) -> User:
+    """The user a request names (none: the sandbox user); root only in a sandbox created with it."""
+    user = named(name)
+    if user is None:
+        shown = name[:64] if isinstance(name, str) else name
+        raise ProcessError("invalid_request", f"unknown user {shown!r}: a sandbox has the users 'user' and 'root'")
+    if user is ROOT and not AGENT_IS_ROOT:
+        raise ProcessError("permission_denied", ROOT_NOT_ENABLED)
+    return user
 
 
 Sink = Callable[[str, bytes], None]  # (stream name, bytes) -> None
@@ -117,8 +129,9 @@ class Process:
 
     def __init__(self, pid_id: str, argv: list[str], *, background: bool, timeout: float | None,
                  max_output: int, is_pty: bool, cwd: str = "/workspace", env: dict[str, str] | None = None,
-                 tag: str | None = None) -> None:
+                 tag: str | None = None, user: User = USER) -> None:
         self.id = pid_id
+        self.user = user
         self.argv = argv
         self.background = background
         self.is_pty = is_pty
@@ -236,9 +249,15 @@ class Process:
         """`sig` to the process group the root leads (its own session: the command and its jobs)."""
         if not self.exited.is_set() and self.pid:
             try:
-                os.killpg(self.pid, sig)
+                with privileged():  # a request acting as the user may signal root's processes too
+                    os.killpg(self.pid, sig)
             except ProcessLookupError:
                 pass
+
+    def close_wake(self) -> None:
+        """Close the wake pipe, for a process no pump ever moves (its pump closes it otherwise)."""
+        _close_quietly(self._wake_r)
+        _close_quietly(self._wake_w)
 
     def check_stdin_closable(self) -> None:
         """Refuse a host's request to close a terminal's input: a terminal has no EOF (its ^D is input)."""
@@ -323,6 +342,11 @@ def kill_tree(root: int) -> None:
     The root is a subreaper, so escaped (setsid, double-forked) children hang under it while it lives: kill it
     last. Bounded: a tree that keeps forking is stopped by the pids limit long before the passes run out.
     """
+    with privileged():  # whoever the calling request acts as, the agent kills any tree
+        _kill_tree(root)
+
+
+def _kill_tree(root: int) -> None:
     # Stop the root first: it must stay alive (as the subreaper holding the tree) until the tree is gone, and
     # stopped it cannot spawn more. Killing its process group first would re-parent escapees to us.
     try:
@@ -400,17 +424,19 @@ class ProcessTable:
     def _prepare(self, req: dict[str, Any], tag: str | None) -> tuple[Process, dict[str, str]]:
         """The process `req` asks for (checked, not started yet) and the environment it runs with."""
         argv = build_argv(req.get("cmd"))
+        user = resolve_user(req.get("user"))
         cwd = req.get("cwd") or "/workspace"
         if not isinstance(cwd, str) or not os.path.isdir(cwd):
             raise ProcessError("invalid_request", f"working directory {cwd!r} does not exist in the sandbox")
         own_env = build_env(req.get("cmd_env"), base={})
-        env = {**build_env(req.get("env")), **own_env}
+        env = {**build_env(req.get("env"), base=user.base_env()), **own_env}
         timeout = _positive_or_none(req.get("timeout"), "timeout")
         max_output = int(req.get("max_output") or DEFAULT_MAX_OUTPUT)
         if max_output < 4:
             raise ProcessError("invalid_request", "max_output must be at least 4 bytes")
         proc = Process(str(next(self._ids)), argv, background=bool(req.get("background")), timeout=timeout,
-                       max_output=max_output, is_pty=req.get("pty") is not None, cwd=cwd, env=own_env, tag=tag)
+                       max_output=max_output, is_pty=req.get("pty") is not None, cwd=cwd, env=own_env, tag=tag,
+                       user=user)
         return proc, env
 
     def _start(self, proc: Process, env: dict[str, str], req: dict[str, Any]) -> None:
@@ -421,8 +447,17 @@ class ProcessTable:
             else:
                 self._spawn_pipes(proc, env, proc.cwd, want_stdin=bool(req.get("stdin")))
         except BaseException:  # it never ran, so no pump will close its wake pipe
-            _close_quietly(proc._wake_r)
-            _close_quietly(proc._wake_w)
+            proc.close_wake()
+            raise
+
+    def spawn_on(self, proc: Process, env: dict[str, str], stdio: tuple[int, int, int]) -> None:
+        """Start `proc` on descriptors it was handed (`sudo`'s caller's): nothing is kept of its output, and it is
+        no process of the table (not listed, not named): only the reaper knows it. Its owner closes its wake pipe
+        (`close_wake`) once it has exited."""
+        try:
+            self._spawn(proc, env, proc.cwd, stdio, tty=False)
+        except BaseException:
+            proc.close_wake()
             raise
 
     def _claim(self, tag: str | None) -> None:
@@ -496,12 +531,16 @@ class ProcessTable:
         found = _which(argv[0], env.get("PATH", "")) if "/" not in argv[0] else argv[0]
         if found is None or not os.path.exists(found):
             raise ProcessError("invalid_request", f"command not found: {argv[0]}")
-        with self.reaper.lock:  # held until registered: a fast exit is never reaped as an unknown orphan
+        # A root agent starts the user's commands through a drop to the user's ids; root's keep the agent's own.
+        drop = proc.user if AGENT_IS_ROOT and proc.user is not ROOT else None
+        # The agent's own authority to start it (the request's thread may act as the user): the spawn helper
+        # drops to the process's user itself.
+        with self.reaper.lock, privileged():  # held until registered: a fast exit is never reaped unregistered
             try:
                 if os.access(SPAWN_SHIM, os.X_OK):
-                    pid = _posix_spawn(argv, env, cwd, stdio, tty=tty)
+                    pid = _posix_spawn(argv, env, cwd, stdio, tty=tty, drop=drop)
                 else:
-                    pid = _popen_fallback(argv, env, cwd, stdio, tty=tty)
+                    pid = _popen_fallback(argv, env, cwd, stdio, tty=tty, drop=drop)
             except OSError as exc:
                 if exc.errno == errno.EAGAIN:
                     raise ProcessError("quota_exceeded", "the sandbox's process limit is reached") from exc
@@ -705,22 +744,27 @@ def _check_text(value: str, what: str) -> None:
 
 
 def _posix_spawn(argv: list[str], env: dict[str, str], cwd: str, stdio: tuple[int, int, int], *,
-                 tty: bool) -> int:
-    shim_args = [SPAWN_SHIM, *(["--tty"] if tty else []), "--cwd", cwd, "--", *argv]
+                 tty: bool, drop: User | None = None) -> int:
+    user = ["--user", f"{drop.uid}:{drop.gid}"] if drop is not None else []
+    shim_args = [SPAWN_SHIM, *(["--tty"] if tty else []), *user, "--cwd", cwd, "--", *argv]
     actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(stdio)]
-    # Python ignores SIGPIPE and SIGXFSZ for itself; commands must get the default actions back.
+    # The agent ignores SIGINT, SIGPIPE and SIGXFSZ for itself; commands must get the default actions back.
     return os.posix_spawn(SPAWN_SHIM, shim_args, env, file_actions=actions, setsid=True,
-                          setsigdef=(SIGPIPE, SIGXFSZ))
+                          setsigdef=CHILD_DEFAULT_SIGNALS)
 
 
 def _popen_fallback(argv: list[str], env: dict[str, str], cwd: str, stdio: tuple[int, int, int], *,
-                    tty: bool) -> int:
+                    tty: bool, drop: User | None = None) -> int:
     """Without the shim: subprocess with a preexec_fn (a full fork of the agent: slower, same result)."""
     import subprocess
 
+    def setup() -> None:
+        _child_setup(drop)
+        if tty:
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
     popen = subprocess.Popen(argv, stdin=stdio[0], stdout=stdio[1], stderr=stdio[2], cwd=cwd, env=env,
-                             close_fds=True, start_new_session=True,
-                             preexec_fn=_child_setup_tty if tty else _child_setup)
+                             close_fds=True, start_new_session=True, preexec_fn=setup)
     popen.returncode = 0  # the reaper owns the exit status; stop Popen from ever waiting on it
     return popen.pid
 
@@ -744,18 +788,30 @@ def _which(name: str, path: str) -> str | None:
     return None
 
 
-def _child_setup() -> None:
+def _child_setup(drop: User | None) -> None:
     # Runs in the child between fork and exec: make the root a subreaper (see module docstring), the OOM
-    # killer's first choice over us (if PID 1 died the whole sandbox would go), and dumpable again.
+    # killer's first choice over us (if PID 1 died the whole sandbox would go), the user's (as the shim does:
+    # `drop_privileges`), with the signal the agent ignores back at its default, and dumpable again.
     _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
     try:
         with open("/proc/self/oom_score_adj", "w") as f:
             f.write(str(CHILD_OOM_SCORE_ADJ))
     except OSError:
         pass
+    if drop is not None:
+        drop_privileges(drop)
+    _libc.signal(SIGINT, SIG_DFL)
+    _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
 
 
-def _child_setup_tty() -> None:
-    _child_setup()
-    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+def drop_privileges(user: User) -> None:
+    """Become `user` for good: an empty bounding set (while CAP_SETPCAP is still ours), no supplementary
+    groups, its gid, then its uid, which clears the permitted and effective sets (no SECBIT_KEEP_CAPS)."""
+    cap = 0
+    while _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:
+        cap += 1
+    if ctypes.get_errno() != errno.EINVAL:  # EINVAL: past the kernel's last capability, all dropped
+        raise OSError(ctypes.get_errno(), "cannot drop the capability bounding set")
+    os.setgroups([])
+    os.setgid(user.gid)
+    os.setuid(user.uid)

@@ -8,10 +8,10 @@ import threading
 import time
 from _operator import _compare_digest  # what hmac.compare_digest is, without importing hashlib
 
-from . import files, protocol
+from . import files, protocol, users
 from .channel import Channel, Closed
 from .follow import follow, send_all_kept
-from .processes import SIGKILL, Process, ProcessError, ProcessTable, pty_size
+from .processes import SIGKILL, Process, ProcessError, ProcessTable, pty_size, resolve_user
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is slow to import, and the agent's start-up is every sandbox's start-up
@@ -35,6 +35,7 @@ class Agent:
             if not isinstance(token, str) or not _compare_digest(token.encode(), self.token):
                 ch.error("unauthenticated", "the agent token is missing or wrong")
                 return
+            _act_as(req.get("user"))
             self.dispatch(ch, req)
         except (files.FileError, ProcessError) as exc:
             _send_error(ch, exc.code, exc.message)
@@ -230,6 +231,14 @@ class Agent:
         ch.event(event="done")
 
 
+def _act_as(name: Any) -> None:
+    """This connection's thread acts as the user the request names (the sandbox user unless it asks for root):
+    every path it opens is checked as that user's (see `users`)."""
+    if not users.act_as(resolve_user(name)):
+        raise ProcessError("server_error", "the kernel refused to switch this request's file-system identity; "
+                           "refusing to act as root instead")
+
+
 def _control(proc: Process, msg: dict[str, Any]) -> None:
     if "resize" in msg:
         rows, cols = msg["resize"]
@@ -268,6 +277,10 @@ def _refuse(conn: socket, code: str, message: str) -> None:
 
 def serve(listener: socket, token: str) -> None:
     agent = Agent(token)
+    if users.AGENT_IS_ROOT:  # the sandbox has root: its `sudo` asks us (docs/security.md)
+        from . import sudo_service
+
+        sudo_service.start(agent.table)
     while True:
         try:
             fd, _ = listener._accept()  # type: ignore[attr-defined]  # _socket.socket has it; typeshed omits it

@@ -20,12 +20,26 @@ from ._contract import (
     backend_runtimes,
     load_backend,
     runtime_limitation,
+    supports_root,
 )
-from ._spec import DEFAULT_FILE_ROOTS, Limits, Runtime, SandboxSpec, SandboxState, parse_size
+from ._spec import (
+    DEFAULT_FILE_ROOTS,
+    ROOT_FILE_ROOTS,
+    USERS,
+    Limits,
+    Runtime,
+    SandboxSpec,
+    SandboxState,
+    check_user,
+    parse_size,
+    user_home,
+)
 
 __all__ = [
     "BACKEND_NAMES",
     "DEFAULT_FILE_ROOTS",
+    "ROOT_FILE_ROOTS",
+    "USERS",
     "AgentAddress",
     "Backend",
     "BackendCapacity",
@@ -42,7 +56,10 @@ __all__ = [
     "UnixEndpoint",
     "backend_limitations",
     "backend_runtimes",
+    "check_user",
     "load_backend",
     "parse_size",
     "runtime_limitation",
+    "supports_root",
+    "user_home",
 ]

@@ -32,6 +32,7 @@ from ._spec import Runtime, SandboxSpec
 
 __all__ = [
     "BACKEND_NAMES",
+    "ROOT_LIMITATION",
     "AgentAddress",
     "Backend",
     "BackendCapacity",
@@ -46,6 +47,7 @@ __all__ = [
     "backend_runtimes",
     "load_backend",
     "runtime_limitation",
+    "supports_root",
 ]
 
 JSON = dict[str, Any]  # JSON-serialisable: what `BackendRecord.to_json` returns and `Backend.restore` takes
@@ -251,9 +253,10 @@ class Backend(Protocol):
 class DeclaresLimitations(Protocol):
     """Optional beside `Backend`: what of DESIGN.md's isolation this backend cannot give, each with its reason.
 
-    Keys are stable names (docs/backends.md): `user_namespace`, `agent_socket`, and `runtime_<name>` for each
-    `Runtime` it cannot run. A backend that gives everything declares nothing, or an empty mapping. `corral
-    check` reads it (through `GET /v1/info`) to mark what cannot hold as not applicable, with the reason.
+    Keys are stable names (docs/backends.md): `user_namespace`, `agent_socket`, `root` (no sandbox with root:
+    `supports_root`), and `runtime_<name>` for each `Runtime` it cannot run. A backend that gives everything
+    declares nothing, or an empty mapping. `corral check` reads it (through `GET /v1/info`) to mark what cannot
+    hold as not applicable, with the reason.
     """
 
     limitations: Mapping[str, str]
@@ -263,6 +266,15 @@ def backend_limitations(backend: object) -> Mapping[str, str]:
     """What `backend` declares it cannot give (`DeclaresLimitations`); empty when it declares nothing."""
     found = backend.limitations if isinstance(backend, DeclaresLimitations) else {}
     return MappingProxyType(dict(found))
+
+
+ROOT_LIMITATION = "root"  # the key of a backend that cannot give a sandbox root (`SandboxSpec.root`) safely
+
+
+def supports_root(backend: object) -> bool:
+    """Whether `backend` can create sandboxes with root inside (`SandboxSpec.root`): those with a user namespace
+    per sandbox, so that its root is an unprivileged host uid. A backend that cannot declares the limitation."""
+    return ROOT_LIMITATION not in backend_limitations(backend)
 
 
 def runtime_limitation(runtime: Runtime) -> str:

@@ -28,8 +28,8 @@ from pathlib import Path
 
 from .._exceptions import RuntimeUnavailableError, ServerError
 
-__all__ = ["CANONICAL_BASE", "Extent", "canonical_to_sandbox", "idmapped_bind", "sandbox_to_canonical",
-           "user_namespace"]
+__all__ = ["CANONICAL_BASE", "Extent", "canonical_to_sandbox", "host_to_sandbox", "idmapped_bind",
+           "sandbox_to_canonical", "user_namespace"]
 
 # Far above any sandbox slot (slots start at 1<<20 and take 65536 ids each) and below the invalid (uid_t)-1: no
 # process on the host ever runs with these ids, so a canonical file is nobody's on the host.
@@ -73,6 +73,12 @@ def canonical_to_sandbox(uid_base: int) -> list[Extent]:
     if uid_base == 0:
         return [(CANONICAL_BASE, 0, ID_RANGE)]
     return [(0, 0, 1), (CANONICAL_BASE, uid_base, ID_RANGE)]
+
+
+def host_to_sandbox(uid_base: int) -> list[Extent]:
+    """Show files owned by the host's ids (a template: host root's, and uid 1000's home) as the sandbox's own ids:
+    what makes a template's files root's inside a sandbox created with root (docs/security.md)."""
+    return [(0, uid_base, ID_RANGE)]
 
 
 @contextlib.contextmanager

@@ -23,6 +23,7 @@ __all__ = ["LIMITATION_ITEMS", "fetch_deployment", "item_31_gvisor", "limitation
 LIMITATION_ITEMS: Mapping[str, tuple[int, ...]] = {
     "user_namespace": (3,),  # uid 1000 inside is uid 1000 of the host too: the host-side half of "non-root"
     "agent_socket": (1,),  # the agent's own socket is listed in the sandbox's /proc/net/unix (unreachable)
+    "root": (),  # no sandbox with root there: an option the backend refuses, nothing of the isolation is missing
 }
 _RUNTIME_KEY = "runtime_"
 

@@ -60,6 +60,8 @@ def exec_command(
     cwd: str | None = typer.Option(None, help="Working directory in the sandbox (default /workspace)."),
     env: list[str] = typer.Option([], "--env", "-e", help="KEY=VALUE, repeatable.", show_default=False),
     no_stdin: bool = typer.Option(False, "--no-stdin", help="Do not send stdin even when it is not a terminal."),
+    user: str | None = typer.Option(None, "--user", "-u", help="Who runs it: root (a sandbox created with --root), "
+                                    "or the sandbox user (the default)."),
     url: UrlOption = None,
     api_key: ApiKeyOption = None,
 ) -> None:
@@ -73,7 +75,7 @@ def exec_command(
     try:
         result = Commands(http, sandbox_id).run(
             cmd, timeout=timeout, cwd=cwd, env=pairs(env, "--env"), stdin=_stdin(no_stdin),
-            on_stdout=_writer(sys.stdout.buffer), on_stderr=_writer(sys.stderr.buffer))
+            on_stdout=_writer(sys.stdout.buffer), on_stderr=_writer(sys.stderr.buffer), user=user)
     finally:
         http.close()
     raise typer.Exit(exit_code(result, timeout))

@@ -84,7 +84,7 @@ async def remove(call: Call) -> dict[str, Any]:
     return {}
 
 
-def _watch_options(call: Call) -> dict[str, bool]:
+def _watch_options(call: Call) -> dict[str, Any]:
     # allowNetworkMounts needs nothing: no network file system is ever mounted in a Corral sandbox.
     return {"recursive": bool(field(call.message, "recursive")),
             "include_entry": bool(field(call.message, "includeEntry"))}

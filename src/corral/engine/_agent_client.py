@@ -77,12 +77,23 @@ class _Conn:
 
 class AgentClient:
     """Talks to one sandbox's agent at its endpoint (a Unix socket on this host, or TCP to a Pod), sending the
-    sandbox's token with every request."""
+    sandbox's token with every request.
 
-    def __init__(self, endpoint: Endpoint, token: str, *, label: str = "sandbox") -> None:
+    `user`: whom the agent acts as for this client's requests (commands run as, files opened as): None is the
+    sandbox user; "root" only in a sandbox created with root (the agent refuses it elsewhere). `as_user` makes
+    such a client."""
+
+    def __init__(self, endpoint: Endpoint, token: str, *, label: str = "sandbox", user: str | None = None) -> None:
         self.endpoint = endpoint
         self.token = token
         self.label = label
+        self.user = user
+
+    def as_user(self, user: str | None) -> AgentClient:
+        """This agent, acting as `user` (None: the sandbox user)."""
+        if user == self.user:
+            return self
+        return AgentClient(self.endpoint, self.token, label=self.label, user=user)
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         # The reader stops taking from the socket past twice this much buffered (readexactly of a bigger frame
@@ -110,7 +121,9 @@ class AgentClient:
             raise self._unreachable(exc) from exc
         conn = _Conn(reader, writer, self.label)
         try:
-            await conn.send_json(protocol.REQUEST, {"op": op, "token": self.token, **args})
+            # No `user` field for the sandbox user: requests stay what they were, for agents of before it.
+            identity = {"user": self.user} if self.user is not None else {}
+            await conn.send_json(protocol.REQUEST, {"op": op, "token": self.token, **identity, **args})
             yield conn
         except CorralError:
             raise
@@ -523,8 +536,11 @@ class AgentClient:
                 yield payload
             await conn.event()
 
-    async def upload_tar(self, path: str, data: Source, *, roots: Roots = None) -> int:
-        async with self._op("tar_put", path=path, roots=roots) as conn:
+    async def upload_tar(self, path: str, data: Source, *, roots: Roots = None, owners: bool = False) -> int:
+        """Unpack the tar `data` into the directory `path`; the number of entries. `owners`: entries keep the
+        owners the archive names (a client acting as root only: a /tmp saved across a pause to disk)."""
+        extra = {"owners": True} if owners else {}
+        async with self._op("tar_put", path=path, roots=roots, **extra) as conn:
             _widen_send_buffer(conn)
             await conn.event()
             await _send_data(conn, data)

@@ -44,6 +44,7 @@ from .._exceptions import (
 )
 from .._settings import corral_home
 from ..backends import AgentAddress, Backend, BackendRecord, SandboxUsage, SnapshotArtifact, load_backend
+from ..backends._spec import check_user
 from ..templates import Template, TemplateStore
 from ._agent_client import AgentClient, OutputCallback, PtySession, Source, StartCallback, WatchStream
 from ._capacity import Capacity, MachineUsage
@@ -460,12 +461,13 @@ class Engine:
 
     async def _save_tmp(self, sb: _Sandbox) -> None:
         """/tmp is a tmpfs (memory): its files go to a tar beside the engine's state, through the agent (which
-        reads them as the sandbox's user would: nothing there is beyond its reach)."""
+        reads them as the sandbox's user would: nothing there is beyond its reach; in a sandbox with root, as root,
+        whose files there may be its own)."""
         path = self._tmp_path(sb.id)
         partial = path.with_suffix(".partial")
         try:
             with open(partial, "wb") as f:
-                async for chunk in sb.agent.download_tar("/tmp", contents=True):
+                async for chunk in _tmp_agent(sb, sb.agent).download_tar("/tmp", contents=True):
                     f.write(chunk)
             os.replace(partial, path)
         except BaseException:
@@ -477,7 +479,7 @@ class Engine:
         if not path.exists():
             return
         with open(path, "rb") as f:
-            await agent.upload_tar("/tmp", f)
+            await _tmp_agent(sb, agent).upload_tar("/tmp", f, owners=sb.spec.root)
 
     async def snapshot(self, sandbox_id: str, snapshot_id: str | None = None) -> SnapshotArtifact:
         """Keep the sandbox's filesystem as it is now (its processes frozen for the copy; /tmp and /dev/shm,
@@ -537,11 +539,12 @@ class Engine:
                    max_output: int | None = None, on_stdout: OutputCallback | None = None,
                    on_stderr: OutputCallback | None = None, on_start: StartCallback | None = None,
                    detached: bool = False, tag: str | None = None, pty: PtySize | None = None,
-                   keep_stdin: bool = False) -> ExecResult:
+                   keep_stdin: bool = False, user: str | None = None) -> ExecResult:
         """Run a shell string (`bash -lc`) or an argv list. Never raises for exit codes, timeouts or OOM.
 
         `env` is the command's own, over the sandbox's (and never seen by a later command); `on_start(id, pid)`
-        comes before any output; `tag` names the process while it runs (unique: `ConflictError`).
+        comes before any output; `tag` names the process while it runs (unique: `ConflictError`). `user`: who
+        runs it, None the sandbox user, "root" only in a sandbox created with root (`PermissionDeniedError`).
         `detached`: the command is a background process that this call follows: cancelling the call only stops
         following, and the process goes on, listed and addressable by id, pid or tag (E2B runs every command
         so). Only a detached command may run in a terminal (`pty`: its output is stdout) or `keep_stdin` open
@@ -550,15 +553,16 @@ class Engine:
             raise InvalidRequestError("pty and keep_stdin need a detached command (a terminal bound to its caller "
                                       "is SandboxHandle.pty)")
         sb = self._running(sandbox_id)
+        agent = sb.agent.as_user(check_user(user))
         before = await self.backend.oom_kills(sb.record)
         started = time.time()
         if detached:
-            result = await sb.agent.exec_detached(
+            result = await agent.exec_detached(
                 cmd, cwd=cwd, env=self._env(sb, None), cmd_env=env or None, stdin=stdin, keep_stdin=keep_stdin,
                 timeout=timeout, max_output=max_output, tag=tag, pty=pty, on_start=on_start, on_stdout=on_stdout,
                 on_stderr=on_stderr)
         else:
-            result = await sb.agent.exec(cmd, cwd=cwd, env=self._env(sb, None), cmd_env=env or None, stdin=stdin,
+            result = await agent.exec(cmd, cwd=cwd, env=self._env(sb, None), cmd_env=env or None, stdin=stdin,
                                          timeout=timeout, max_output=max_output, on_stdout=on_stdout,
                                          on_stderr=on_stderr, on_start=on_start, tag=tag)
         return self._with_denials(sb, await self._with_oom(sb, result, before), started)
@@ -869,10 +873,10 @@ class SandboxHandle:
 
     async def pty(self, cmd: str | list[str] = "bash", *, rows: int = 24, cols: int = 80,
                   cwd: str | None = None, env: dict[str, str] | None = None,
-                  timeout: float | None = None) -> PtySession:
-        return await self._engine.agent(self.id).pty(cmd, rows=rows, cols=cols, cwd=cwd,
-                                                     env=self._engine.sandbox_env(self.id), cmd_env=env,
-                                                     timeout=timeout)
+                  timeout: float | None = None, user: str | None = None) -> PtySession:
+        agent = self._engine.agent(self.id).as_user(check_user(user))
+        return await agent.pty(cmd, rows=rows, cols=cols, cwd=cwd, env=self._engine.sandbox_env(self.id),
+                               cmd_env=env, timeout=timeout)
 
     async def pause(self, *, memory: bool = True) -> None:
         await self._engine.pause(self.id, memory=memory)
@@ -898,6 +902,12 @@ class SandboxHandle:
     async def __aexit__(self, *exc: object) -> None:
         with contextlib.suppress(NotFoundError, SandboxTimeoutError):
             await self.destroy()
+
+
+def _tmp_agent(sb: _Sandbox, agent: AgentClient) -> AgentClient:
+    """Who saves and restores a sandbox's /tmp across a pause to disk: root where the sandbox has it (its files
+    there keep their owners), else the user, who owns or may read everything there."""
+    return agent.as_user("root") if sb.spec.root else agent
 
 
 def read_agent_address(home: str | os.PathLike[str], sandbox_id: str) -> AgentAddress:
@@ -952,15 +962,20 @@ class Files:
     """File operations, resolved inside the sandbox.
 
     `roots`: the directories they may touch, if the caller holds them (the service: the sandbox's store record);
-    None: the spec the engine created the sandbox with."""
+    None: the spec the engine created the sandbox with. `user`: who opens the files (the kernel checks each path
+    as that user's, and what it makes is that user's): None the sandbox user, "root" only in a sandbox created
+    with root (`PermissionDeniedError`)."""
 
-    def __init__(self, engine: Engine, sandbox_id: str, *, roots: list[str] | None = None) -> None:
+    def __init__(self, engine: Engine, sandbox_id: str, *, roots: list[str] | None = None,
+                 user: str | None = None) -> None:
         self._engine = engine
         self._id = sandbox_id
         self._given_roots = roots
+        self._user = check_user(user)
 
     def _agent(self) -> AgentClient:
-        return self._engine.agent(self._id)
+        agent = self._engine.agent(self._id)
+        return agent if self._user is None else agent.as_user(self._user)
 
     def _roots(self) -> list[str] | None:
         if self._given_roots is not None:
@@ -1051,9 +1066,11 @@ class Processes:
 
     async def start(self, cmd: str | list[str], *, cwd: str | None = None, env: dict[str, str] | None = None,
                     timeout: float | None = None, max_output: int | None = None,
-                    stdin: bool = False, tag: str | None = None, pty: PtySize | None = None) -> ProcessInfo:
-        """Start `cmd` in the background (in a terminal of size `pty`, if given; named `tag`, if given)."""
-        return await self._agent().start(
+                    stdin: bool = False, tag: str | None = None, pty: PtySize | None = None,
+                    user: str | None = None) -> ProcessInfo:
+        """Start `cmd` in the background (in a terminal of size `pty`, if given; named `tag`, if given), as `user`
+        (None: the sandbox user; "root" only in a sandbox created with root)."""
+        return await self._agent().as_user(check_user(user)).start(
             cmd, cwd=cwd, env=self._engine.sandbox_env(self._id), cmd_env=env or None, timeout=timeout,
             max_output=max_output, stdin=stdin, tag=tag, pty=pty)
 

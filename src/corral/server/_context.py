@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import urllib.parse
+from typing import Literal
 
 from fastapi import Request
 
 from .._exceptions import InvalidRequestError
 from ..service import Service
 
-__all__ = ["query_param", "query_prefixed", "request_path", "sandbox_path", "service"]
+__all__ = ["SandboxUser", "query_param", "query_prefixed", "request_path", "sandbox_path", "service"]
 
 WORKSPACE = "/workspace"
+# Who a command or file operation acts as (docs/security.md): the sandbox user when absent; "root" only in a
+# sandbox created with root (the service answers `permission_denied` elsewhere).
+SandboxUser = Literal["user", "root"]
 
 def service(request: Request) -> Service:
     found: Service = request.app.state.corral

@@ -14,7 +14,7 @@ from ..egress import EgressEvent
 from ..engine import ExecResult
 from ..service import Command, CommandStream
 from ._auth import CurrentPrincipal
-from ._context import service
+from ._context import SandboxUser, service
 from ._ndjson import Producer, Sink, b64, line, ndjson_response
 from ._routing import AuditedRoute
 
@@ -43,10 +43,11 @@ class ExecRequest(BaseModel):
     max_output: Annotated[int, Field(gt=0)] | None = None
     stdin_b64: Base64 | None = None
     stream: bool = False
+    user: SandboxUser | None = None
 
     def command(self) -> Command:
         return Command(self.cmd, cwd=self.cwd, env=self.env, timeout=self.timeout, max_output=self.max_output,
-                       stdin=self.stdin_b64)
+                       stdin=self.stdin_b64, user=self.user)
 
 
 def result_json(result: ExecResult, *, streamed: bool = False) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from .._exceptions import InvalidRequestError
 from ..engine import Entry
 from ._auth import CurrentPrincipal
-from ._context import request_path, sandbox_path, service
+from ._context import SandboxUser, request_path, sandbox_path, service
 from ._routing import AuditedRoute
 
 router = APIRouter(prefix="/v1/sandboxes", route_class=AuditedRoute)
@@ -30,6 +30,7 @@ class MkdirRequest(BaseModel):
 
     path: str
     parents: bool = True
+    user: SandboxUser | None = None
 
 
 class RenameRequest(BaseModel):
@@ -38,6 +39,11 @@ class RenameRequest(BaseModel):
     src: str
     dst: str
     overwrite: bool = False
+    user: SandboxUser | None = None
+
+
+# `?user=root`: the operation acts as root (a sandbox created with root only); absent, as the sandbox user.
+User = Annotated[SandboxUser | None, Query()]
 
 
 def entry_json(entry: Entry) -> dict[str, Any]:
@@ -66,64 +72,70 @@ def _invalid(where: tuple[str, str], exc: InvalidRequestError) -> RequestValidat
 
 
 @router.get("/{sandbox_id}/files", response_model=None)
-async def read_file(sandbox_id: str, request: Request, principal: CurrentPrincipal) -> StreamingResponse:
-    chunks = await service(request).files.read(principal, sandbox_id, _query_path(request))
+async def read_file(sandbox_id: str, request: Request, principal: CurrentPrincipal,
+                    user: User = None) -> StreamingResponse:
+    chunks = await service(request).files.read(principal, sandbox_id, _query_path(request), user=user)
     return StreamingResponse(chunks, media_type=_OCTETS)
 
 
 @router.get("/{sandbox_id}/archive", response_model=None)
-async def download_archive(sandbox_id: str, request: Request, principal: CurrentPrincipal) -> StreamingResponse:
-    chunks = await service(request).files.read_archive(principal, sandbox_id, _query_path(request))
+async def download_archive(sandbox_id: str, request: Request, principal: CurrentPrincipal,
+                           user: User = None) -> StreamingResponse:
+    chunks = await service(request).files.read_archive(principal, sandbox_id, _query_path(request), user=user)
     return StreamingResponse(chunks, media_type=_TAR)
 
 
 @router.put("/{sandbox_id}/files")
 async def write_file(sandbox_id: str, request: Request, principal: CurrentPrincipal,
-                     mode: Annotated[int, Query(ge=0, le=0o7777)] = 0o644) -> dict[str, Any]:
+                     mode: Annotated[int, Query(ge=0, le=0o7777)] = 0o644, user: User = None) -> dict[str, Any]:
     path = _query_path(request)
-    size = await service(request).files.write(principal, sandbox_id, path, request.stream(), mode=mode)
+    size = await service(request).files.write(principal, sandbox_id, path, request.stream(), mode=mode, user=user)
     return {"path": path, "size": size}
 
 
 @router.put("/{sandbox_id}/archive")
-async def upload_archive(sandbox_id: str, request: Request, principal: CurrentPrincipal) -> dict[str, Any]:
+async def upload_archive(sandbox_id: str, request: Request, principal: CurrentPrincipal,
+                         user: User = None) -> dict[str, Any]:
     entries = await service(request).files.write_archive(principal, sandbox_id, _query_path(request),
-                                                         request.stream())
+                                                         request.stream(), user=user)
     return {"entries": entries}
 
 
 @router.delete("/{sandbox_id}/files", status_code=204)
 async def remove(sandbox_id: str, request: Request, principal: CurrentPrincipal,
-                 recursive: bool = True) -> Response:
-    await service(request).files.remove(principal, sandbox_id, _query_path(request), recursive=recursive)
+                 recursive: bool = True, user: User = None) -> Response:
+    await service(request).files.remove(principal, sandbox_id, _query_path(request), recursive=recursive,
+                                        user=user)
     return Response(status_code=204)
 
 
 @router.get("/{sandbox_id}/files/list")
-async def list_dir(sandbox_id: str, request: Request, principal: CurrentPrincipal) -> dict[str, Any]:
-    entries = await service(request).files.list(principal, sandbox_id, _query_path(request))
+async def list_dir(sandbox_id: str, request: Request, principal: CurrentPrincipal,
+                   user: User = None) -> dict[str, Any]:
+    entries = await service(request).files.list(principal, sandbox_id, _query_path(request), user=user)
     return {"entries": [entry_json(e) for e in entries]}
 
 
 @router.get("/{sandbox_id}/files/stat")
-async def stat(sandbox_id: str, request: Request, principal: CurrentPrincipal) -> dict[str, Any]:
-    return entry_json(await service(request).files.stat(principal, sandbox_id, _query_path(request)))
+async def stat(sandbox_id: str, request: Request, principal: CurrentPrincipal, user: User = None) -> dict[str, Any]:
+    return entry_json(await service(request).files.stat(principal, sandbox_id, _query_path(request), user=user))
 
 
 @router.get("/{sandbox_id}/files/exists")
-async def exists(sandbox_id: str, request: Request, principal: CurrentPrincipal) -> dict[str, Any]:
-    return {"exists": await service(request).files.exists(principal, sandbox_id, _query_path(request))}
+async def exists(sandbox_id: str, request: Request, principal: CurrentPrincipal, user: User = None) -> dict[str, Any]:
+    return {"exists": await service(request).files.exists(principal, sandbox_id, _query_path(request), user=user)}
 
 
 @router.post("/{sandbox_id}/files/mkdir")
 async def make_dir(sandbox_id: str, body: MkdirRequest, request: Request,
                    principal: CurrentPrincipal) -> dict[str, Any]:
     path = _body_path(body.path, "path")
-    return {"created": await service(request).files.make_dir(principal, sandbox_id, path, parents=body.parents)}
+    return {"created": await service(request).files.make_dir(principal, sandbox_id, path, parents=body.parents,
+                                                             user=body.user)}
 
 
 @router.post("/{sandbox_id}/files/rename", status_code=204)
 async def rename(sandbox_id: str, body: RenameRequest, request: Request, principal: CurrentPrincipal) -> Response:
     src, dst = _body_path(body.src, "src"), _body_path(body.dst, "dst")
-    await service(request).files.rename(principal, sandbox_id, src, dst, overwrite=body.overwrite)
+    await service(request).files.rename(principal, sandbox_id, src, dst, overwrite=body.overwrite, user=body.user)
     return Response(status_code=204)

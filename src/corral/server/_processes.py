@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from ..engine import ProcessInfo
 from ..service import AttachStream, Command
 from ._auth import CurrentPrincipal
-from ._context import service
+from ._context import SandboxUser, service
 from ._exec import Base64, result_json
 from ._ndjson import Producer, Sink, line, ndjson_response
 from ._routing import AuditedRoute
@@ -37,10 +37,11 @@ class StartRequest(BaseModel):
     max_output: Annotated[int, Field(gt=0)] | None = None
     stdin: bool = False  # keep stdin open for POST .../stdin; otherwise it is /dev/null (or stdin_b64, then EOF)
     stdin_b64: Base64 | None = None
+    user: SandboxUser | None = None
 
     def command(self) -> Command:
         return Command(self.cmd, cwd=self.cwd, env=self.env, timeout=self.timeout, max_output=self.max_output,
-                       stdin=self.stdin_b64)
+                       stdin=self.stdin_b64, user=self.user)
 
 
 class KillRequest(BaseModel):

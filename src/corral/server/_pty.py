@@ -25,6 +25,7 @@ from .._exceptions import AuthenticationError, CorralError, InvalidRequestError,
 from ..control import Principal
 from ..service import ClientInfo, PtyRequest, Service, Terminal
 from ._auth import bearer_key
+from ._context import SandboxUser
 from ._errors import status_for
 from ._routing import AuditedRoute
 
@@ -50,10 +51,11 @@ class StartFrame(BaseModel):
     cwd: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
     timeout: Annotated[float, Field(gt=0)] | None = None
+    user: SandboxUser | None = None
 
     def request(self) -> PtyRequest:
         return PtyRequest(cmd=self.cmd, rows=self.rows, cols=self.cols, cwd=self.cwd, env=self.env,
-                          timeout=self.timeout)
+                          timeout=self.timeout, user=self.user)
 
 
 class ResizeFrame(BaseModel):

@@ -65,6 +65,7 @@ def sandbox_json(record: SandboxRecord) -> dict[str, Any]:
         "on_timeout": spec.on_timeout,
         "volumes": dict(spec.volumes),
         "public_ports": spec.public_ports,
+        "root": spec.root,
     }
 
 

@@ -33,7 +33,8 @@ class Command:
     `env` is the command's own, over the sandbox's, and never reaches a later command. `detached`: a background
     process that the call follows, named by `tag` (unique among running processes) if given, in a terminal of
     size `pty` (its output is stdout; a detached command only), its stdin kept open for `processes.send_stdin`
-    with `keep_stdin` (after `stdin`, if any).
+    with `keep_stdin` (after `stdin`, if any). `user`: who runs it, None the sandbox user (uid 1000), "root" only
+    in a sandbox created with root (else `PermissionDeniedError`; docs/security.md).
     """
 
     cmd: str | list[str]
@@ -46,6 +47,7 @@ class Command:
     tag: str | None = None
     pty: PtySize | None = None
     keep_stdin: bool = False
+    user: str | None = None
 
     def audit_params(self) -> dict[str, Any]:
         params = {"cmd": self.cmd, "cwd": self.cwd, "env_names": sorted(self.env), "timeout": self.timeout,
@@ -56,7 +58,8 @@ class Command:
         """How it runs as a process, only where that differs from a plain command (whose record stays as it
         always was)."""
         given = {"detached": self.detached, "tag": self.tag, "keep_stdin": self.keep_stdin,
-                 "pty": None if self.pty is None else {"rows": self.pty.rows, "cols": self.pty.cols}}
+                 "pty": None if self.pty is None else {"rows": self.pty.rows, "cols": self.pty.cols},
+                 "user": self.user}
         return {key: value for key, value in given.items() if value}
 
 
@@ -120,4 +123,4 @@ async def _exec(svc: Service, sandbox_id: str, command: Command, audit: Audited,
                                  stdin=command.stdin, timeout=command.timeout, max_output=command.max_output,
                                  on_stdout=on_stdout, on_stderr=on_stderr, on_start=started,
                                  detached=command.detached, tag=command.tag, pty=command.pty,
-                                 keep_stdin=command.keep_stdin)
+                                 keep_stdin=command.keep_stdin, user=command.user)

@@ -3,8 +3,12 @@ directory watches (a stream, or watchers polled by id).
 
 Bytes stream both ways, never buffered whole. Every operation goes through the engine's `Files` with the roots of
 the sandbox's store record, so the agent refuses `..`, absolute paths outside them and symlinks leading out of
-them inside the sandbox's own mount namespace. Paths arrive checked and absolute (front ends shape them).
-A polled watcher belongs to the key that made it: other keys' polls do not find it.
+them inside the sandbox's own mount namespace. Paths arrive checked and absolute (front ends shape them, relative
+ones against `user_home(user)`). A polled watcher belongs to the key that made it: other keys' polls do not find it.
+
+Every operation takes `user`: who opens the files (the kernel checks each path as that user's; what it makes is
+that user's). None is the sandbox user (uid 1000); "root" only in a sandbox created with root, else
+`PermissionDeniedError` (docs/security.md). The audit record names the user when one was given.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import hashlib
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+from ..backends import check_user
 from ..control import Action, Principal
 from ..engine import Entry, WatchEvent, WatchStream
 from ..engine import Files as SandboxFiles
@@ -33,20 +38,22 @@ class Files:
 
     # -- downloads: started before they return, recorded when they end ------------------------------------
 
-    async def read(self, principal: Principal, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
+    async def read(self, principal: Principal, sandbox_id: str, path: str, *,
+                   user: str | None = None) -> AsyncIterator[bytes]:
         """The file's bytes. A refusal (not found, outside the roots) raises here, before any byte; the record
         is written when the stream ends, with its size (and the error, if it fails mid-way)."""
-        return await self._download(principal, sandbox_id, "files.read", path, tar=False)
+        return await self._download(principal, sandbox_id, "files.read", path, tar=False, user=user)
 
-    async def read_archive(self, principal: Principal, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
+    async def read_archive(self, principal: Principal, sandbox_id: str, path: str, *,
+                           user: str | None = None) -> AsyncIterator[bytes]:
         """A tar of the directory at `path`, streamed like `read`."""
-        return await self._download(principal, sandbox_id, "archive.read", path, tar=True)
+        return await self._download(principal, sandbox_id, "archive.read", path, tar=True, user=user)
 
     async def _download(self, principal: Principal, sandbox_id: str, action: str, path: str, *,
-                        tar: bool) -> AsyncIterator[bytes]:
-        audit = self._svc.audited(principal, action, sandbox_id, params={"path": path})
+                        tar: bool, user: str | None) -> AsyncIterator[bytes]:
+        audit = self._svc.audited(principal, action, sandbox_id, params=_with_user({"path": path}, user))
         try:
-            files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_READ)
+            files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_READ, user)
             chunks = files.download_tar(path) if tar else files.iter_read(path)
             first = await anext(chunks, None)
         except BaseException as exc:
@@ -57,7 +64,8 @@ class Files:
     # -- uploads: size and sha256 of what the caller sent, as it streams through --------------------------
 
     async def write(self, principal: Principal, sandbox_id: str, path: str, data: AsyncIterable[bytes], *,
-                    mode: int = 0o644, in_place: bool = False, metadata: dict[str, str] | None = None) -> int:
+                    mode: int = 0o644, in_place: bool = False, metadata: dict[str, str] | None = None,
+                    user: str | None = None) -> int:
         """Write `data` to `path` (replacing it); returns the bytes written. `in_place`: into the file itself, as
         E2B's envd writes (else whole or not at all); `metadata`: the file's user.e2b.* attributes, replacing
         any it had (the record keeps their keys, not their values)."""
@@ -67,19 +75,20 @@ class Files:
             params["in_place"] = True
         if metadata:
             params["metadata_keys"] = sorted(metadata)
-        async with self._svc.audited(principal, "files.write", sandbox_id, params=params) as audit:
-            files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_WRITE)
+        async with self._svc.audited(principal, "files.write", sandbox_id, params=_with_user(params, user)) as audit:
+            files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_WRITE, user)
             try:
                 return await files.write(path, digest.wrap(data), mode=mode, in_place=in_place, metadata=metadata)
             finally:
                 audit.params.update(size=digest.size, sha256=digest.sha256)
 
     async def write_archive(self, principal: Principal, sandbox_id: str, path: str,
-                            data: AsyncIterable[bytes]) -> int:
+                            data: AsyncIterable[bytes], *, user: str | None = None) -> int:
         """Unpack the tar `data` into the directory at `path`; returns the number of entries."""
         digest = _Digest()
-        async with self._svc.audited(principal, "archive.write", sandbox_id, params={"path": path}) as audit:
-            files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_WRITE)
+        async with self._svc.audited(principal, "archive.write", sandbox_id,
+                                     params=_with_user({"path": path}, user)) as audit:
+            files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_WRITE, user)
             try:
                 entries = await files.upload_tar(path, digest.wrap(data))
             finally:
@@ -90,62 +99,65 @@ class Files:
     # -- the rest: one request, one answer -----------------------------------------------------------------
 
     async def list(self, principal: Principal, sandbox_id: str, path: str, *,
-                   depth: int = 1) -> builtins.list[Entry]:
+                   depth: int = 1, user: str | None = None) -> builtins.list[Entry]:
         """The entries `depth` levels below `path` (1: its own), depth first in name order, symlinks not followed."""
         params: dict[str, Any] = {"path": path} if depth == 1 else {"path": path, "depth": depth}
-        async with self._svc.audited(principal, "files.list", sandbox_id, params=params) as audit:
-            files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_READ)
+        async with self._svc.audited(principal, "files.list", sandbox_id, params=_with_user(params, user)) as audit:
+            files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_READ, user)
             entries = await files.list(path, depth=depth)
             if depth != 1:
                 audit.outcome["entries"] = len(entries)
             return entries
 
-    async def stat(self, principal: Principal, sandbox_id: str, path: str) -> Entry:
-        async with self._svc.audited(principal, "files.stat", sandbox_id, params={"path": path}):
-            files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_READ)
+    async def stat(self, principal: Principal, sandbox_id: str, path: str, *, user: str | None = None) -> Entry:
+        async with self._svc.audited(principal, "files.stat", sandbox_id, params=_with_user({"path": path}, user)):
+            files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_READ, user)
             return await files.stat(path)
 
-    async def exists(self, principal: Principal, sandbox_id: str, path: str) -> bool:
-        async with self._svc.audited(principal, "files.exists", sandbox_id, params={"path": path}):
-            files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_READ)
+    async def exists(self, principal: Principal, sandbox_id: str, path: str, *, user: str | None = None) -> bool:
+        async with self._svc.audited(principal, "files.exists", sandbox_id, params=_with_user({"path": path}, user)):
+            files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_READ, user)
             return await files.exists(path)
 
-    async def make_dir(self, principal: Principal, sandbox_id: str, path: str, *, parents: bool = True) -> bool:
+    async def make_dir(self, principal: Principal, sandbox_id: str, path: str, *, parents: bool = True,
+                       user: str | None = None) -> bool:
         """Create the directory; False if it was there already."""
-        async with self._svc.audited(principal, "files.mkdir", sandbox_id, params={"path": path}):
-            files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_WRITE)
+        async with self._svc.audited(principal, "files.mkdir", sandbox_id, params=_with_user({"path": path}, user)):
+            files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_WRITE, user)
             return await files.make_dir(path, parents=parents)
 
-    async def remove(self, principal: Principal, sandbox_id: str, path: str, *, recursive: bool = True) -> None:
+    async def remove(self, principal: Principal, sandbox_id: str, path: str, *, recursive: bool = True,
+                     user: str | None = None) -> None:
         async with self._svc.audited(principal, "files.remove", sandbox_id,
-                                     params={"recursive": recursive, "path": path}, status=204):
-            files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_WRITE)
+                                     params=_with_user({"recursive": recursive, "path": path}, user), status=204):
+            files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_WRITE, user)
             await files.remove(path, recursive=recursive)
 
     async def rename(self, principal: Principal, sandbox_id: str, src: str, dst: str, *,
-                     overwrite: bool = False, parents: bool = False) -> Entry:
+                     overwrite: bool = False, parents: bool = False, user: str | None = None) -> Entry:
         """Move `src` to `dst`; `parents`: make dst's missing parent directories first (E2B's Move). The entry
         now at `dst`."""
         params: dict[str, Any] = {"src": src, "dst": dst, "overwrite": overwrite}
         if parents:
             params["parents"] = True
-        async with self._svc.audited(principal, "files.rename", sandbox_id, params=params, status=204):
-            files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_WRITE)
+        async with self._svc.audited(principal, "files.rename", sandbox_id, params=_with_user(params, user),
+                                     status=204):
+            files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_WRITE, user)
             return await files.rename(src, dst, overwrite=overwrite, parents=parents)
 
     # -- watching directories ----------------------------------------------------------------------------------
 
     async def watch(self, principal: Principal, sandbox_id: str, path: str, *, recursive: bool = False,
-                    include_entry: bool = False) -> AsyncGenerator[WatchEvent, None]:
+                    include_entry: bool = False, user: str | None = None) -> AsyncGenerator[WatchEvent, None]:
         """Events in the directory `path` as they happen, until the caller closes the generator (`aclose()`).
 
         A refusal (not found; a file, not a directory; outside the roots; too many watches) raises here, before
         any event. One record, `files.watch`, when the watch ends: with the number of events it carried, and
         the error if the sandbox ended it."""
         params = {"path": path, "recursive": recursive, "include_entry": include_entry}
-        audit = self._svc.audited(principal, "files.watch", sandbox_id, params=params)
+        audit = self._svc.audited(principal, "files.watch", sandbox_id, params=_with_user(params, user))
         try:
-            files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_READ)
+            files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_READ, user)
             stream = await files.watch(path, recursive=recursive, include_entry=include_entry)
         except BaseException as exc:
             await audit.record(exc)
@@ -153,12 +165,13 @@ class Files:
         return _watched(stream, audit)
 
     async def create_watcher(self, principal: Principal, sandbox_id: str, path: str, *, recursive: bool = False,
-                             include_entry: bool = False) -> str:
+                             include_entry: bool = False, user: str | None = None) -> str:
         """A watcher the sandbox keeps for `principal`'s key, to poll with `watcher_events`; its id. Refusals as
         `watch`. Gone with `remove_watcher`, with the sandbox, or after 10 minutes without a poll."""
         params = {"path": path, "recursive": recursive, "include_entry": include_entry}
-        async with self._svc.audited(principal, "files.watcher_create", sandbox_id, params=params) as audit:
-            files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_READ)
+        async with self._svc.audited(principal, "files.watcher_create", sandbox_id,
+                                     params=_with_user(params, user)) as audit:
+            files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_READ, user)
             watcher_id = await files.create_watcher(path, recursive=recursive, include_entry=include_entry,
                                                     owner=principal.key_id)
             audit.outcome["watcher_id"] = watcher_id
@@ -180,10 +193,18 @@ class Files:
             files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_READ)
             await files.remove_watcher(watcher_id, owner=principal.key_id)
 
-    async def _files(self, principal: Principal, sandbox_id: str, action: Action) -> SandboxFiles:
-        """The engine's file API of the sandbox, with the roots its record allows (if `principal` may)."""
+    async def _files(self, principal: Principal, sandbox_id: str, action: Action,
+                     user: str | None = None) -> SandboxFiles:
+        """The engine's file API of the sandbox, with the roots its record allows (if `principal` may), acting as
+        `user` (checked before anything is asked of the sandbox)."""
+        check_user(user)
         record = await self._svc.sandboxes.authorized(principal, sandbox_id, action)
-        return SandboxFiles(self._svc.engine, record.id, roots=file_roots(record))
+        return SandboxFiles(self._svc.engine, record.id, roots=file_roots(record), user=user)
+
+
+def _with_user(params: dict[str, Any], user: str | None) -> dict[str, Any]:
+    """Audit params, naming the user where one was asked for (records of the default stay as they were)."""
+    return params if user is None else {**params, "user": user}
 
 
 async def _recorded(first: bytes | None, chunks: AsyncIterator[bytes], audit: Audited) -> AsyncIterator[bytes]:

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..backends import backend_limitations, backend_runtimes
+from ..backends import backend_limitations, backend_runtimes, supports_root
 from ..control import Principal
 
 if TYPE_CHECKING:
@@ -25,6 +25,7 @@ class ServerInfo:
     runtimes: tuple[str, ...]  # the runtimes a sandbox may ask for here
     limitations: Mapping[str, str]  # key -> reason (docs/backends.md); empty when nothing is missing
     domain: str = "localhost"  # sandboxes' ports are served at `<port>-<sandbox id>.<domain>` (docs/ports.md)
+    root: bool = True  # whether sandboxes may be created with root (`CreateSandbox.root`, docs/security.md)
 
 
 class Info:
@@ -35,4 +36,5 @@ class Info:
         """The server's backend as its engine has it; `principal` is any authenticated caller."""
         backend = self._svc.engine.backend
         return ServerInfo(backend=backend.name, runtimes=tuple(rt.value for rt in backend_runtimes(backend)),
-                          limitations=backend_limitations(backend), domain=self._svc.ports.domain)
+                          limitations=backend_limitations(backend), domain=self._svc.ports.domain,
+                          root=supports_root(backend))

@@ -92,7 +92,7 @@ class Processes:
             info = await processes.start(command.cmd, cwd=command.cwd, env=command.env or None,
                                          timeout=command.timeout, max_output=command.max_output,
                                          stdin=keep_stdin or command.stdin is not None, tag=command.tag,
-                                         pty=command.pty)
+                                         pty=command.pty, user=command.user)
             audit.outcome.update({"process": info.id, "pid": info.pid})
             if command.stdin is not None:
                 await processes.send_stdin(info.id, command.stdin, eof=not keep_stdin and command.pty is None)

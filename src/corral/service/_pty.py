@@ -38,7 +38,8 @@ _AGENT_ERRORS = (OSError, asyncio.IncompleteReadError, ProtocolError)
 
 @dataclass(frozen=True)
 class PtyRequest:
-    """The terminal a client asks for: its command, size, working directory, environment and timeout."""
+    """The terminal a client asks for: its command, size, working directory, environment, timeout and user
+    (None: the sandbox user; "root" only in a sandbox created with root)."""
 
     cmd: str | list[str] = "bash"
     rows: int = 24
@@ -46,10 +47,12 @@ class PtyRequest:
     cwd: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     timeout: float | None = None
+    user: str | None = None
 
     def audit_params(self) -> dict[str, Any]:
-        return {"cmd": self.cmd, "rows": self.rows, "cols": self.cols, "cwd": self.cwd,
-                "env_names": sorted(self.env), "timeout": self.timeout}
+        params = {"cmd": self.cmd, "rows": self.rows, "cols": self.cols, "cwd": self.cwd,
+                  "env_names": sorted(self.env), "timeout": self.timeout}
+        return {**params, "user": self.user} if self.user is not None else params
 
 
 StartReader = Callable[[], Awaitable[PtyRequest | None]]
@@ -74,7 +77,7 @@ class Pty:
             with _agent_errors():
                 session = await self._svc.engine.get(sandbox_id).pty(
                     wanted.cmd, rows=wanted.rows, cols=wanted.cols, cwd=wanted.cwd, env=wanted.env or None,
-                    timeout=wanted.timeout)
+                    timeout=wanted.timeout, user=wanted.user)
             audit.outcome.update({"process": session.id, "pid": session.pid})
         return Terminal(session, audit)
 

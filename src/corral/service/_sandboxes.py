@@ -29,7 +29,7 @@ from .._exceptions import (
     RuntimeUnavailableError,
     SandboxTimeoutError,
 )
-from ..backends import DEFAULT_FILE_ROOTS, Limits, SandboxSpec, SandboxState, SnapshotArtifact
+from ..backends import DEFAULT_FILE_ROOTS, ROOT_FILE_ROOTS, Limits, SandboxSpec, SandboxState, SnapshotArtifact
 from ..control import Action, Principal, Role, SandboxQuery, SandboxRecord, TenantEgress, authorize
 from ..egress import EgressPolicy
 from ._metrics import SandboxMetric
@@ -71,6 +71,9 @@ class CreateSandbox(BaseModel):
     on_timeout: Literal["kill", "pause", "pause_memory"] = "kill"
     volumes: dict[str, str] = Field(default_factory=dict)  # mount path -> the tenant's volume name
     public_ports: bool = False  # the sandbox's ports answer without the tenant's key (docs/lifecycle.md)
+    # Root inside the sandbox (docs/security.md): commands and files may act as "root", and `sudo` works. Only
+    # where the backend has a user namespace per sandbox (`service.info`: `root`); elsewhere `invalid_request`.
+    root: bool = False
 
     def audit_params(self) -> dict[str, Any]:
         params = self.model_dump(mode="json", exclude={"env"})
@@ -125,6 +128,11 @@ def file_roots(record: SandboxRecord) -> list[str]:
     """The directories the file API may touch in this sandbox."""
     roots = record.spec.file_roots
     return list(roots) if roots else list(DEFAULT_FILE_ROOTS)
+
+
+def _default_roots(root: bool) -> tuple[str, ...]:
+    """Where the file API goes when the tenant names no roots: a sandbox with root adds root's home."""
+    return ROOT_FILE_ROOTS if root else DEFAULT_FILE_ROOTS
 
 
 def _utc(moment: datetime | None) -> datetime | None:
@@ -202,11 +210,11 @@ class Sandboxes:
             spec = SandboxSpec(template=request.template, runtime=request.runtime,  # type: ignore[arg-type]
                                timeout=request.timeout, limits=Limits(**request.limits), env=request.env,
                                metadata=request.metadata,
-                               file_roots=DEFAULT_FILE_ROOTS if request.file_roots is None
+                               file_roots=_default_roots(request.root) if request.file_roots is None
                                else tuple(request.file_roots),
                                network=network if isinstance(network, str) else tuple(network),
                                network_private=tuple(egress.private), on_timeout=request.on_timeout,
-                               volumes=volumes, public_ports=request.public_ports)
+                               volumes=volumes, public_ports=request.public_ports, root=request.root)
         except pydantic.ValidationError as exc:
             problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'spec'}: {e['msg']}"
                                  for e in exc.errors())

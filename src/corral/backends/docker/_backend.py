@@ -56,6 +56,7 @@ from ..._exceptions import ConflictError, InvalidRequestError, NotFoundError, Ru
 from ...templates import Template
 from .._contract import (
     JSON,
+    ROOT_LIMITATION,
     AgentAddress,
     BackendCapacity,
     BackendRecord,
@@ -105,6 +106,10 @@ LIMITATIONS: dict[str, str] = {
     "runtime_runsc": (
         "no gVisor: the Docker backend runs runc only (runsc would have to be registered as a Docker runtime "
         "with --host-uds for the agent's socket); use the local backend for runtime=runsc"),
+    ROOT_LIMITATION: (
+        "no sandbox with root (root=True): without a user namespace per sandbox, root inside a container would "
+        "be root of the host running the Docker daemon, kept in only by its capabilities and seccomp; use the "
+        "local backend (runc or runsc), where a sandbox's root is an unprivileged host uid"),
 }
 
 
@@ -505,6 +510,9 @@ class DockerBackend:
         if spec.runtime != Runtime.RUNC:
             raise RuntimeUnavailableError(f"runtime {spec.runtime.value!r} is not available on the Docker backend: "
                                           f"{LIMITATIONS['runtime_runsc']}", details={"runtime": spec.runtime.value})
+        if spec.root:  # before anything is asked of the daemon: a request no Docker host can serve
+            raise InvalidRequestError(f"root=True is refused on the Docker backend: {LIMITATIONS[ROOT_LIMITATION]}",
+                                      details={"root": True, "backend": self.name})
         if time.monotonic() - self._checked < PREFLIGHT_TTL:
             return
         problems = _host_problems()

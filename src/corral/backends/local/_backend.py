@@ -8,7 +8,11 @@ elsewhere and holds the record `create` returned):
     disk.img       the sandbox's disk: a sparse ext4 image of `limits.disk` bytes
     disk/          where it is loop-mounted: `upper/` and `work/` of the overlay
     layers/<n>/    started from a snapshot: each of its layers (`_layers`), idmapped onto the sandbox's uid range
-    rootfs/        the overlay: the template read-only below, the snapshot's layers above it, `disk/upper` on top
+    lower/         created with root (docs/security.md): `template/`, the template's root idmapped from host ids
+                   onto the sandbox's range (its files become the sandbox root's), and `root/`, the agent's
+                   `root-layer` (`/usr/local/bin/sudo`) idmapped the same way
+    rootfs/        the overlay: the template read-only below, the snapshot's layers above it (and `lower/root`
+                   above those, with root), `disk/upper` on top
     agent/         a read-only overlay of the agent's files (`<home>/agent/<digest>/`), bind-mounted at /.corral/agent
     agent.sock     the agent's listening socket, root's, 0600. runc: bound here and inherited by the agent (stdin).
                    runsc cannot pass it: the agent binds it in `run/` and `create` moves it here (still bound)
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -51,6 +56,7 @@ from typing import Any, ClassVar
 from ..._atomic import write_json_atomic
 from ..._exceptions import ConflictError, NotFoundError, ServerError
 from ...templates import Template
+from .. import _idmap
 from .._contract import (
     JSON,
     AgentAddress,
@@ -63,7 +69,7 @@ from .._contract import (
 from .._spec import Runtime, SandboxSpec
 from .._volumes import HostVolumes, prepare_mountpoints
 from . import _cgroups, _disk, _preflight
-from ._agent_files import agent_layers, install_agent
+from ._agent_files import agent_layers, install_agent, root_layer
 from ._bundle import AGENT_RUN_DIR, ID_RANGE, SANDBOX_UID, BundleParams, build_config
 from ._layers import MAX_DEPTH, Layers, check_layers, mount_views
 from ._runtime import OCIRuntime
@@ -329,8 +335,8 @@ class LocalBackend:
         await _wait_cgroup_empty(rec.cgroups_path)
         await self.volumes.detach_all(rec.dir / "volumes")  # no process uses them now
         # The root before the layers below it and the disk that holds its upper layer.
-        unmounted = await _disk.unmount_all([rec.dir / "rootfs", *_layer_views(rec.dir), rec.dir / "disk",
-                                             rec.dir / "agent", rec.dir / "egress"])
+        unmounted = await _disk.unmount_all([rec.dir / "rootfs", *_layer_views(rec.dir), *_root_views(rec.dir),
+                                             rec.dir / "disk", rec.dir / "agent", rec.dir / "egress"])
         disk = unmounted.get(rec.dir / "disk")
         if disk is not None and not await _disk.wait_loop_detached(disk, rec.dir / "disk.img"):
             logger.warning("sandbox.loop_device_kept", extra={"sandbox": rec.sandbox_id, "device": disk})
@@ -434,8 +440,19 @@ class LocalBackend:
         (sbdir / "layers").mkdir(mode=0o700, exist_ok=True)
         views = [sbdir / "layers" / str(i) for i in range(len(record.layers))]
         trees = [self.layers.tree(layer) for layer in record.layers]
-        await _disk.in_thread(mount_views, trees, views, record.uid_base)
-        await _disk.mount_overlay([*views, Path(record.template_rootfs)], upper, work, sbdir / "rootfs")
+        if not spec.root:
+            await _disk.in_thread(mount_views, trees, views, record.uid_base)
+            await _disk.mount_overlay([*views, Path(record.template_rootfs)], upper, work, sbdir / "rootfs")
+            return
+        # Root: the template's files shown as the sandbox root's, and `sudo` on top. Two user namespaces (the
+        # snapshot layers' mapping and this one overlap on the sandbox's side), made at the same time.
+        lower = sbdir / "lower"
+        lower.mkdir(mode=0o700, exist_ok=True)
+        roots = [Path(record.template_rootfs), root_layer(await self._agent_source())]
+        await asyncio.gather(_disk.in_thread(mount_views, trees, views, record.uid_base),
+                             _disk.in_thread(_mount_host_views, roots, [lower / "template", lower / "root"],
+                                             record.uid_base))
+        await _disk.mount_overlay([lower / "root", *views, lower / "template"], upper, work, sbdir / "rootfs")
 
     async def _start(self, record: LocalRecord, spec: SandboxSpec) -> None:
         sbdir = record.dir
@@ -464,6 +481,7 @@ class LocalBackend:
             agent_run_dir=run_dir,
             egress_dir=egress_dir,
             volume_mounts=volume_mounts,
+            root=spec.root,
         )
         _write_state(sbdir / "config.json", build_config(params))
         if run_dir is not None:
@@ -552,6 +570,19 @@ class LocalBackend:
                            slot=-1, uid_base=0, token="", cgroups_path=f"/{self.cgroup_parent}/{sandbox_id}")
 
 
+def _root_views(sbdir: Path) -> list[Path]:
+    return [sbdir / "lower" / "root", sbdir / "lower" / "template"]
+
+
+def _mount_host_views(trees: list[Path], targets: list[Path], uid_base: int) -> None:
+    """Each of `trees` (host-owned: the template, the root layer) on its target, its host ids shown as the
+    sandbox's (`_idmap.host_to_sandbox`). Blocking: call it in a thread."""
+    with _idmap.user_namespace(_idmap.host_to_sandbox(uid_base)) as userns:
+        for tree, target in zip(trees, targets, strict=True):
+            target.mkdir(mode=0o700, exist_ok=True)
+            _idmap.idmapped_bind(tree, target, userns)
+
+
 def _layer_views(sbdir: Path) -> list[Path]:
     try:
         return sorted((p for p in (sbdir / "layers").iterdir()), key=lambda p: p.name)
@@ -628,29 +659,91 @@ def _prepare_upper(upper: Path, work: Path, uid_base: int) -> None:
 
     Template files belong to host root, which the sandbox's user namespace does not map (they show up as
     `nobody`); so the sandbox's own directories are made here, owned by the right ids of its range.
+
+    At a boot after a pause to disk, `upper` holds whatever the sandbox left there, and a sandbox with root may
+    have put a symlink (to a host path, say) where one of these directories was: nothing below `upper` is ever
+    followed. Each directory is opened from its parent's descriptor with O_NOFOLLOW, and an entry in its place
+    that is not a directory (a symlink, a file, a whiteout) is removed and the directory made again.
     """
     root_id, user_id = uid_base, uid_base + SANDBOX_UID
-    for path, uid, mode in (
-        (upper, root_id, 0o755),
-        (work, 0, 0o700),
-        (upper / "home", root_id, 0o755),
-        (upper / "home" / "user", user_id, 0o750),
-        (upper / "workspace", user_id, 0o755),
-        (upper / "tmp", root_id, 0o1777),
-        (upper / ".corral", root_id, 0o755),
-        (upper / ".corral" / "agent", root_id, 0o755),
-        (upper / ".corral" / "egress", root_id, 0o755),
-        (upper / "etc", root_id, 0o755),
-    ):
+    for path, uid, mode in ((upper, root_id, 0o755), (work, 0, 0o700)):  # the disk's own: the sandbox never names them
         path.mkdir(exist_ok=True)
         os.chown(path, uid, uid)
         os.chmod(path, mode)
-    # No resolver is reachable: the agent answers on 127.0.0.1:53 and refuses at once (docs/egress.md).
-    resolv = upper / "etc" / "resolv.conf"
-    resolv.unlink(missing_ok=True)
-    resolv.write_text(RESOLV_CONF)
-    os.chown(resolv, root_id, root_id)
-    os.chmod(resolv, 0o644)
+    top = os.open(upper, _DIR_NOFOLLOW)
+    try:
+        for rel, uid, mode in (
+            ("home", root_id, 0o755),
+            ("home/user", user_id, 0o750),
+            ("workspace", user_id, 0o755),
+            ("tmp", root_id, 0o1777),
+            (".corral", root_id, 0o755),
+            (".corral/agent", root_id, 0o755),
+            (".corral/egress", root_id, 0o755),
+            ("etc", root_id, 0o755),
+        ):
+            os.close(_own_dir(top, rel, uid, mode))
+        etc = _own_dir(top, "etc", root_id, 0o755)
+        try:
+            _write_resolv_conf(etc, root_id)
+        finally:
+            os.close(etc)
+    finally:
+        os.close(top)
+
+
+_DIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _own_dir(top: int, rel: str, uid: int, mode: int) -> int:
+    """The directory `rel` below `top` as a descriptor (the caller closes it), made where missing and owned by
+    `uid`, `mode`; its parents must exist already. Nothing is followed: see `_prepare_upper`."""
+    parent = os.dup(top)
+    try:
+        *parents, name = rel.split("/")
+        for part in parents:
+            child = os.open(part, _DIR_NOFOLLOW, dir_fd=parent)
+            os.close(parent)
+            parent = child
+        fd = _open_or_replace_dir(parent, name)
+    finally:
+        os.close(parent)
+    os.fchown(fd, uid, uid)
+    os.fchmod(fd, mode)
+    return fd
+
+
+def _open_or_replace_dir(parent: int, name: str) -> int:
+    try:
+        os.mkdir(name, 0o700, dir_fd=parent)
+    except FileExistsError:
+        pass
+    try:
+        return os.open(name, _DIR_NOFOLLOW, dir_fd=parent)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+    os.unlink(name, dir_fd=parent)  # a symlink, file or whiteout where the directory must be: never followed
+    os.mkdir(name, 0o700, dir_fd=parent)
+    return os.open(name, _DIR_NOFOLLOW, dir_fd=parent)
+
+
+def _write_resolv_conf(etc: int, root_id: int) -> None:
+    """No resolver is reachable: the agent answers on 127.0.0.1:53 and refuses at once (docs/egress.md)."""
+    try:
+        os.unlink("resolv.conf", dir_fd=etc)  # a symlink is removed, not followed
+    except FileNotFoundError:
+        pass
+    except IsADirectoryError:
+        shutil.rmtree("resolv.conf", dir_fd=etc)
+    fd = os.open("resolv.conf", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                 dir_fd=etc)
+    try:
+        os.write(fd, RESOLV_CONF.encode())
+        os.fchown(fd, root_id, root_id)
+        os.fchmod(fd, 0o644)
+    finally:
+        os.close(fd)
 
 
 def _mount_own_dirs(agent_files: Path, agent: Path, egress: Path, user_id: int) -> None:

@@ -25,6 +25,22 @@ MASKED_PATHS = [
 ]
 READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys"]
 
+# A sandbox created with root (docs/security.md): what its root needs to install packages and own files, no more.
+# Capabilities of a user namespace's root act only on what that namespace owns (its files, its processes, its
+# network namespace), never the host's; `noNewPrivileges` and the seccomp profile stay as in every sandbox.
+ROOT_CAPABILITIES = [
+    "CAP_CHOWN",  # chown: package managers, `chown` of files root wrote for the user
+    "CAP_DAC_OVERRIDE",  # write files whatever their mode (dpkg's database, /etc): what root expects
+    "CAP_DAC_READ_SEARCH",  # read and search any directory (root's `find /`, backups of the user's files)
+    "CAP_FOWNER",  # chmod, utimes, xattrs on files root does not own (tar and dpkg restore modes and times)
+    "CAP_FSETID",  # keep set-group-id bits on the files and directories packages install
+    "CAP_KILL",  # signal the user's processes (`sudo kill`, service scripts)
+    "CAP_SETUID",  # change uid: apt drops to `_apt` to download, `su`/`runuser`, and the agent's drop to the user
+    "CAP_SETGID",  # change gid and supplementary groups, for the same
+    "CAP_SETPCAP",  # drop capabilities from the bounding set: the agent empties it for the user's commands
+    "CAP_NET_BIND_SERVICE",  # bind ports below 53 (53 and above are unprivileged in every sandbox's namespace)
+]
+
 
 @dataclass(frozen=True)
 class BundleParams:
@@ -42,6 +58,8 @@ class BundleParams:
     egress_dir: Path | None = None  # the host directory mounted at EGRESS_DIR
     # Volumes (docs/volumes.md): (path in the sandbox, host directory: the volume's idmapped bind for this sandbox)
     volume_mounts: tuple[tuple[str, Path], ...] = ()
+    # Created with root: the agent starts as the namespace's uid 0 with ROOT_CAPABILITIES (docs/security.md)
+    root: bool = False
 
 
 def build_config(p: BundleParams) -> dict[str, Any]:
@@ -60,14 +78,17 @@ def build_config(p: BundleParams) -> dict[str, Any]:
 
 
 def _process(p: BundleParams, env: list[str]) -> dict[str, Any]:
+    uid, gid = (0, 0) if p.root else (SANDBOX_UID, SANDBOX_GID)
+    caps = ROOT_CAPABILITIES if p.root else []
     return {
         "terminal": False,
-        "user": {"uid": SANDBOX_UID, "gid": SANDBOX_GID, "additionalGids": []},
+        "user": {"uid": uid, "gid": gid, "additionalGids": []},
         # `-c`, not `-m agent`: -m imports runpy and its dependencies, milliseconds of every sandbox start.
         "args": ["/usr/bin/python3", "-S", "-B", "-c", "from agent.__main__ import main; main()"],
         "env": env,
         "cwd": "/.corral",
-        "capabilities": {k: [] for k in ("bounding", "effective", "inheritable", "permitted", "ambient")},
+        "capabilities": {"bounding": list(caps), "effective": list(caps), "inheritable": [],
+                         "permitted": list(caps), "ambient": []},
         "rlimits": [
             {"type": "RLIMIT_NOFILE", "hard": p.limits.open_files, "soft": p.limits.open_files},
             {"type": "RLIMIT_CORE", "hard": 0, "soft": 0},
