@@ -285,3 +285,19 @@ def test_hosts_name_the_sandbox_and_port_as_well_as_headers(e2b_server: E2BServe
                                                          "E2b-Sandbox-Port": "8000"}).status_code == 401
     finally:
         server.kill()
+
+
+def test_root_and_sudo_as_in_e2bs_sandboxes(sbx: Sandbox) -> None:
+    """E2B's sandboxes give their user passwordless sudo and take `user="root"`: Corral's E2B API makes root
+    sandboxes (docs/security.md) where the backend can, the user's commands still unprivileged."""
+    assert sbx.commands.run("id -u").stdout == "1000\n"
+    assert sbx.commands.run("id -u", user="root").stdout == "0\n"
+    assert sbx.commands.run("pwd", user="root").stdout == "/root\n"
+    assert sbx.commands.run("sudo id -u").stdout == "0\n"
+    sbx.files.write("mine.txt", "root's", user="root")  # relative: in root's home
+    assert sbx.files.get_info("/root/mine.txt", user="root").owner == "root"
+    with pytest.raises(SandboxException):
+        sbx.files.read("/root/mine.txt")  # the user may not read root's home
+    sbx.commands.run("mkdir -p /opt/tool && touch /opt/tool/bin", user="root")  # the template is root's
+    with pytest.raises(CommandExitException):
+        sbx.commands.run("touch /usr/local/bin/nope")

@@ -163,6 +163,9 @@ def serve(
     e2b_alias: list[str] = typer.Option([], "--e2b-alias", help="NAME=TEMPLATE: the template an E2B templateID "
                                         "means (repeatable; default base=default, code-interpreter-v1=default). "
                                         "See docs/e2b.md."),
+    e2b_root: bool = typer.Option(True, "--e2b-root/--no-e2b-root", help="Sandboxes made through E2B's API have "
+                                  "root (user=\"root\", sudo), as E2B's do, where the backend allows it. See "
+                                  "docs/security.md."),
 ) -> None:
     """Run the API server (state, templates and sandboxes in $CORRAL_HOME, default /var/lib/corral)."""
     from ..backends import BACKEND_NAMES
@@ -178,7 +181,7 @@ def serve(
         raise typer.BadParameter(str(exc), param_hint="--e2b-alias") from None
     capacity = Capacity(max_sandboxes=max_sandboxes, memory_overcommit=memory_overcommit)
     run_server(host, port, db_url=db, capacity=capacity, backend=backend, domain=domain,
-               e2b=E2BConfig(aliases=aliases))
+               e2b=E2BConfig(aliases=aliases, root=e2b_root))
 
 
 @app.command()

@@ -1,4 +1,5 @@
-"""How a deployment's E2B API behaves: which template E2B's template names mean, and envd's advertised version."""
+"""How a deployment's E2B API behaves: which template E2B's template names mean, whether its sandboxes have root,
+and envd's advertised version."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ ENVD_VERSION = "0.6.4"
 class E2BConfig:
     aliases: Mapping[str, str] = field(default_factory=lambda: DEFAULT_ALIASES)
     envd_version: str = ENVD_VERSION
+    # Sandboxes made through E2B's API have root, as E2B's do (`user="root"`, `sudo`), where the backend can give
+    # it (`corral serve --no-e2b-root`: never).
+    root: bool = True
 
     def template(self, template_id: str) -> str:
         """The Corral template (or snapshot) an E2B `templateID` names; `name:tag` means the name."""

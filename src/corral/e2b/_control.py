@@ -3,8 +3,10 @@
 Each route authenticates the `X-API-KEY`, checks its body, calls one service method and renders E2B's JSON; the
 service authorizes, audits and orchestrates exactly as for /v1. Sandboxes made here get E2B's defaults where
 Corral's differ: every path the sandbox user can reach is open to the file API (E2B's envd allows it), the
-network is "internet" unless the request or the tenant's ceiling says less (`_network`), and the template names
-`base` and `code-interpreter-v1` mean the deployment's configured templates (`_config`).
+network is "internet" unless the request or the tenant's ceiling says less (`_network`), root is there (commands
+and files as `root`, and `sudo`, as in E2B's sandboxes; docs/security.md) where the backend can give it unless
+the deployment says otherwise, and the template names `base` and `code-interpreter-v1` mean the deployment's
+configured templates (`_config`).
 """
 
 from __future__ import annotations
@@ -73,10 +75,12 @@ async def _create_request(request: Request, principal: Principal, body: NewSandb
     on_timeout = "kill"
     if body.auto_pause:
         on_timeout = "pause" if body.auto_pause_memory is False else "pause_memory"
-    return CreateSandbox(template=front_of(request).config.template(body.template_id), timeout=body.timeout,
+    config = front_of(request).config
+    return CreateSandbox(template=config.template(body.template_id), timeout=body.timeout,
                          network=policy, env=body.env_vars or {}, metadata=body.metadata or {},
                          file_roots=_E2B_FILE_ROOTS, on_timeout=on_timeout,  # type: ignore[arg-type]
-                         volumes=volumes, public_ports=bool(network.allow_public_traffic))
+                         volumes=volumes, public_ports=bool(network.allow_public_traffic),
+                         root=config.root and svc.info.root)
 
 
 def _check_network_extras(network: NetworkConfig) -> None:

@@ -32,7 +32,7 @@ from ..service import TokenPurpose
 from ._auth import client_info, sandbox_caller
 from ._errors import corral_error, e2b_error
 from ._front import front_of
-from ._user import absolute_path, check_user
+from ._user import absolute_path, check_user, home_of, service_user
 
 __all__ = ["download", "sandbox_of", "upload"]
 
@@ -50,7 +50,7 @@ async def download(request: Request) -> Response:
     try:
         sandbox_id, principal, maybe_path = await _authorized(request, "read")
         path = absolute_path(maybe_path)
-        chunks = await front_of(request).service.files.read(principal, sandbox_id, path)
+        chunks = await front_of(request).service.files.read(principal, sandbox_id, path, user=_user(request))
     except CorralError as exc:
         return corral_error(exc)
     headers = {"Content-Disposition": f"attachment; filename*=UTF-8''{_quote(path.rsplit('/', 1)[-1])}"}
@@ -107,7 +107,8 @@ async def _upload_parts(request: Request, sandbox_id: str, principal: Principal,
             raise InvalidRequestError("several files need no 'path' parameter: each part's filename names it")
         for part in parts:
             target = path if path is not None else absolute_path(
-                part.filename, what="the file part's filename (its path; or give a path parameter)")
+                part.filename, what="the file part's filename (its path; or give a path parameter)",
+                home=home_of(check_user(request.query_params.get("username"))))
             await _write(request, sandbox_id, principal, target, _part_chunks(part), metadata)
             written.append(target)
     finally:
@@ -118,7 +119,11 @@ async def _upload_parts(request: Request, sandbox_id: str, principal: Principal,
 async def _write(request: Request, sandbox_id: str, principal: Principal, path: str,
                  data: AsyncIterator[bytes], metadata: dict[str, str] | None) -> None:
     svc = front_of(request).service
-    await svc.files.write(principal, sandbox_id, path, data, **_write_options(metadata))
+    await svc.files.write(principal, sandbox_id, path, data, user=_user(request), **_write_options(metadata))
+
+
+def _user(request: Request) -> str | None:
+    return service_user(check_user(request.query_params.get("username")))
 
 
 def _write_options(metadata: dict[str, str] | None) -> dict[str, Any]:
@@ -138,9 +143,9 @@ async def _authorized(request: Request, operation: str, *,
                       path_required: bool = True) -> tuple[str, Principal, str | None]:
     """The sandbox, the caller and the (absolute) path of a file request, by header credentials or signature."""
     params = request.query_params
-    check_user(params.get("username"))
+    user = check_user(params.get("username"))
     raw_path = params.get("path")
-    path = absolute_path(raw_path) if raw_path or path_required else None
+    path = absolute_path(raw_path, home=home_of(user)) if raw_path or path_required else None
     signature = params.get("signature")
     sandbox_id = sandbox_of(request)
     svc = front_of(request).service

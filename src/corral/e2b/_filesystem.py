@@ -17,7 +17,7 @@ from ..engine import Entry, WatchEvent
 from ._connect import RpcError
 from ._proto import field, integer, timestamp
 from ._rpc import Call, Rpc, Send
-from ._user import absolute_path
+from ._user import absolute_path, home_of, service_user
 
 __all__ = ["FILESYSTEM_RPCS", "entry_info"]
 
@@ -43,15 +43,19 @@ def entry_info(entry: Entry) -> dict[str, Any]:
     return info
 
 
+def _user(call: Call) -> str | None:
+    return service_user(call.user)
+
+
 def _path(call: Call, name: str = "path") -> str:
     value = field(call.message, name)
     if value is not None and not isinstance(value, str):
         raise RpcError("invalid_argument", f"{name} must be text")
-    return absolute_path(value, what=name)
+    return absolute_path(value, what=name, home=home_of(call.user))
 
 
 async def stat(call: Call) -> dict[str, Any]:
-    entry = await call.service.files.stat(call.principal, call.sandbox_id, _path(call))
+    entry = await call.service.files.stat(call.principal, call.sandbox_id, _path(call), user=_user(call))
     return {"entry": entry_info(entry)}
 
 
@@ -59,26 +63,30 @@ async def list_dir(call: Call) -> dict[str, Any]:
     depth = integer(field(call.message, "depth"), "depth", default=0) or 1
     if not 1 <= depth <= _MAX_DEPTH:
         raise RpcError("invalid_argument", f"depth must be between 1 and {_MAX_DEPTH}")
-    entries = await call.service.files.list(call.principal, call.sandbox_id, _path(call), depth=depth)
+    entries = await call.service.files.list(call.principal, call.sandbox_id, _path(call), depth=depth,
+                                            user=_user(call))
     return {"entries": [entry_info(e) for e in entries]}
 
 
 async def make_dir(call: Call) -> dict[str, Any]:
     path = _path(call)
-    if not await call.service.files.make_dir(call.principal, call.sandbox_id, path):
+    if not await call.service.files.make_dir(call.principal, call.sandbox_id, path, user=_user(call)):
         raise RpcError("already_exists", f"directory {path} already exists")
-    return {"entry": entry_info(await call.service.files.stat(call.principal, call.sandbox_id, path))}
+    return {"entry": entry_info(await call.service.files.stat(call.principal, call.sandbox_id, path,
+                                                               user=_user(call)))}
 
 
 async def move(call: Call) -> dict[str, Any]:
     entry = await call.service.files.rename(call.principal, call.sandbox_id, _path(call, "source"),
-                                            _path(call, "destination"), overwrite=True, parents=True)
+                                            _path(call, "destination"), overwrite=True, parents=True,
+                                            user=_user(call))
     return {"entry": entry_info(entry)}
 
 
 async def remove(call: Call) -> dict[str, Any]:
     try:
-        await call.service.files.remove(call.principal, call.sandbox_id, _path(call), recursive=True)
+        await call.service.files.remove(call.principal, call.sandbox_id, _path(call), recursive=True,
+                                        user=_user(call))
     except NotFoundError:
         pass  # envd: removing what is not there is no error
     return {}
@@ -87,7 +95,7 @@ async def remove(call: Call) -> dict[str, Any]:
 def _watch_options(call: Call) -> dict[str, Any]:
     # allowNetworkMounts needs nothing: no network file system is ever mounted in a Corral sandbox.
     return {"recursive": bool(field(call.message, "recursive")),
-            "include_entry": bool(field(call.message, "includeEntry"))}
+            "include_entry": bool(field(call.message, "includeEntry")), "user": _user(call)}
 
 
 def _event(event: WatchEvent) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from ..service import Command
 from ._connect import RpcError
 from ._proto import b64, enum_of, field, integer, message_of, process_ref, unb64
 from ._rpc import Call, Rpc, Send
-from ._user import HOME, absolute_path
+from ._user import absolute_path, home_of, service_user
 
 __all__ = ["OOM_NOTICE", "PROCESS_RPCS"]
 
@@ -66,8 +66,9 @@ def _command(call: Call) -> Command:
     cwd = field(config, "cwd")
     if cwd is not None and not isinstance(cwd, str):
         raise InvalidRequestError("process.cwd must be text")
-    return Command(cmd=[program, *args], cwd=absolute_path(cwd, what="cwd", default=HOME), env=envs,
-                   timeout=call.deadline,
+    home = home_of(call.user)
+    return Command(cmd=[program, *args], cwd=absolute_path(cwd, what="cwd", default=home, home=home), env=envs,
+                   timeout=call.deadline, user=service_user(call.user),
                    detached=True, tag=tag, pty=pty, keep_stdin=keep_stdin)
 
 

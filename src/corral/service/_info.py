@@ -32,6 +32,11 @@ class Info:
     def __init__(self, service: Service) -> None:
         self._svc = service
 
+    @property
+    def root(self) -> bool:
+        """Whether this deployment's sandboxes may be created with root (a front end's default may follow it)."""
+        return supports_root(self._svc.engine.backend)
+
     async def get(self, principal: Principal) -> ServerInfo:
         """The server's backend as its engine has it; `principal` is any authenticated caller."""
         backend = self._svc.engine.backend
