@@ -24,6 +24,7 @@ __all__ = ["STATUS_BY_CODE", "ServerProcess", "create_app", "serve", "status_for
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7770
+KEEP_ALIVE = 75  # seconds an idle HTTP connection is kept (nginx's default; uvicorn's own is 5)
 
 
 def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
@@ -55,5 +56,8 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
                   flush=True)
 
     app = create_app(engine, store, on_startup=bootstrap, domain=domain, e2b=e2b)
-    config = uvicorn.Config(app, host=host, port=port, lifespan="on", log_level="info")
+    # Idle connections live longer here than in clients' pools (httpx and pyqwest keep theirs 5 s by default): a
+    # server that closes first races a client reusing the connection at that instant (a failed request, seen).
+    config = uvicorn.Config(app, host=host, port=port, lifespan="on", log_level="info",
+                            timeout_keep_alive=KEEP_ALIVE)
     asyncio.run(uvicorn.Server(config).serve())
