@@ -213,6 +213,9 @@ def test_signed_file_urls(e2b_env: E2BServer, cleanup: Cleanup) -> None:
     r = httpx.post(sbx.upload_url("up.bin"), files={"file": ("up.bin", b"\x01\x02")})
     assert r.status_code == 200, r.text
     assert sbx.files.read("up.bin", format="bytes") == b"\x01\x02"
+    r = httpx.post(sbx.upload_url("field.txt"), data={"file": "a form field"})  # a browser's FormData of text
+    assert r.status_code == 200 and r.json() == [{"path": "/home/user/field.txt", "name": "field.txt", "type": "file"}]
+    assert sbx.files.read("field.txt") == "a form field"
 
 
 @pytest.mark.anyio

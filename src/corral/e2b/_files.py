@@ -96,20 +96,21 @@ async def _upload_parts(request: Request, sandbox_id: str, principal: Principal,
         raise InvalidRequestError(f"the multipart body could not be read: {exc}") from exc
     written: list[str] = []
     try:
-        named = [part for key, part in form.multi_items() if key == "file"]
-        parts = [part for part in named if isinstance(part, UploadFile)]
-        if len(parts) < len(named) and path is None:  # a part without a filename is a plain field to the parser
-            raise InvalidRequestError("a 'file' part has no filename: name each file's path in its part's filename "
-                                      "(or give a path parameter)")
+        parts = [part for key, part in form.multi_items() if key == "file"]
         if not parts:
             raise InvalidRequestError("the multipart body has no 'file' part")
         if path is not None and len(parts) > 1:
             raise InvalidRequestError("several files need no 'path' parameter: each part's filename names it")
         for part in parts:
+            # A part without a filename is a plain field (`form.append('file', 'text')`): its value is the content.
+            named = part.filename if isinstance(part, UploadFile) else None
+            if path is None and not named:
+                raise InvalidRequestError("a 'file' part has no filename: name each file's path in its part's "
+                                          "filename (or give a path parameter)")
             target = path if path is not None else absolute_path(
-                part.filename, what="the file part's filename (its path; or give a path parameter)",
-                home=home_of(check_user(request.query_params.get("username"))))
-            await _write(request, sandbox_id, principal, target, _part_chunks(part), metadata)
+                named, what="the file part's filename", home=home_of(check_user(request.query_params.get("username"))))
+            content = _part_chunks(part) if isinstance(part, UploadFile) else _once(part.encode())
+            await _write(request, sandbox_id, principal, target, content, metadata)
             written.append(target)
     finally:
         await form.close()
@@ -129,6 +130,10 @@ def _user(request: Request) -> str | None:
 def _write_options(metadata: dict[str, str] | None) -> dict[str, Any]:
     # In place, as envd writes: a watcher sees the file's own name created and written, not a temporary one.
     return {"in_place": True, "metadata": metadata}
+
+
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    yield data
 
 
 async def _part_chunks(part: UploadFile) -> AsyncIterator[bytes]:
