@@ -213,9 +213,11 @@ def test_signed_file_urls(e2b_env: E2BServer, cleanup: Cleanup) -> None:
     r = httpx.post(sbx.upload_url("up.bin"), files={"file": ("up.bin", b"\x01\x02")})
     assert r.status_code == 200, r.text
     assert sbx.files.read("up.bin", format="bytes") == b"\x01\x02"
-    r = httpx.post(sbx.upload_url("field.txt"), data={"file": "a form field"})  # a browser's FormData of text
+    r = httpx.post(sbx.upload_url("field.txt"), files={"file": (None, "a form field")})  # FormData of text
     assert r.status_code == 200 and r.json() == [{"path": "/home/user/field.txt", "name": "field.txt", "type": "file"}]
     assert sbx.files.read("field.txt") == "a form field"
+    r = httpx.post(sbx.upload_url("form.txt"), data={"file": "urlencoded"})
+    assert r.status_code == 400 and "urlencoded" in r.json()["message"]
 
 
 @pytest.mark.anyio

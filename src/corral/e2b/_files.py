@@ -70,6 +70,9 @@ async def upload(request: Request) -> Response:
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if content_type == "multipart/form-data":
             written = await _upload_parts(request, sandbox_id, principal, path, metadata)
+        elif content_type == "application/x-www-form-urlencoded":
+            raise InvalidRequestError("a urlencoded form is not a file: send the bytes as application/octet-stream, "
+                                      "or a multipart/form-data 'file' part")
         else:
             if path is None:
                 raise InvalidRequestError("path is required for an application/octet-stream upload")
