@@ -70,7 +70,7 @@ async def _create_request(request: Request, principal: Principal, body: NewSandb
     network = body.network or NetworkConfig.model_validate({})
     _check_network_extras(network)
     policy = egress_policy(body.allow_internet_access, network.allow_out, network.deny_out,
-                           await svc.store.tenant_egress(principal.tenant_id))
+                           await svc.sandboxes.egress_limits(principal))
     volumes = {mount.path: mount.name for mount in body.volume_mounts or ()}
     on_timeout = "kill"
     if body.auto_pause:
@@ -173,7 +173,7 @@ async def set_network(request: Request) -> Response:
     _check_network_extras(body)
     if body.allow_public_traffic is not None:
         raise InvalidRequestError("allowPublicTraffic is fixed when a Corral sandbox is created")
-    egress = await svc.store.tenant_egress(principal.tenant_id)
+    egress = await svc.sandboxes.egress_limits(principal)
     policy = egress_policy(None, body.allow_out, body.deny_out, egress) if body.allow_out or body.deny_out \
         else egress_policy(True, None, None, egress)
     await svc.sandboxes.set_network(principal, request.path_params["sandbox_id"], policy)

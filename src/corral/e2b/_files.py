@@ -15,11 +15,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
-import hmac
 import time
 import urllib.parse
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.datastructures import UploadFile
@@ -28,7 +27,6 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from .._exceptions import AuthenticationError, CorralError, InvalidRequestError
 from ..control import Principal
-from ..service import TokenPurpose
 from ._auth import client_info, sandbox_caller
 from ._errors import corral_error, e2b_error
 from ._front import front_of
@@ -161,35 +159,29 @@ async def _authorized(request: Request, operation: str, *,
         if sandbox_id is None:
             raise InvalidRequestError("no sandbox: send the E2b-Sandbox-Id header")
         return sandbox_id, await sandbox_caller(svc, request, sandbox_id), path
-    try:
-        signed = _signed_sandbox(request, operation, raw_path or "", signature, sandbox_id)
-        record = await svc.store.find_sandbox(signed)
-        if record is None:
-            raise AuthenticationError("invalid signature")
-        return signed, await svc.access.creator(record), path
-    except AuthenticationError as exc:
+    signed, principal = await svc.access.signed(_signer(request, operation, raw_path or ""), signature,
+                                                client_info(request), sandbox_id=sandbox_id)
+    expiry = params.get("signature_expiration")
+    if expiry is not None and int(expiry) < time.time():
+        exc = AuthenticationError(_EXPIRED)  # checked after the signature, as envd does
         await svc.record_denial(client_info(request), exc, None)
-        raise
+        raise exc
+    return signed, principal, path
 
 
-def _signed_sandbox(request: Request, operation: str, path: str, signature: str, sandbox_id: str | None) -> str:
-    """The sandbox whose token made `signature` (only `sandbox_id`'s, when the request names one)."""
+def _signer(request: Request, operation: str, path: str) -> Callable[[str], str]:
+    """What a sandbox's token makes of this URL: `v1_` + base64(sha256("path:operation:user:token[:expiry]"))."""
     params = request.query_params
     user = params.get("username") or ""
     expiry = params.get("signature_expiration")
     if expiry is not None and not expiry.lstrip("-").isdigit():
         raise InvalidRequestError("signature_expiration is not a Unix time")
-    svc = front_of(request).service
-    candidates = [sandbox_id] if sandbox_id else [info.id for info in svc.engine.list()]
-    for candidate in candidates:
-        token = svc.access.token(candidate, TokenPurpose.SANDBOX)
+
+    def sign(token: str) -> str:
         raw = f"{path}:{operation}:{user}:{token}" + (f":{expiry}" if expiry is not None else "")
-        expected = "v1_" + base64.b64encode(hashlib.sha256(raw.encode()).digest()).decode().rstrip("=")
-        if hmac.compare_digest(expected.encode(), signature.encode()):
-            if expiry is not None and int(expiry) < time.time():
-                raise AuthenticationError(_EXPIRED)
-            return candidate
-    raise AuthenticationError("invalid signature")
+        return "v1_" + base64.b64encode(hashlib.sha256(raw.encode()).digest()).decode().rstrip("=")
+
+    return sign
 
 
 _EXPIRED = "signature is already expired"  # envd's words, which E2B's SDK tests compare

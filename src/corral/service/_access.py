@@ -19,6 +19,7 @@ import hashlib
 import hmac
 import os
 import secrets
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -79,6 +80,23 @@ class SandboxAccess:
             if record is None:  # a token of a sandbox this deployment never made: its secret changed
                 raise AuthenticationError(f"wrong access token for sandbox {sandbox_id}")
             return await self.creator(record)
+        except AuthenticationError as exc:
+            await self._svc.record_denial(client, exc, None)
+            raise
+
+    async def signed(self, sign: Callable[[str], str], signature: str, client: ClientInfo, *,
+                     sandbox_id: str | None = None) -> tuple[str, Principal]:
+        """The sandbox whose token made `signature` (`sign(token)` is what its token makes), and the principal the
+        token stands for. For signed URLs that name no sandbox: the running sandboxes of this node are tried (one
+        hash each), or only `sandbox_id` when the request names one. `AuthenticationError`, recorded, if none."""
+        candidates = [sandbox_id] if sandbox_id else [info.id for info in self._svc.engine.list()]
+        try:
+            for candidate in candidates:
+                if hmac.compare_digest(sign(self.token(candidate)).encode(), signature.encode()):
+                    record = await self._svc.store.find_sandbox(candidate)
+                    if record is not None:
+                        return candidate, await self.creator(record)
+            raise AuthenticationError("invalid signature")
         except AuthenticationError as exc:
             await self._svc.record_denial(client, exc, None)
             raise

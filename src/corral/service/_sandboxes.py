@@ -303,6 +303,13 @@ class Sandboxes:
             audit.outcome["count"] = len(records)
         return SandboxPage(records, _encode_cursor(records[-1]) if more else None)
 
+    async def egress_limits(self, principal: Principal) -> TenantEgress:
+        """What network the caller's own tenant may give its sandboxes (its ceiling and private pairs): what a
+        front end needs to turn another API's network settings into a policy the tenant may have. Anyone who may
+        create sandboxes may know it; not audited (the create that uses it is)."""
+        authorize(principal, Action.SANDBOX_CREATE, principal.tenant_id)
+        return await self._svc.store.tenant_egress(principal.tenant_id)
+
     async def alive(self, principal: Principal, sandbox_id: str) -> bool:
         """Whether the sandbox runs and its agent answers: False for a paused, ended, unknown or wedged one."""
         async with self._svc.audited(principal, "sandbox.health", sandbox_id) as audit:
