@@ -12,6 +12,7 @@ default template takes about a minute).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import errno
 import hashlib
 import http.server
@@ -105,7 +106,9 @@ def template(docker_client: Any) -> Iterator[Template]:
     ref = image_ref(tpl)
     existed = _image_exists(docker_client, ref)
     if not existed:
-        asyncio.run(_ensure_image(tpl))
+        # In a thread of its own: the first test asking may be an async one, whose loop is running here.
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pool.submit(asyncio.run, _ensure_image(tpl)).result()
     yield tpl
     if not existed and not KEEP_IMAGES:
         try:

@@ -146,5 +146,5 @@ def test_the_server_names_its_backend(docker_server: ServerProcess) -> None:
     assert r.status_code == 200, r.text
     info = r.json()
     assert info["backend"] == "docker" and info["runtimes"] == ["runc"]
-    assert set(info["limitations"]) == {"user_namespace", "agent_socket", "runtime_runsc"}
+    assert set(info["limitations"]) == {"user_namespace", "agent_socket", "runtime_runsc", "root"}
     assert httpx.get(f"{docker_server.url}/v1/info").status_code == 401

@@ -375,6 +375,8 @@ EXPLAINED = (
     Explained("a timed-out cell is the SDK's TimeoutException: what the kernel did then is not reported",
               frozenset({"code_error_misreported", "timeout_not_enforced"}),
               says="no error came back .*expected (KeyboardInterrupt|SessionKilled)"),
+    Explained("E2B's sandboxes have root and sudo, as E2B's own do (docs/security.md)",
+              frozenset({"privilege_escalation"}), says="sudo", family="security.setuid"),
     Explained("E2B's java and typescript cells are kernels (JShell, node), not compiled programs",
               frozenset({"code_error_misreported", "wrong_result"}), family="multi_language.polyglot"),
     Explained("E2B's SDK raises UnicodeEncodeError for a path with a lone surrogate, before any request",

@@ -79,6 +79,7 @@ _NOTICE = re.compile(r"(?:^|; )corral: ([^\n]+)", re.M)
 _SUBJECT = re.compile(r"^(?:Corral egress denied: (.+?) (?:is |resolves |needs |\()|Corral egress: cannot resolve "
                       r"(\S+?):|DNS lookup of (\S+) refused)")
 _SIGNAL = re.compile(r"^signal: ([^;\n]+)")
+_COMPILED = frozenset({"c", "cpp", "go", "rust"})  # Corral's E2B API compiles and runs these, with no state
 _OOM = "corral: out of memory"  # Corral's E2B API: the end event of a command the memory limit killed
 
 
@@ -286,6 +287,8 @@ class E2BSession:
         """The context of (session, language), made on first use in the corpus's working directory; on E2B's
         cloud, the language's default context when no session is named."""
         key = (session, language)
+        if language in _COMPILED:
+            return None  # a whole program per cell, compiled and run: no context holds it
         if key not in self._contexts:
             if session is None and self.workdir is None:
                 return None
