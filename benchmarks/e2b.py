@@ -53,7 +53,20 @@ def _pair(native: dict[str, float], e2b: dict[str, float]) -> dict[str, Any]:
             "target": TARGET_RATIO}
 
 
-class _Native:
+class _Client:
+    """What both SDKs do alike: a file object uploads streamed (E2B's SDK: as octet-stream), a cell is `run_code`."""
+
+    @staticmethod
+    def upload(sb: Any, src: Path) -> None:
+        with open(src, "rb") as f:
+            sb.files.write("/home/user/big.bin", f)
+
+    @staticmethod
+    def one_plus_one(sb: Any) -> None:
+        assert sb.run_code("1+1").text == "2"
+
+
+class _Native(_Client):
     """Corral's own SDK."""
 
     def __init__(self, url: str, key: str, template: str) -> None:
@@ -75,21 +88,13 @@ class _Native:
         assert sb.commands.run("true").exit_code == 0  # `bash -lc true`, as E2B's SDK runs every command
 
     @staticmethod
-    def upload(sb: Any, src: Path) -> None:
-        with open(src, "rb") as f:
-            sb.files.write("/home/user/big.bin", f)
-
-    @staticmethod
     def download(sb: Any) -> bytes:
         data: bytes = sb.files.read("/home/user/big.bin")
         return data
 
-    @staticmethod
-    def one_plus_one(sb: Any) -> None:
-        assert sb.run_code("1+1").text == "2"
 
 
-class _E2B:
+class _E2B(_Client):
     """E2B's SDKs, configured as an E2B user configures them: the environment alone."""
 
     def __init__(self, url: str, key: str, template: str) -> None:
@@ -116,17 +121,9 @@ class _E2B:
         sb.commands.run("true")
 
     @staticmethod
-    def upload(sb: Any, src: Path) -> None:
-        with open(src, "rb") as f:
-            sb.files.write("/home/user/big.bin", f)
-
-    @staticmethod
     def download(sb: Any) -> bytes:
         return bytes(sb.files.read("/home/user/big.bin", format="bytes"))
 
-    @staticmethod
-    def one_plus_one(sb: Any) -> None:
-        assert sb.run_code("1+1").text == "2"
 
 
 def _measure(client: Any, label: str, n: int, src: Path, digest: str, rounds: int,
