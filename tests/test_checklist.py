@@ -416,6 +416,44 @@ async def test_09_exec_while_pids_full_keeps_the_agent_alive(engine):
         assert r.stdout == "alive\n"
 
 
+# Fills the pids limit with children that all exit 0.3 s after it is full: a limit that frees itself at once.
+BRIEFLY_FULL = """
+import os, sys, time
+kids = []
+while True:
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        while not os.path.exists('/tmp/full'):
+            time.sleep(0.005)
+        time.sleep(0.3)
+        os._exit(0)
+    kids.append(pid)
+open('/tmp/full', 'w').close()
+print('FULL', len(kids), flush=True)
+for pid in kids:
+    os.waitpid(pid, 0)
+"""
+
+
+async def test_09_a_limit_full_for_a_moment_is_waited_out(engine):
+    """What a killed tree leaves (zombies, exiting children) counts against pids.max for a moment: a request
+    that arrives then is served once they are gone, not refused (checklist 9 and 12 run back to back)."""
+    async with await engine.create(spec(pids=32)) as sb:
+        full = asyncio.Event()
+        task = asyncio.ensure_future(sb.exec(["python3", "-c", BRIEFLY_FULL], timeout=30,
+                                             on_stdout=lambda data: full.set() if b"FULL" in data else None))
+        try:
+            await asyncio.wait_for(full.wait(), 20)
+            r = await asyncio.wait_for(sb.exec("echo after", timeout=10), 15)
+            assert r.stdout == "after\n", r
+        finally:
+            r = await asyncio.wait_for(task, 30)
+        assert r.exit_code == 0 and int(r.stdout.split()[1]) > 20, r
+
+
 @pytest.mark.slow
 async def test_09_exponential_fork_bomb_is_stopped_by_timeout(engine):
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"

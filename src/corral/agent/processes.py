@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from . import threads
 from .users import AGENT_IS_ROOT, ROOT, USER, User, named, privileged
 
 TYPE_CHECKING = False
@@ -43,6 +44,7 @@ SIG_DFL = 0
 DEFAULT_MAX_OUTPUT = 16 * 1024 * 1024
 EXIT_GRACE = 0.1  # after the root exits, how long leftover holders of its pipes may keep us reading
 KILL_PASSES = 200
+SPAWN_RETRY = 0.5  # how long a start waits out an EAGAIN (a killed tree's zombies not yet reaped)
 REAP_WAIT = 5.0  # after a SIGKILL, how long `kill` waits for the root's exit status (a D-state root may linger)
 FINISHED_KEPT = 64
 MAX_TAG = 256
@@ -481,7 +483,7 @@ class ProcessTable:
     def pump(self, proc: Process) -> None:
         """Start moving output; call after attaching sinks (until then output waits in the pipes)."""
         try:
-            threading.Thread(target=self._pump, args=(proc,), name=f"pump-{proc.id}", daemon=True).start()
+            threads.start(self._pump, proc, name=f"pump-{proc.id}")
         except RuntimeError:  # no thread to be had under a full pids limit: do not leave it running unwatched
             kill_tree(proc.pid)
             self._pump(proc)  # inline: closes its pipes once the killed tree is gone
@@ -535,21 +537,36 @@ class ProcessTable:
         drop = proc.user if AGENT_IS_ROOT and proc.user is not ROOT else None
         # The agent's own authority to start it (the request's thread may act as the user): the spawn helper
         # drops to the process's user itself.
-        with self.reaper.lock, privileged():  # held until registered: a fast exit is never reaped unregistered
+        # A tree killed a moment ago leaves zombies that count against pids.max until the reaper collects them:
+        # an EAGAIN then is transient, so retry for a short, bounded while (outside the reaper's lock, which
+        # the reaper needs to hand out what it collects) before calling the limit reached.
+        deadline = time.monotonic() + SPAWN_RETRY
+        pause = 0.005
+        while True:
             try:
-                if os.access(SPAWN_SHIM, os.X_OK):
-                    pid = _posix_spawn(argv, env, cwd, stdio, tty=tty, drop=drop)
-                else:
-                    pid = _popen_fallback(argv, env, cwd, stdio, tty=tty, drop=drop)
+                self._spawn_registered(proc, argv, env, cwd, stdio, tty=tty, drop=drop)
+                break
             except OSError as exc:
+                if exc.errno == errno.EAGAIN and time.monotonic() + pause < deadline:
+                    time.sleep(pause)
+                    pause *= 2
+                    continue
                 if exc.errno == errno.EAGAIN:
                     raise ProcessError("quota_exceeded", "the sandbox's process limit is reached") from exc
                 if exc.errno in (errno.EACCES, errno.EPERM):
                     raise ProcessError("permission_denied", f"cannot execute {argv[0]}: permission denied") from exc
                 raise ProcessError("server_error", f"could not start {argv[0]}: {exc}") from exc
+        self.reaper.have_children.set()
+
+    def _spawn_registered(self, proc: Process, argv: list[str], env: dict[str, str], cwd: str,
+                          stdio: tuple[int, int, int], *, tty: bool, drop: User | None) -> None:
+        with self.reaper.lock, privileged():  # held until registered: a fast exit is never reaped unregistered
+            if os.access(SPAWN_SHIM, os.X_OK):
+                pid = _posix_spawn(argv, env, cwd, stdio, tty=tty, drop=drop)
+            else:
+                pid = _popen_fallback(argv, env, cwd, stdio, tty=tty, drop=drop)
             proc.pid = pid
             self.reaper.registry[pid] = proc
-        self.reaper.have_children.set()
 
     def _pump(self, proc: Process, watch: tuple[int, Callable[[], bool]] | None = None) -> None:
         fds = proc.fds

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import _socket
 import sys
-import threading
 import time
 from _operator import _compare_digest  # what hmac.compare_digest is, without importing hashlib
 
-from . import files, protocol, users
+from . import files, protocol, threads, users
 from .channel import Channel, Closed
 from .follow import follow, send_all_kept
 from .processes import SIGKILL, Process, ProcessError, ProcessTable, pty_size, resolve_user
@@ -124,7 +123,7 @@ class Agent:
             # Feeding stdin may block on a process that does not read it: feed from a thread of its own.
             self.table.pump(proc)
             try:
-                threading.Thread(target=self._pump_input, args=(ch, proc), daemon=True).start()
+                threads.start(self._pump_input, ch, proc)
             except RuntimeError:
                 proc.kill_tree()
                 raise ProcessError("quota_exceeded", "the sandbox's process limit is reached") from None
@@ -291,7 +290,7 @@ def serve(listener: socket, token: str) -> None:
             time.sleep(0.01)  # e.g. EMFILE under the open-files limit: back off, never die
             continue
         try:
-            threading.Thread(target=agent.handle, args=(conn,), daemon=True).start()
+            threads.start(agent.handle, conn)
         except RuntimeError:
             # The pids limit is full: refuse this request, but never let PID 1 (and the sandbox) die of it.
             _refuse(conn, "quota_exceeded", "the sandbox's process limit is reached; kill some processes first")

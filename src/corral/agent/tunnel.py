@@ -20,6 +20,7 @@ import _socket
 import select
 import threading
 
+from . import threads
 from .network import pump, shutdown
 from .processes import ProcessError
 
@@ -40,9 +41,8 @@ def op_connect(ch: Channel, req: dict[str, Any]) -> None:
     upstream, address = _connect(port)
     go = threading.Event()
     aborted = threading.Event()
-    back = threading.Thread(target=_pump_back, args=(upstream, ch.sock, go, aborted), daemon=True)
-    try:
-        back.start()  # before "connected": a sandbox out of threads gets a refusal, not a pipe that never flows
+    try:  # before "connected": a sandbox out of threads gets a refusal, not a pipe that never flows
+        back = threads.start(_pump_back, upstream, ch.sock, go, aborted)
     except RuntimeError:
         upstream.close()
         raise ProcessError("quota_exceeded", "the sandbox's process limit is reached; "

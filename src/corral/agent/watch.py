@@ -37,6 +37,7 @@ import struct
 import threading
 import time
 
+from . import threads
 from .channel import Channel, Closed
 from .files import FileError, Names, check_path, entry
 
@@ -380,7 +381,7 @@ class Watches:
             return
         wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         try:
-            threading.Thread(target=self._read_loop, args=(wake[0],), daemon=True).start()
+            threads.start(self._read_loop, wake[0])
         except RuntimeError:
             os.close(wake[0])
             os.close(wake[1])
