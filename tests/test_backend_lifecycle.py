@@ -16,9 +16,11 @@ import shutil
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import pytest
 
+from corral import ServerError
 from corral.backends import BACKEND_NAMES, Backend, BackendRecord, SandboxSpec, SnapshotArtifact
 from corral.backends.local import LocalBackend
 from corral.engine import AgentClient
@@ -177,6 +179,36 @@ async def test_a_stopped_sandbox_boots_with_its_files_and_without_its_processes(
     await lab.backend.stop(booted)
     again = await lab.boot(booted)
     assert await lab.read(again, "/workspace/after") == b"booted"
+
+
+async def test_the_last_writes_survive_a_stop_while_another_namespace_holds_the_disk(lab: Lab) -> None:
+    """A mount namespace made while the sandbox runs (a template build's `unshare --mount`) copies its disk's
+    mount: our unmount then is not the filesystem's last, which alone would write its dirty pages back. The
+    boot after the stop must still see what was written just before it."""
+    record = await lab.create()
+    await lab.write(record, "/workspace/last.bin", PAYLOAD)
+    holder = await asyncio.create_subprocess_exec("unshare", "--mount", "--propagation", "private", "sleep", "60")
+    try:
+        for _ in range(500):  # bounded: until `unshare` has made its namespace and become `sleep`
+            if Path(f"/proc/{holder.pid}/comm").read_text().strip() == "sleep":
+                break
+            await asyncio.sleep(0.01)
+        if lab.backend.name == "docker":
+            # Docker's stop waits for every hold on the disk to go, and says so when one stays (the disk is
+            # flushed all the same; a namespace of ours cannot be told to let go).
+            with pytest.raises(ServerError, match="still held"):
+                await lab.backend.stop(record)
+            holder.kill()
+            await holder.wait()
+            await lab.backend.stop(record)
+        else:
+            await lab.backend.stop(record)
+        booted = await lab.boot(record)
+        assert await lab.read(booted, "/workspace/last.bin") == PAYLOAD
+    finally:
+        if holder.returncode is None:
+            holder.kill()
+            await holder.wait()
 
 
 # -- fork: a snapshot of a running sandbox, then sandboxes from it -------------------------------------------------

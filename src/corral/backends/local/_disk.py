@@ -283,6 +283,8 @@ def _unmount_all_sync(targets: list[Path]) -> dict[Path, str]:
     for target in targets:
         if os.fspath(target) not in sources:
             continue
+        if sources[os.fspath(target)].startswith("/dev/"):
+            _flush(target)
         try:
             _mounts.umount(str(target))
         except OSError:
@@ -293,6 +295,21 @@ def _unmount_all_sync(targets: list[Path]) -> dict[Path, str]:
                 raise
         done[target] = sources[os.fspath(target)]
     return done
+
+
+def _flush(mountpoint: Path) -> None:
+    """syncfs(2) a disk before its unmount. An unmount writes a filesystem back only when it drops the last
+    reference to it, and a mount namespace made meanwhile (a template build's `unshare --mount`, another
+    container's set-up) holds a copy of every host mount: the filesystem, dirty pages and all, would outlive our
+    unmount there, and a sandbox booted again from the same image would read it without what was last written."""
+    try:
+        fd = os.open(mountpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        _mounts.libc.syncfs(fd)  # best effort: a failure here shows as the unmount's own error, if any
+    finally:
+        os.close(fd)
 
 
 async def wait_loop_detached(device: str, image: Path, timeout: float = 5.0) -> bool:
