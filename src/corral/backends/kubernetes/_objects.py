@@ -238,8 +238,8 @@ def _secret(meta: Mapping[str, Any], secrets: Mapping[str, str]) -> dict[str, An
         if not isinstance(key, str) or len(key) > 253 or not _SECRET_KEY.fullmatch(key) or key in (".", ".."):
             raise InvalidRequestError(f"the secret key {str(key)[:80]!r} is not valid: letters, digits, '-', '_' "
                                       f"and '.'")
-        if not isinstance(value, str) or not value:
-            raise InvalidRequestError(f"the secret {key!r} must be a non-empty string")
+        if not isinstance(value, str):  # may be empty: the backend fills the token in once the Pod has a uid
+            raise InvalidRequestError(f"the secret {key!r} must be a string")
     data = {key: base64.b64encode(value.encode()).decode("ascii") for key, value in secrets.items()}
     # Immutable: nothing may swap a running sandbox's token, and the kubelet need not watch it.
     return {"apiVersion": "v1", "kind": "Secret", "metadata": _copy_meta(meta), "type": "Opaque",
