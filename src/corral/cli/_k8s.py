@@ -20,8 +20,8 @@ from ..backends.kubernetes._deployment import DEFAULT_IMAGE, reference_files, wr
 from ..backends.kubernetes._yaml import dump_all
 from ._common import note
 
-k8s_app = typer.Typer(help="Kubernetes: the reference deployment and a sandbox's objects, as YAML.",
-                      no_args_is_help=True)
+k8s_app = typer.Typer(help="Kubernetes: print the reference deployment, or what the backend creates for one "
+                           "sandbox, as YAML.", no_args_is_help=True)
 
 # Stands in for the per-sandbox token `corral serve` derives (an HMAC of the sandbox and its Pod): never a secret.
 PLACEHOLDER_TOKEN = "PLACEHOLDER-agent-token-set-by-corral-serve"  # noqa: S105
