@@ -365,8 +365,11 @@ def test_namespaces_enforce_restricted() -> None:
 
 def test_rbac_is_least_privilege() -> None:
     objects = reference_deployment()
-    assert not _by_kind(objects, "ClusterRole") and not _by_kind(objects, "ClusterRoleBinding")
-    roles = {r["metadata"]["name"]: r for r in _by_kind(objects, "Role")}
+    cluster_roles = _by_kind(objects, "ClusterRole")  # the one cluster-wide grant: reading nodes (capacity)
+    assert [r["rules"] for r in cluster_roles] == [[{"apiGroups": [""], "resources": ["nodes"],
+                                                     "verbs": ["get", "list"]}]]
+    assert [b["roleRef"]["name"] for b in _by_kind(objects, "ClusterRoleBinding")] == ["corral-server-nodes"]
+    roles = {r["metadata"]["name"]: r for r in _by_kind(objects, "Role") + cluster_roles}
     sandboxes = roles["corral-server"]
     assert sandboxes["metadata"]["namespace"] == "corral-sandboxes"
     verbs = {(g, r): set(rule["verbs"]) for rule in sandboxes["rules"] for g in rule["apiGroups"]
@@ -380,7 +383,7 @@ def test_rbac_is_least_privilege() -> None:
             assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
     assert roles["corral-server-services"]["rules"] == [
         {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list"]}]
-    for binding in _by_kind(objects, "RoleBinding"):
+    for binding in _by_kind(objects, "RoleBinding") + _by_kind(objects, "ClusterRoleBinding"):
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "corral-server", "namespace": "corral"}]
 
 

@@ -151,17 +151,25 @@ def _rbac(s: ClusterSettings) -> list[dict[str, Any]]:
         # Where the egress proxy's Service is: the backend looks it up by its labels in its own namespace.
         _role(f"{_SERVER}-services", s.control_namespace, services),
         _binding(f"{_SERVER}-services", s.control_namespace, s.control_namespace),
+        # The one cluster-wide grant, read-only: the nodes' allocatable resources, for the backend's capacity.
+        _role(f"{_SERVER}-nodes", None, [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}]),
+        _binding(f"{_SERVER}-nodes", None, s.control_namespace),
     ]
 
 
-def _role(name: str, namespace: str, rules: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(name, namespace),
+def _role(name: str, namespace: str | None, rules: list[dict[str, Any]]) -> dict[str, Any]:
+    """A Role in `namespace`; a ClusterRole where it is None."""
+    kind = "Role" if namespace is not None else "ClusterRole"
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": _meta(name, namespace),
             "rules": rules}
 
 
-def _binding(name: str, namespace: str, account_namespace: str) -> dict[str, Any]:
-    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": _meta(name, namespace),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+def _binding(name: str, namespace: str | None, account_namespace: str) -> dict[str, Any]:
+    """The server's ServiceAccount bound to the role `name` (a ClusterRoleBinding where `namespace` is None)."""
+    kind = "Role" if namespace is not None else "ClusterRole"
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": f"{kind}Binding",
+            "metadata": _meta(name, namespace),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name},
             "subjects": [{"kind": "ServiceAccount", "name": _SERVER, "namespace": account_namespace}]}
 
 
