@@ -606,3 +606,13 @@ def test_cli_bad_input_is_a_usage_error(args: list[str], message: str) -> None:
     assert result.exit_code == 2, result.output
     assert result.stdout == ""
     assert message in " ".join(result.stderr.replace("│", " ").split())
+
+
+def test_settings_cannot_be_changed_behind_the_backend() -> None:
+    labels = {"app": "srv"}
+    settings = ClusterSettings(server_labels=labels, image_pull_secrets=["regcred"])  # type: ignore[arg-type]
+    labels["app"] = "other"
+    assert dict(settings.server_labels) == {"app": "srv"}
+    with pytest.raises(TypeError):
+        settings.server_labels["app"] = "x"  # type: ignore[index]
+    assert settings.image_pull_secrets == ("regcred",)

@@ -194,14 +194,28 @@ def _http_probe(period: int, failures: int) -> dict[str, Any]:
 
 
 def _server(s: ClusterSettings, image: str, replicas: int, runtime_class: str) -> list[dict[str, Any]]:
-    labels = _app(_SERVER)
+    labels = dict(s.server_labels)
+    pod = _control_pod(_SERVER, _server_container(s, image, runtime_class), home="512Mi", token=True)
+    # Replicas on different nodes where there are several: a node's loss leaves one serving.
+    pod["topologySpreadConstraints"] = [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                                         "whenUnsatisfiable": "ScheduleAnyway",
+                                         "labelSelector": {"matchLabels": labels}}]
+    return [
+        _deployment(_SERVER, s.control_namespace, labels, replicas, pod),
+        _service(_SERVER, s.control_namespace, labels, "http", API_PORT),
+        {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": _meta(_SERVER, s.control_namespace),
+         "spec": {"minAvailable": 1, "selector": {"matchLabels": labels}}},
+    ]
+
+
+def _server_container(s: ClusterSettings, image: str, runtime_class: str) -> dict[str, Any]:
     args = ["serve", "--host", "0.0.0.0", "--port", str(API_PORT), "--backend", "kubernetes",  # noqa: S104
             "--sandbox-namespace", s.namespace, "--control-namespace", s.control_namespace,
             "--runtime-class", runtime_class]
-    container = _hardened({
+    return _hardened({
         "name": "server", "image": image, "command": ["corral"], "args": args,
         "env": [
-            {"name": "CORRAL_HOME", "value": "/var/lib/corral"},
+            _HOME_ENV,
             _secret_env("CORRAL_DB_URL", _DATABASE_SECRET, "url"),  # replicas share one PostgreSQL
             _secret_env("CORRAL_ACCESS_SECRET", _ACCESS_SECRET, "secret"),  # and the key tokens derive from
             _secret_env("CORRAL_ADMIN_KEY", "corral-admin", "key", optional=True),
@@ -214,27 +228,8 @@ def _server(s: ClusterSettings, image: str, replicas: int, runtime_class: str) -
         "livenessProbe": _http_probe(10, 3),
         "resources": {"requests": {"cpu": "250m", "memory": "256Mi", "ephemeral-storage": "256Mi"},
                       "limits": {"cpu": "2", "memory": "1Gi", "ephemeral-storage": "1Gi"}},
-        "volumeMounts": [{"name": "home", "mountPath": "/var/lib/corral"}, {"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": _CONTROL_MOUNTS,
     })
-    pod = {
-        "serviceAccountName": _SERVER,
-        "automountServiceAccountToken": True,  # the in-cluster configuration of the Kubernetes client
-        "enableServiceLinks": False,
-        "securityContext": _pod_security(),
-        # Replicas on different nodes where there are several: a node's loss leaves one serving.
-        "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
-                                       "whenUnsatisfiable": "ScheduleAnyway",
-                                       "labelSelector": {"matchLabels": labels}}],
-        "containers": [container],
-        "volumes": [{"name": "home", "emptyDir": {"sizeLimit": "512Mi"}},
-                    {"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}}],
-    }
-    return [
-        _deployment(_SERVER, s.control_namespace, labels, replicas, pod),
-        _service(_SERVER, s.control_namespace, labels, "http", API_PORT),
-        {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": _meta(_SERVER, s.control_namespace),
-         "spec": {"minAvailable": 1, "selector": {"matchLabels": labels}}},
-    ]
 
 
 def _egress(s: ClusterSettings, image: str) -> list[dict[str, Any]]:
@@ -243,7 +238,7 @@ def _egress(s: ClusterSettings, image: str) -> list[dict[str, Any]]:
     container = _hardened({
         "name": "egress", "image": image, "command": [command],
         "args": [*args, "--host", "0.0.0.0", "--port", str(s.egress_port)],  # noqa: S104
-        "env": [{"name": "CORRAL_HOME", "value": "/var/lib/corral"},
+        "env": [_HOME_ENV,
                 _secret_env("CORRAL_DB_URL", _DATABASE_SECRET, "url"),  # each sandbox's policy
                 _secret_env("CORRAL_ACCESS_SECRET", _ACCESS_SECRET, "secret")],  # checks sandboxes' credentials
         "ports": [{"name": "proxy", "containerPort": s.egress_port, "protocol": "TCP"}],
@@ -251,19 +246,30 @@ def _egress(s: ClusterSettings, image: str) -> list[dict[str, Any]]:
         "livenessProbe": {"tcpSocket": {"port": "proxy"}, "periodSeconds": 10, "failureThreshold": 3},
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi", "ephemeral-storage": "256Mi"},
                       "limits": {"cpu": "2", "memory": "512Mi", "ephemeral-storage": "2Gi"}},
-        "volumeMounts": [{"name": "home", "mountPath": "/var/lib/corral"}, {"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": _CONTROL_MOUNTS,
     })
-    pod = {
-        "serviceAccountName": _EGRESS,
-        "automountServiceAccountToken": False,  # the proxy never talks to the API server
+    # The proxy never talks to the API server: no token. Its home holds the package mirror's cache.
+    pod = _control_pod(_EGRESS, container, home="1Gi", token=False)
+    return [_deployment(_EGRESS, s.control_namespace, labels, 2, pod),
+            _service(_EGRESS, s.control_namespace, labels, "proxy", s.egress_port)]
+
+
+_HOME_ENV = {"name": "CORRAL_HOME", "value": "/var/lib/corral"}
+_CONTROL_MOUNTS = [{"name": "home", "mountPath": "/var/lib/corral"}, {"name": "tmp", "mountPath": "/tmp"}]
+
+
+def _control_pod(account: str, container: dict[str, Any], *, home: str, token: bool) -> dict[str, Any]:
+    """A control-plane Pod: non-root, RuntimeDefault seccomp, writable only in its emptyDirs. `token`: whether
+    it mounts its ServiceAccount's token (the server's Kubernetes client, in-cluster)."""
+    return {
+        "serviceAccountName": account,
+        "automountServiceAccountToken": token,
         "enableServiceLinks": False,
         "securityContext": _pod_security(),
         "containers": [container],
-        "volumes": [{"name": "home", "emptyDir": {"sizeLimit": "1Gi"}},  # the package mirror's cache
+        "volumes": [{"name": "home", "emptyDir": {"sizeLimit": home}},
                     {"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}}],
     }
-    return [_deployment(_EGRESS, s.control_namespace, labels, 2, pod),
-            _service(_EGRESS, s.control_namespace, labels, "proxy", s.egress_port)]
 
 
 def _deployment(name: str, namespace: str, labels: Mapping[str, str], replicas: int,

@@ -30,6 +30,7 @@ import posixpath
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from ..._exceptions import InvalidRequestError
@@ -111,10 +112,14 @@ class ClusterSettings:
             _check_seccomp_path(self.seccomp_profile)
         for secret in self.image_pull_secrets:
             validate_name(secret, "image pull secret", subdomain=True)
-        for labels, what in ((self.server_labels, "server labels"), (self.egress_labels, "egress labels")):
+        for attr in ("server_labels", "egress_labels"):
+            labels = getattr(self, attr)
+            what = attr.replace("_", " ")
             if not labels:
                 raise InvalidRequestError(f"the {what} must select something: at least one label")
-            validate_labels(labels, what)
+            # A copy nobody can change: the settings are shared by every Pod the backend makes.
+            object.__setattr__(self, attr, MappingProxyType(validate_labels(labels, what)))
+        object.__setattr__(self, "image_pull_secrets", tuple(self.image_pull_secrets))
 
 
 @dataclass(frozen=True)
