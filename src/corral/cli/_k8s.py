@@ -15,9 +15,14 @@ import typer
 
 from .._exceptions import InvalidRequestError
 from ..backends._spec import Limits, SandboxSpec
-from ..backends.kubernetes import ClusterSettings, sandbox_objects
-from ..backends.kubernetes._deployment import DEFAULT_IMAGE, reference_files, write_kustomization
-from ..backends.kubernetes._yaml import dump_all
+from ..backends.kubernetes import (
+    DEFAULT_IMAGE,
+    ClusterSettings,
+    dump_all,
+    reference_files,
+    sandbox_objects,
+    write_kustomization,
+)
 from ._common import note
 
 k8s_app = typer.Typer(help="Kubernetes: print the reference deployment, or what the backend creates for one "

@@ -58,10 +58,11 @@ __all__ = [
 
 # On every object Corral creates for a sandbox; `POD_LABEL` names the one Pod its NetworkPolicy selects (the
 # caller's labels may be shared: a warm pool's `corral.dev/pool` is on every Pod of the pool).
-CORRAL_LABELS: Mapping[str, str] = {"app.kubernetes.io/managed-by": "corral", "corral.dev/role": "sandbox"}
+CORRAL_LABELS: Mapping[str, str] = MappingProxyType({"app.kubernetes.io/managed-by": "corral",
+                                                     "corral.dev/role": "sandbox"})
 POD_LABEL = "corral.dev/pod"
 AGENT_CONTAINER = "agent"
-TOKEN_DIR = "/run/corral"  # noqa: S105 (a directory) the Secret, read-only; the agent reads its token from TOKEN_FILE
+TOKEN_DIR = "/run/corral"  # noqa: S105 (a path, not a password): the Secret's files, read-only
 TOKEN_FILE = f"{TOKEN_DIR}/token"
 # As the Docker backend starts the agent and where its sandboxes write (`corral.backends.docker._container`, which
 # needs the Docker SDK to import; tests/test_k8s_objects.py checks that both say the same).
