@@ -86,6 +86,8 @@ _COMMANDS: dict[str, _Command] = {
                                              "same run)."),
     "eval": _Command("_eval", "eval_app", "The evaluation corpus: run it against a sandbox service, report, "
                                           "compare."),
+    "k8s": _Command("_k8s", "k8s_app", "Kubernetes: print the reference deployment, or what the backend creates "
+                                       "for one sandbox, as YAML."),
     "check": _Command("_check", "check_command", "Prove the sandbox checklist (items 1-36 and 43) against a "
                                                  "running deployment; exit 1 if any item fails."),
 }
