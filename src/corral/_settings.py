@@ -50,3 +50,9 @@ def api_key() -> str | None:
 def access_secret() -> str | None:
     """`$CORRAL_ACCESS_SECRET`, the secret sandboxes' access tokens are derived from, if set."""
     return os.environ.get("CORRAL_ACCESS_SECRET") or None
+
+
+def k8s_images() -> str | None:
+    """`$CORRAL_K8S_IMAGES`: the Kubernetes backend's template images, a JSON object (template name or digest ->
+    image reference by digest) or the path of a file holding one."""
+    return os.environ.get("CORRAL_K8S_IMAGES") or None
