@@ -1,0 +1,325 @@
+"""The Kubernetes backend, driven for real: the official asyncio client against the in-process fake API server
+(`tests/kube_fake.py`), whose fake kubelet runs a real agent per Pod, reached over TCP with its token.
+
+This proves how the backend uses the client (CRUD, selectors, watch with resource versions and 410, merge patches,
+error Status bodies) and the agent path over TCP; it does not prove Kubernetes itself (admission, scheduling,
+NetworkPolicy enforcement, gVisor, image pulls): the `k8s` tier (tests/test_k8s_cluster.py) does, on a real
+cluster. Needs root (the fake kubelet runs each agent in its own PID namespace as uid 1000) and `corral[kubernetes]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import struct
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("kubernetes_asyncio", reason="the Kubernetes backend needs corral[kubernetes]")
+if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("setpriv"):
+    pytest.skip("the fake kubelet needs root, unshare and setpriv to run agents as PID 1",
+                allow_module_level=True)
+
+from corral import AuthenticationError
+from corral._exceptions import ConflictError, InvalidRequestError, RuntimeUnavailableError
+from corral.agent import protocol
+from corral.backends import Limits, SandboxSpec, TCPEndpoint, backend_limitations, load_backend, supports_root
+from corral.backends.kubernetes import KubernetesBackend, KubernetesRecord
+from corral.engine import Engine
+from corral.engine._agent_client import AgentClient
+from corral.templates import Template
+
+from .fakes import FakeTemplates
+from .kube_fake import FakeKube, Kubelet, serve
+
+pytestmark = [pytest.mark.anyio, pytest.mark.k8s_fake]
+
+IMAGE = "registry.example/corral/default@sha256:" + "ab" * 32
+NAMESPACE = "corral-sandboxes"
+PROXY_IP = "10.96.0.30"
+
+
+def template(name: str = "default") -> Template:
+    return Template(name=name, digest="d" * 64, rootfs=Path("/nonexistent"), env={}, created_at=datetime.now(UTC),
+                    size_bytes=0, source="debootstrap", spec={})
+
+
+@dataclass
+class Cluster:
+    fake: FakeKube
+    kubeconfig: Path
+    home: Path
+
+    def backend(self, **options: object) -> KubernetesBackend:
+        made = KubernetesBackend(self.home, kubeconfig=self.kubeconfig, images={"default": IMAGE},
+                                 ready_timeout=20, **options)  # type: ignore[arg-type]
+        return made
+
+
+@pytest.fixture(scope="module")
+def kubelet() -> Iterator[Kubelet]:
+    # Not under pytest's tmp_path (root's, 0700): the agents run as uid 1000 and must reach their code.
+    work = Path(tempfile.mkdtemp(prefix="corral-kubelet-"))
+    os.chmod(work, 0o755)
+    try:
+        yield Kubelet(work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path, kubelet: Kubelet) -> AsyncIterator[Cluster]:
+    fake = FakeKube(kubelet=kubelet)
+    fake.objects[("services", "corral", "corral-egress")] = {
+        "metadata": {"name": "corral-egress", "namespace": "corral", "resourceVersion": "1",
+                     "labels": {"app.kubernetes.io/name": "corral-egress"}},
+        "spec": {"clusterIP": PROXY_IP, "ports": [{"port": 3128}]}}
+    async with serve(fake, tmp_path) as kubeconfig:
+        yield Cluster(fake, kubeconfig, tmp_path / "home")
+    assert not kubelet.running, "an agent outlived its Pod"
+
+
+@pytest.fixture
+async def backend(cluster: Cluster) -> AsyncIterator[KubernetesBackend]:
+    made = cluster.backend()
+    try:
+        yield made
+    finally:
+        await made.sweep(set())  # every sandbox a test left: their agents are killed with their Pods
+        await made.close()
+
+
+def agent(backend: KubernetesBackend, record: KubernetesRecord, token: str | None = None) -> AgentClient:
+    address = backend.agent_address(record)
+    return AgentClient(address.endpoint, token if token is not None else address.token, label=record.sandbox_id)
+
+
+def new_id() -> str:
+    return f"sb-{uuid.uuid4().hex[:16]}"
+
+
+async def test_load_backend_finds_it_by_name(tmp_path: Path) -> None:
+    made = load_backend("kubernetes", tmp_path, images={})
+    assert isinstance(made, KubernetesBackend)
+    assert not supports_root(made)
+    assert "snapshots" in backend_limitations(made)
+
+
+async def test_create_exec_files_destroy_over_tcp(cluster: Cluster, backend: KubernetesBackend) -> None:
+    sid = new_id()
+    record = await backend.create(sid, SandboxSpec(), template())
+    assert isinstance(backend.agent_address(record).endpoint, TCPEndpoint)
+    pod = cluster.fake.get("pods", NAMESPACE, record.pod)
+    assert pod is not None and pod["metadata"]["labels"]["corral.dev/sandbox"] == sid
+    # The Pod first: the Secret and the NetworkPolicy are owned by it from birth.
+    for plural in ("secrets", "networkpolicies"):
+        owned = cluster.fake.get(plural, NAMESPACE, record.pod)
+        assert owned is not None
+        assert owned["metadata"]["ownerReferences"][0]["uid"] == record.uid
+    client = agent(backend, record)
+    result = await client.exec("echo $$ hi; id -u", cwd="/tmp")
+    assert result.exit_code == 0
+    assert result.stdout_bytes.split()[1:] == [b"hi", b"1000"]
+    assert await backend.alive(record)
+
+    # Bytes in are bytes out over TCP: NUL, invalid UTF-8, empty, and more than one frame.
+    workdir = f"/tmp/corral-k8s-{uuid.uuid4().hex}"
+    await client.exec(["mkdir", "-p", workdir], cwd="/tmp")
+    payloads = {"nul": b"a\x00b\x00\x00", "bad-utf8": b"\xff\xfe\xc3(", "empty": b"",
+                "large": os.urandom(9 * 1024 * 1024 + 7)}
+    try:
+        for name, data in payloads.items():
+            assert await client.write_file(f"{workdir}/{name}", data) == len(data)
+            assert await client.read_file(f"{workdir}/{name}") == data
+        echoed = await client.exec("cat", cwd="/tmp", stdin=payloads["bad-utf8"] + payloads["nul"])
+        assert echoed.stdout_bytes == payloads["bad-utf8"] + payloads["nul"]
+    finally:
+        await client.exec(["rm", "-rf", workdir], cwd="/tmp")
+
+    await backend.destroy(record)
+    assert cluster.fake.get("pods", NAMESPACE, record.pod) is None
+    assert cluster.fake.get("secrets", NAMESPACE, record.pod) is None
+    assert cluster.fake.get("networkpolicies", NAMESPACE, record.pod) is None
+    assert not await backend.alive(record)
+    await backend.destroy(record)  # idempotent
+
+
+async def test_a_wrong_token_is_refused_over_tcp(backend: KubernetesBackend) -> None:
+    record = await backend.create(new_id(), SandboxSpec(), template())
+    with pytest.raises(AuthenticationError):
+        await agent(backend, record, token="not-" + record.token).ping()
+    assert (await agent(backend, record).ping()) is not None
+
+
+async def test_frames_split_into_single_bytes_still_parse(backend: KubernetesBackend) -> None:
+    """The framed protocol over TCP: a request dribbled one byte per segment (partial reads) is read whole."""
+    record = await backend.create(new_id(), SandboxSpec(), template())
+    endpoint = backend.agent_address(record).endpoint
+    assert isinstance(endpoint, TCPEndpoint)
+    request = protocol.encode_json(protocol.REQUEST, {"op": "ping", "token": record.token})
+
+    def talk() -> tuple[int, bytes]:
+        with socket.create_connection((endpoint.host, endpoint.port), timeout=10) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for byte in request:
+                sock.sendall(bytes([byte]))
+            header = sock.recv(protocol.HEADER.size, socket.MSG_WAITALL)
+            length, kind = struct.unpack(">IB", header)
+            return kind, sock.recv(length - 1, socket.MSG_WAITALL) if length > 1 else b""
+
+    kind, payload = await asyncio.to_thread(talk)
+    assert kind == protocol.EVENT, payload
+
+
+async def test_sweep_removes_unknown_sandboxes_and_stray_objects(cluster: Cluster,
+                                                                 backend: KubernetesBackend) -> None:
+    kept = await backend.create(new_id(), SandboxSpec(), template())
+    orphan = await backend.create(new_id(), SandboxSpec(), template())
+    # What a crash between the steps of a create leaves: a Secret whose Pod is gone.
+    stray: dict[str, Any] = {"metadata": {"name": "corral-sb-stray", "labels": {"app.kubernetes.io/managed-by": "corral",
+                                                                "corral.dev/instance": "default"}},
+             "data": {"token": ""}}
+    await cluster.fake.put("secrets", NAMESPACE, stray, "ADDED")
+    stray["metadata"]["namespace"] = NAMESPACE
+    # Another deployment's sandbox in the same namespace is not ours to sweep.
+    other = cluster.backend(instance="other")
+    theirs = await other.create(new_id(), SandboxSpec(), template())
+    try:
+        assert await backend.sweep({kept.sandbox_id}) == [orphan.sandbox_id]
+        assert cluster.fake.get("pods", NAMESPACE, orphan.pod) is None
+        assert cluster.fake.get("secrets", NAMESPACE, "corral-sb-stray") is None
+        assert await backend.alive(kept) and await other.alive(theirs)
+    finally:
+        await other.sweep(set())
+        await other.close()
+
+
+async def test_restore_and_adopt_after_a_new_backend(cluster: Cluster, backend: KubernetesBackend) -> None:
+    record = await backend.create(new_id(), SandboxSpec(), template())
+    await backend.close()
+    again = cluster.backend()
+    try:
+        restored = again.restore(record.to_json())
+        assert restored == record
+        await again.adopt(restored)
+        assert await again.alive(restored)
+        assert (await agent(again, restored).exec("echo back", cwd="/tmp")).stdout_bytes == b"back\n"
+        with pytest.raises(ValueError):
+            again.restore({**record.to_json(), "backend": "docker"})
+    finally:
+        await again.destroy(record)
+        await again.close()
+
+
+async def test_a_watch_answered_410_lists_again(cluster: Cluster, backend: KubernetesBackend) -> None:
+    cluster.fake.force_gone = 1
+    cluster.fake.pod_start_delay = 0.3  # so that the wait reaches its watch before the Pod runs
+    record = await backend.create(new_id(), SandboxSpec(), template())
+    assert cluster.fake.gone_sent == 1
+    assert await backend.alive(record)
+
+
+async def test_a_taken_name_is_a_conflict(cluster: Cluster, backend: KubernetesBackend) -> None:
+    sid = new_id()
+    await backend.create(sid, SandboxSpec(), template())
+    with pytest.raises(ConflictError, match="already exists"):
+        await backend.create(sid, SandboxSpec(), template())
+
+
+async def test_a_missing_rbac_permission_is_named(cluster: Cluster, backend: KubernetesBackend) -> None:
+    cluster.fake.forbid("create", "secrets")
+    with pytest.raises(RuntimeUnavailableError, match=r"RBAC permission to create secrets in namespace") as info:
+        await backend.create(new_id(), SandboxSpec(), template())
+    assert info.value.details["kubernetes_status"] == 403
+    assert 'cannot create resource "secrets"' in info.value.message
+    # Nothing of the half-made sandbox is left.
+    assert not cluster.fake.pods(NAMESPACE)
+    assert not [k for k in cluster.fake.objects if k[0] == "networkpolicies"]
+
+
+async def test_an_invalid_object_is_an_invalid_request(backend: KubernetesBackend) -> None:
+    with pytest.raises(InvalidRequestError, match="RFC 1123"):
+        await backend.api.create({"kind": "Secret", "metadata": {"name": "Not_Valid"}, "data": {}})
+
+
+async def test_unsupported_operations_say_why(backend: KubernetesBackend) -> None:
+    record = KubernetesRecord(sandbox_id="sb-x", pod="corral-sb-x", uid="u", ip="127.0.0.9", token="t")
+    for call in (backend.pause(record), backend.stop(record), backend.snapshot(record, "s"),
+                 backend.create_volume("v", 1)):
+        with pytest.raises(RuntimeUnavailableError, match="not available on the Kubernetes backend"):
+            await call
+    with pytest.raises(InvalidRequestError, match="root"):
+        await backend.create(new_id(), SandboxSpec(root=True), template())
+
+
+async def test_egress_env_names_the_proxy_service_with_a_credential(backend: KubernetesBackend) -> None:
+    record = await backend.create(new_id(), SandboxSpec(), template())
+    env = backend.egress_env(record)
+    url = f"http://{record.sandbox_id}:{record.credential}@{PROXY_IP}:3128"
+    assert env["HTTP_PROXY"] == env["https_proxy"] == url
+    assert record.credential and record.credential not in record.token
+
+
+async def test_capacity_from_node_allocatable(cluster: Cluster, backend: KubernetesBackend) -> None:
+    cluster.fake.nodes = [{"metadata": {"name": f"n{i}"}, "status": {"allocatable": {"memory": "16Gi",
+                                                                                    "pods": "110"}}}
+                          for i in range(2)]
+    found = await backend.capacity()
+    assert found.memory_total == 32 * 1024**3 and found.sandboxes_max == 220
+    cluster.fake.forbid("list", "nodes")
+    assert (await backend.capacity()).memory_total is None
+
+
+async def test_a_warm_pod_serves_create_and_the_pool_refills(cluster: Cluster) -> None:
+    backend = cluster.backend(pool={"default": 1})
+    try:
+        await backend.fill_pools()
+        warm = await _wait_warm(backend, 1)
+        record = await backend.create(new_id(), SandboxSpec(), template())
+        assert record.pod == warm[0]["metadata"]["name"]
+        pod = cluster.fake.get("pods", NAMESPACE, record.pod)
+        assert pod is not None and "corral.dev/pool" not in pod["metadata"]["labels"]
+        assert pod["spec"]["activeDeadlineSeconds"] >= 300
+        assert (await agent(backend, record).exec("echo warm", cwd="/tmp")).stdout_bytes == b"warm\n"
+        refilled = await _wait_warm(backend, 1)  # the background task makes another
+        assert refilled[0]["metadata"]["name"] != record.pod
+        # A sandbox of another shape is made cold, and leaves the warm Pod alone.
+        cold = await backend.create(new_id(), SandboxSpec(limits=Limits(memory=256 * 1024**2)), template())
+        assert not cold.pod.startswith("corral-warm-")
+    finally:
+        await backend.sweep(set())
+        for pod in cluster.fake.pods(NAMESPACE):
+            await cluster.fake.remove("pods", NAMESPACE, pod["metadata"]["name"])
+        await backend.close()
+
+
+async def _wait_warm(backend: KubernetesBackend, count: int) -> list[dict[str, Any]]:
+    for _ in range(200):
+        ready = await backend.warm_pods("default")
+        if len(ready) >= count:
+            return ready
+        await asyncio.sleep(0.05)
+    raise AssertionError("the warm pool did not fill in 10 s")
+
+
+async def test_the_engine_runs_sandboxes_on_it(cluster: Cluster, backend: KubernetesBackend) -> None:
+    engine = Engine(cluster.home, backend=backend, templates=FakeTemplates())  # type: ignore[arg-type]
+    await engine.start()
+    try:
+        sb = await engine.create(SandboxSpec(template="default"))
+        result = await engine.exec(sb.id, "echo $HTTP_PROXY", cwd="/tmp")
+        assert result.exit_code == 0
+        assert result.stdout_bytes.decode().startswith(f"http://{sb.id}:")
+        await engine.destroy(sb.id)
+        assert not cluster.fake.pods(NAMESPACE)
+    finally:
+        await engine.close(destroy_all=True)
