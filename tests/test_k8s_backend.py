@@ -185,9 +185,8 @@ async def test_sweep_removes_unknown_sandboxes_and_stray_objects(cluster: Cluste
     kept = await backend.create(new_id(), SandboxSpec(), template())
     orphan = await backend.create(new_id(), SandboxSpec(), template())
     # What a crash between the steps of a create leaves: a Secret whose Pod is gone.
-    stray: dict[str, Any] = {"metadata": {"name": "corral-sb-stray", "labels": {"app.kubernetes.io/managed-by": "corral",
-                                                                "corral.dev/instance": "default"}},
-             "data": {"token": ""}}
+    ours = {"app.kubernetes.io/managed-by": "corral", "corral.dev/instance": "default"}
+    stray: dict[str, Any] = {"metadata": {"name": "corral-sb-stray", "labels": ours}, "data": {"token": ""}}
     await cluster.fake.put("secrets", NAMESPACE, stray, "ADDED")
     stray["metadata"]["namespace"] = NAMESPACE
     # Another deployment's sandbox in the same namespace is not ours to sweep.
