@@ -33,7 +33,7 @@ from corral.engine._agent_client import AgentClient
 from corral.templates import Template
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the fake lives with the tests
-from tests.kube_fake import FakeKube, Kubelet, serve  # noqa: E402
+from tests.kube_fake import FakeKube, Kubelet, serve
 
 Progress = Callable[[str, int, int], None]
 IMAGE = "registry.example/corral/default@sha256:" + "ab" * 32
