@@ -14,6 +14,7 @@ import os
 import shutil
 import socket
 import struct
+import subprocess
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -322,3 +323,53 @@ async def test_the_engine_runs_sandboxes_on_it(cluster: Cluster, backend: Kubern
         assert not cluster.fake.pods(NAMESPACE)
     finally:
         await engine.close(destroy_all=True)
+
+
+# -- the agent's TCP mode, alone ----------------------------------------------------------------------------------
+
+
+def _agent_alone(kubelet: Kubelet, env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
+    """The agent as the fake kubelet runs it (uid 1000, PID 1 of its namespace), expected to refuse at once."""
+    argv = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "setpriv", "--reuid=1000",
+            "--regid=1000", "--clear-groups", "/usr/bin/python3", "-S", "-B", "-c",
+            "from agent.__main__ import main; main()"]
+    return subprocess.run(argv, cwd=kubelet.agent_dir.parent, env={"PATH": "/usr/bin:/bin", **env},
+                          capture_output=True, timeout=30, check=False)
+
+
+def test_an_unreadable_token_file_refuses_to_serve(kubelet: Kubelet) -> None:
+    done = _agent_alone(kubelet, {"CORRAL_AGENT_TCP": "127.0.0.251:7771",
+                                  "CORRAL_AGENT_TOKEN_FILE": "/nonexistent/token"})
+    assert done.returncode == 2
+    assert b"cannot read the token file /nonexistent/token" in done.stderr
+    assert b"no token given; refusing to serve" in done.stderr
+
+
+def test_an_empty_token_file_refuses_to_serve(kubelet: Kubelet) -> None:
+    token = Path(tempfile.mkdtemp(prefix="corral-token-")) / "token"
+    try:
+        token.write_text("\n")
+        os.chmod(token.parent, 0o755)
+        os.chmod(token, 0o444)
+        done = _agent_alone(kubelet, {"CORRAL_AGENT_TCP": "127.0.0.251:7771",
+                                      "CORRAL_AGENT_TOKEN_FILE": str(token)})
+    finally:
+        shutil.rmtree(token.parent)
+    assert done.returncode == 2 and b"no token given" in done.stderr
+
+
+def test_a_bad_tcp_address_refuses_to_serve(kubelet: Kubelet) -> None:
+    done = _agent_alone(kubelet, {"CORRAL_AGENT_TCP": "127.0.0.251:not-a-port", "CORRAL_AGENT_TOKEN": "t"})
+    assert done.returncode == 2 and b"cannot listen on '127.0.0.251:not-a-port'" in done.stderr
+
+
+def test_serve_settings_come_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CORRAL_K8S_NAMESPACE", "sandboxes-a")
+    monkeypatch.setenv("CORRAL_K8S_RUNTIME_CLASS", "none")
+    monkeypatch.setenv("CORRAL_K8S_POOL", "default=3, python=1")
+    monkeypatch.setenv("CORRAL_K8S_IMAGES", '{"default": "r.example/d@sha256:00"}')
+    made = KubernetesBackend(tmp_path)
+    assert made.settings.namespace == "sandboxes-a" and made.settings.runtime_class is None
+    assert made.pool_sizes == {"default": 3, "python": 1}
+    assert made.images == {"default": "r.example/d@sha256:00"}
+    assert KubernetesBackend(tmp_path, namespace="explicit", runtime_class="kata").settings.runtime_class == "kata"

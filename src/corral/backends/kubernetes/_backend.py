@@ -44,7 +44,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..._exceptions import ConflictError, InvalidRequestError, NotFoundError, RuntimeUnavailableError, ServerError
-from ..._settings import k8s_images
+from ..._settings import k8s_backend, k8s_images
 from ...templates import Template
 from .._contract import (
     JSON,
@@ -151,14 +151,20 @@ class KubernetesBackend:
     name = "kubernetes"
     limitations: Mapping[str, str] = MappingProxyType(LIMITATIONS)  # `DeclaresLimitations`
 
-    def __init__(self, home: Path, *, namespace: str = "corral-sandboxes", runtime_class: str | None = "gvisor",
+    def __init__(self, home: Path, *, namespace: str | None = None, runtime_class: str | None = "gvisor",
                  agent_port: int = 7771, control_namespace: str = "corral", images: Mapping[str, str] | None = None,
                  pool: Mapping[str, int] | None = None, kubeconfig: str | Path | None = None,
                  context: str | None = None, egress_proxy: str | None = None, instance: str = "default",
                  ready_timeout: float = READY_TIMEOUT, settings: ClusterSettings | None = None) -> None:
         self.home = Path(home)
-        self.settings = settings or ClusterSettings(namespace=namespace, control_namespace=control_namespace,
-                                                    runtime_class=runtime_class, agent_port=agent_port)
+        env = k8s_backend()  # what `corral serve` cannot pass as options; an option given wins
+        if "runtime_class" in env and runtime_class == "gvisor":
+            runtime_class = None if env["runtime_class"] == "none" else env["runtime_class"]
+        if pool is None and "pool" in env:
+            pool = _parse_pool(env["pool"])
+        self.settings = settings or ClusterSettings(
+            namespace=namespace or env.get("namespace", "corral-sandboxes"), control_namespace=control_namespace,
+            runtime_class=runtime_class, agent_port=agent_port)
         self.api = KubeAPI(self.settings.namespace, kubeconfig=kubeconfig, context=context)
         self.images = dict(images) if images is not None else _load_images(self.home)
         self.pool_sizes = {name: size for name, size in (pool or {}).items() if size > 0}
@@ -547,6 +553,18 @@ def _quantity(text: object) -> float:
         return float(value)
     except ValueError:
         return 0.0
+
+
+def _parse_pool(text: str) -> dict[str, int]:
+    """`default=2,other=1` (`CORRAL_K8S_POOL`)."""
+    pool: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, size = part.partition("=")
+        try:
+            pool[name.strip()] = int(size)
+        except ValueError:
+            raise RuntimeUnavailableError(f"CORRAL_K8S_POOL: {part!r} is not TEMPLATE=SIZE") from None
+    return pool
 
 
 def _load_images(home: Path) -> dict[str, str]:
