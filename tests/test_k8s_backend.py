@@ -10,6 +10,7 @@ cluster. Needs root (the fake kubelet runs each agent in its own PID namespace a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import shutil
 import socket
@@ -203,6 +204,19 @@ async def test_sweep_removes_unknown_sandboxes_and_stray_objects(cluster: Cluste
         await other.close()
 
 
+async def test_replicas_with_owner_names_sweep_only_their_own(cluster: Cluster) -> None:
+    a, b = cluster.backend(owner="replica-a"), cluster.backend(owner="replica-b")
+    try:
+        mine = await a.create(new_id(), SandboxSpec(), template())
+        theirs = await b.create(new_id(), SandboxSpec(), template())
+        assert await a.sweep(set()) == [mine.sandbox_id]
+        assert await b.alive(theirs) and not await a.alive(mine)
+    finally:
+        for backend in (a, b):
+            await backend.sweep(set())
+            await backend.close()
+
+
 async def test_restore_and_adopt_after_a_new_backend(cluster: Cluster, backend: KubernetesBackend) -> None:
     record = await backend.create(new_id(), SandboxSpec(), template())
     await backend.close()
@@ -264,9 +278,15 @@ async def test_unsupported_operations_say_why(backend: KubernetesBackend) -> Non
 async def test_egress_env_names_the_proxy_service_with_a_credential(backend: KubernetesBackend) -> None:
     record = await backend.create(new_id(), SandboxSpec(), template())
     env = backend.egress_env(record)
-    url = f"http://{record.sandbox_id}:{record.credential}@{PROXY_IP}:3128"
-    assert env["HTTP_PROXY"] == env["https_proxy"] == url
-    assert record.credential and record.credential not in record.token
+    prefix = f"http://{record.sandbox_id}:"
+    assert env["HTTP_PROXY"] == env["https_proxy"] and env["HTTP_PROXY"].startswith(prefix)
+    assert env["HTTP_PROXY"].endswith(f"@{PROXY_IP}:3128")
+    credential = env["HTTP_PROXY"][len(prefix):].partition("@")[0]
+    assert len(credential) >= 40 and credential not in record.token
+    assert credential not in str(record.to_json())  # derived when needed, never stored
+    # Another sandbox (or the same id on another Pod) has another credential.
+    other = dataclasses.replace(record, uid="another")
+    assert backend.egress_env(other)["HTTP_PROXY"] != env["HTTP_PROXY"]
 
 
 async def test_capacity_from_node_allocatable(cluster: Cluster, backend: KubernetesBackend) -> None:

@@ -68,6 +68,7 @@ logger = logging.getLogger("corral.backends.kubernetes")
 
 LABEL_MANAGED = "app.kubernetes.io/managed-by"
 LABEL_INSTANCE = "corral.dev/instance"  # one Corral deployment's objects (replicas share it)
+LABEL_OWNER = "corral.dev/owner"  # the replica that made a sandbox, when replicas say who they are (`owner`)
 LABEL_SANDBOX = "corral.dev/sandbox"
 LABEL_POOL = "corral.dev/pool"
 READY_TIMEOUT = 120.0  # a cold Pod: scheduling and an image pull
@@ -107,19 +108,17 @@ class KubernetesRecord(BackendRecord):
     token: str
     template: str = ""
     proxy: str = ""  # host:port of the egress proxy Service
-    credential: str = ""
 
     def to_json(self) -> JSON:
         return {"backend": "kubernetes", "sandbox_id": self.sandbox_id, "pod": self.pod, "uid": self.uid,
-                "ip": self.ip, "token": self.token, "template": self.template, "proxy": self.proxy,
-                "credential": self.credential}
+                "ip": self.ip, "token": self.token, "template": self.template, "proxy": self.proxy}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> KubernetesRecord:
         """`ValueError` unless `data` is what `to_json` made."""
         if not isinstance(data, Mapping) or data.get("backend") != "kubernetes":
             raise ValueError("not a Kubernetes backend record")
-        keys = ("sandbox_id", "pod", "uid", "ip", "token", "template", "proxy", "credential")
+        keys = ("sandbox_id", "pod", "uid", "ip", "token", "template", "proxy")
         try:
             fields = {key: data[key] for key in keys}
         except KeyError as exc:
@@ -145,6 +144,9 @@ class KubernetesBackend:
     * **egress_proxy** - `host:port` of the egress proxy's Service; default: the ClusterIP of the Service in the
       control namespace labelled as `ClusterSettings.egress_labels`.
     * **instance** - the value of `corral.dev/instance` on every object: `sweep` touches only its own.
+    * **owner** - this replica's stable name (`corral.dev/owner`): with it, `sweep` and the warm pool touch only
+      this replica's objects. Without it (one server), `sweep` removes every sandbox of the instance that this
+      engine does not know: replicas that share an instance must each set it.
     * **ready_timeout** - seconds a cold Pod may take to run.
     """
 
@@ -155,7 +157,8 @@ class KubernetesBackend:
                  agent_port: int = 7771, control_namespace: str = "corral", images: Mapping[str, str] | None = None,
                  pool: Mapping[str, int] | None = None, kubeconfig: str | Path | None = None,
                  context: str | None = None, egress_proxy: str | None = None, instance: str = "default",
-                 ready_timeout: float = READY_TIMEOUT, settings: ClusterSettings | None = None) -> None:
+                 owner: str = "", ready_timeout: float = READY_TIMEOUT,
+                 settings: ClusterSettings | None = None) -> None:
         self.home = Path(home)
         env = k8s_backend()  # what `corral serve` cannot pass as options; an option given wins
         if "runtime_class" in env and runtime_class == "gvisor":
@@ -169,6 +172,7 @@ class KubernetesBackend:
         self.images = dict(images) if images is not None else _load_images(self.home)
         self.pool_sizes = {name: size for name, size in (pool or {}).items() if size > 0}
         self.instance = instance
+        self.owner = owner
         self._ready_timeout = ready_timeout
         self._egress_proxy = egress_proxy
         self._key: TokenKey | None = None
@@ -209,7 +213,8 @@ class KubernetesBackend:
         rec = _k8s(record)
         if not rec.proxy:
             return {}
-        url = f"http://{rec.sandbox_id}:{rec.credential}@{rec.proxy}"
+        credential = self._tokens().egress_credential(rec.sandbox_id, rec.uid)  # derived: never stored
+        url = f"http://{rec.sandbox_id}:{credential}@{rec.proxy}"
         no_proxy = "localhost,127.0.0.1,::1"
         return {**dict.fromkeys(_PROXY_VARS, url), "NO_PROXY": no_proxy, "no_proxy": no_proxy}
 
@@ -272,7 +277,7 @@ class KubernetesBackend:
     async def sweep(self, known: set[str]) -> list[str]:
         """Delete the Pods of sandboxes `known` does not name, warm Pods that ended, and Secrets and
         NetworkPolicies whose Pod is gone (a create interrupted between its steps)."""
-        pods = await self.api.list_objects("Pod", self._selector())
+        pods = await self.api.list_objects("Pod", self._selector(own=True))
         removed: list[str] = []
         names: set[str] = set()
         for pod in pods:
@@ -287,7 +292,7 @@ class KubernetesBackend:
             else:
                 names.add(meta["name"])
         for kind in ("Secret", "NetworkPolicy"):
-            for obj in await self.api.list_objects(kind, self._selector()):
+            for obj in await self.api.list_objects(kind, self._selector(own=True)):
                 if obj["metadata"]["name"] not in names:
                     await self.api.delete(kind, obj["metadata"]["name"])
         return sorted(removed)
@@ -329,7 +334,7 @@ class KubernetesBackend:
             if image is None:
                 logger.warning("k8s.pool.no_image", extra={"template": template})
                 continue
-            pods = await self.api.list_objects("Pod", f"{self._selector()},{LABEL_POOL}={_pool_key(image)}")
+            pods = await self.api.list_objects("Pod", f"{self._selector(own=True)},{LABEL_POOL}={_pool_key(image)}")
             live = [p for p in pods if _phase(p) not in ("Failed", "Succeeded")
                     and not p["metadata"].get("deletionTimestamp")]
             for _ in range(min(size - len(live), _POOL_BATCH)):
@@ -337,8 +342,13 @@ class KubernetesBackend:
 
     # -- helpers -------------------------------------------------------------------------------------
 
-    def _selector(self) -> str:
-        return f"{LABEL_MANAGED}=corral,{LABEL_INSTANCE}={self.instance}"
+    def _selector(self, *, own: bool = False) -> str:
+        """This instance's objects; `own`: only this replica's, when it has an `owner` name."""
+        mine = f",{LABEL_OWNER}={self.owner}" if own and self.owner else ""
+        return f"{LABEL_MANAGED}=corral,{LABEL_INSTANCE}={self.instance}{mine}"
+
+    def _labels(self, **more: str) -> dict[str, str]:
+        return {LABEL_INSTANCE: self.instance, **({LABEL_OWNER: self.owner} if self.owner else {}), **more}
 
     def _tokens(self) -> TokenKey:
         if self._key is None:
@@ -357,7 +367,7 @@ class KubernetesBackend:
     async def _create_cold(self, sandbox_id: str, spec: SandboxSpec, template: Template,
                            image: str) -> KubernetesRecord:
         name = _pod_name(sandbox_id)
-        labels = {LABEL_INSTANCE: self.instance, LABEL_SANDBOX: sandbox_id}
+        labels = self._labels(**{LABEL_SANDBOX: sandbox_id})
         deadline = int(spec.timeout) + _DEADLINE_GRACE
         pod, token = await self._make_pod(name, spec, image, labels, sandbox_id, deadline)
         try:
@@ -396,8 +406,7 @@ class KubernetesBackend:
         uid = str(pod["metadata"]["uid"])
         proxy = await self._proxy()
         return KubernetesRecord(sandbox_id=sandbox_id, pod=str(pod["metadata"]["name"]), uid=uid,
-                                ip=str(pod["status"]["podIP"]), token=token, template=template, proxy=proxy,
-                                credential=self._tokens().egress_credential(sandbox_id, uid) if proxy else "")
+                                ip=str(pod["status"]["podIP"]), token=token, template=template, proxy=proxy)
 
     async def _proxy(self) -> str:
         """`host:port` of the egress proxy Service, looked up once; "" if there is none."""
@@ -433,7 +442,7 @@ class KubernetesBackend:
 
     async def _create_warm(self, template: str, image: str) -> None:
         name = f"corral-warm-{secrets.token_hex(6)}"
-        labels = {LABEL_INSTANCE: self.instance, LABEL_POOL: _pool_key(image)}
+        labels = self._labels(**{LABEL_POOL: _pool_key(image)})
         await self._make_pod(name, SandboxSpec(template=template), image, labels, "", None)
 
     async def _claim(self, sandbox_id: str, spec: SandboxSpec, template: Template,
@@ -446,7 +455,8 @@ class KubernetesBackend:
             meta = pod["metadata"]
             started = _started_seconds_ago(pod)
             patch = {"metadata": {"resourceVersion": meta["resourceVersion"],
-                                  "labels": {LABEL_POOL: None, LABEL_SANDBOX: sandbox_id}},
+                                  "labels": {LABEL_POOL: None, LABEL_SANDBOX: sandbox_id,
+                                             LABEL_OWNER: self.owner or None}},
                      "spec": {"activeDeadlineSeconds": started + int(spec.timeout) + _DEADLINE_GRACE}}
             try:
                 claimed = await self.api.patch_pod(meta["name"], patch)
