@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.backends import SandboxSpec
-from corral.backends.kubernetes import KubernetesBackend, KubernetesRecord
+from corral.backends.kubernetes._backend import KubernetesBackend, KubernetesRecord
 from corral.engine._agent_client import AgentClient
 from corral.templates import Template
 

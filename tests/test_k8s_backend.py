@@ -35,7 +35,7 @@ from corral import AuthenticationError
 from corral._exceptions import ConflictError, InvalidRequestError, RuntimeUnavailableError
 from corral.agent import protocol
 from corral.backends import Limits, SandboxSpec, TCPEndpoint, backend_limitations, load_backend, supports_root
-from corral.backends.kubernetes import KubernetesBackend, KubernetesRecord
+from corral.backends.kubernetes._backend import KubernetesBackend, KubernetesRecord
 from corral.engine import Engine
 from corral.engine._agent_client import AgentClient
 from corral.templates import Template

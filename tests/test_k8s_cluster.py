@@ -25,7 +25,7 @@ import pytest
 pytest.importorskip("kubernetes_asyncio", reason="the Kubernetes backend needs corral[kubernetes]")
 
 from corral.backends import SandboxSpec
-from corral.backends.kubernetes import KubernetesBackend
+from corral.backends.kubernetes._backend import KubernetesBackend
 from corral.engine._agent_client import AgentClient
 from corral.templates import Template
 

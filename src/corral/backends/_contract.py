@@ -306,7 +306,8 @@ def backend_runtimes(backend: object) -> tuple[Runtime, ...]:
 _BACKENDS: dict[str, tuple[str, str, str]] = {
     "local": ("corral.backends.local", "LocalBackend", "server"),
     "docker": ("corral.backends.docker", "DockerBackend", "docker"),
-    "kubernetes": ("corral.backends.kubernetes", "KubernetesBackend", "kubernetes"),
+    # The module itself, not the package: the package imports without the client (`corral k8s manifests`).
+    "kubernetes": ("corral.backends.kubernetes._backend", "KubernetesBackend", "kubernetes"),
 }
 BACKEND_NAMES: tuple[str, ...] = tuple(_BACKENDS)
 
