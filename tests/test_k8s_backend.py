@@ -393,3 +393,56 @@ def test_serve_settings_come_from_the_environment(tmp_path: Path, monkeypatch: p
     assert made.pool_sizes == {"default": 3, "python": 1}
     assert made.images == {"default": "r.example/d@sha256:00"}
     assert KubernetesBackend(tmp_path, namespace="explicit", runtime_class="kata").settings.runtime_class == "kata"
+
+
+async def test_two_creates_racing_for_one_warm_pod_both_succeed(cluster: Cluster) -> None:
+    """The claim is conditional on the Pod's resourceVersion: one create wins it, the other makes a cold Pod."""
+    backend = cluster.backend(pool={"default": 1})
+    try:
+        await backend.fill_pools()
+        warm = (await _wait_warm(backend, 1))[0]["metadata"]["name"]
+        first, second = await asyncio.gather(*(backend.create(new_id(), SandboxSpec(), template())
+                                               for _ in range(2)))
+        assert sorted([first.pod == warm, second.pod == warm]) == [False, True]
+        for record in (first, second):
+            assert (await agent(backend, record).exec("echo ok", cwd="/tmp")).stdout_bytes == b"ok\n"
+    finally:
+        await backend.sweep(set())
+        await backend.close()
+
+
+class _LocalProxyNotForPods:
+    """An engine's local egress proxy: a backend with `RemoteEgress` must never be attached to it."""
+
+    def __init__(self) -> None:
+        self.detached: list[str] = []
+
+    async def attach(self, *args: object) -> None:
+        raise AssertionError("a Kubernetes sandbox was attached to the engine's local egress proxy")
+
+    async def detach(self, sandbox_id: str) -> None:
+        self.detached.append(sandbox_id)
+
+    def denials(self, sandbox_id: str, since: float) -> list[object]:
+        return []
+
+    def set_policy(self, *args: object) -> None:
+        pass
+
+
+async def test_the_engine_gives_remote_egress_instead_of_its_local_proxy(cluster: Cluster,
+                                                                        backend: KubernetesBackend) -> None:
+    proxy = _LocalProxyNotForPods()
+    engine = Engine(cluster.home, backend=backend, templates=FakeTemplates(),  # type: ignore[arg-type]
+                    egress=proxy)  # type: ignore[arg-type]
+    await engine.start()
+    try:
+        sb = await engine.create(SandboxSpec(template="default", network="internet"))
+        result = await engine.exec(sb.id, "env | grep -iE '^https?_proxy=' | sort", cwd="/tmp")
+        lines = result.stdout_bytes.decode().splitlines()
+        assert len(lines) == 4 and all(f"=http://{sb.id}:" in line and f"@{PROXY_IP}:3128" in line
+                                       for line in lines), lines
+        assert "127.0.0.1:3128" not in result.stdout_bytes.decode()  # neither the local proxy nor its mirror
+        await engine.destroy(sb.id)
+    finally:
+        await engine.close(destroy_all=True)
