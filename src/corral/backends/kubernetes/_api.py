@@ -221,7 +221,7 @@ class KubeAPI:
         raise ServerError(f"pod {name} in namespace {self.namespace} was not running after {timeout:g}s")
 
     async def _watch_until(self, core: Any, api: Any, name: str, version: str, left: float, ready: Any) -> Obj | None:
-        stream = watch.Watch()
+        stream = watch.Watch(return_type="object")  # events stay dicts: no model built per event
         try:
             async with asyncio.timeout(left):
                 async for event in stream.stream(core.list_namespaced_pod, self.namespace,
