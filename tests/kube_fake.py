@@ -94,9 +94,9 @@ def selector_matches(selector: str, labels: dict[str, str]) -> bool:
             continue
         if m := _SET.match(term):
             key, op, values = m.group(1), m.group(2), {v.strip() for v in m.group(3).split(",")}
-            if (op == "in") != (labels.get(key) in values if key in labels else False):
-                if not (op == "notin" and key not in labels):
-                    return False
+            found = key in labels and labels[key] in values
+            if found != (op == "in"):  # `notin` also holds for a label that is absent
+                return False
         elif "!=" in term:
             key, value = term.split("!=", 1)
             if labels.get(key.strip()) == value.strip():

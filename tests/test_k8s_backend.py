@@ -41,7 +41,7 @@ from corral.engine._agent_client import AgentClient
 from corral.templates import Template
 
 from .fakes import FakeTemplates
-from .kube_fake import FakeKube, Kubelet, serve
+from .kube_fake import FakeKube, Kubelet, selector_matches, serve, write_kubeconfig
 
 pytestmark = [pytest.mark.anyio, pytest.mark.k8s_fake]
 
@@ -446,3 +446,45 @@ async def test_the_engine_gives_remote_egress_instead_of_its_local_proxy(cluster
         await engine.destroy(sb.id)
     finally:
         await engine.close(destroy_all=True)
+
+
+# -- the fake itself, where the backend's tests rely on it ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(("selector", "expected"), [
+    ("", True), ("a=1", True), ("a==1", True), ("a=2", False), ("a!=2", True), ("a!=1", False),
+    ("a in (1, 2)", True), ("a in (2,3)", False), ("a notin (2)", True), ("a notin (1)", False),
+    ("z notin (1)", True), ("a", True), ("z", False), ("!z", True), ("!a", False), ("a=1,b in (x,y)", True),
+    ("a=1,b=z", False),
+])
+def test_the_fake_label_selectors(selector: str, expected: bool) -> None:
+    assert selector_matches(selector, {"a": "1", "b": "x"}) is expected
+
+
+async def test_an_unreachable_api_server_is_runtime_unavailable(tmp_path: Path) -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    backend = KubernetesBackend(tmp_path, kubeconfig=write_kubeconfig(tmp_path / "kc", f"http://127.0.0.1:{port}"),
+                                images={"default": IMAGE})
+    try:
+        with pytest.raises(RuntimeUnavailableError, match="not reachable|failed"):
+            await backend.create(new_id(), SandboxSpec(), template())
+    finally:
+        await backend.close()
+
+
+async def test_deleting_the_pod_ends_every_process_of_the_sandbox(cluster: Cluster,
+                                                                 backend: KubernetesBackend) -> None:
+    record = await backend.create(new_id(), SandboxSpec(), template())
+    marker = f"{uuid.uuid4().int % 10**9 + 10**9}"
+    await agent(backend, record).exec(f"setsid nohup sleep {marker} >/dev/null 2>&1 &", cwd="/tmp")
+    found = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, check=False)
+    assert found.returncode == 0, "the background process did not start"
+    await backend.destroy(record)
+    for _ in range(100):
+        if subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, check=False).returncode:
+            break
+        await asyncio.sleep(0.05)
+    else:
+        raise AssertionError("a process of the deleted Pod outlived it")
