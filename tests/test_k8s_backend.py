@@ -468,7 +468,7 @@ async def test_an_unreachable_api_server_is_runtime_unavailable(tmp_path: Path) 
     backend = KubernetesBackend(tmp_path, kubeconfig=write_kubeconfig(tmp_path / "kc", f"http://127.0.0.1:{port}"),
                                 images={"default": IMAGE})
     try:
-        with pytest.raises(RuntimeUnavailableError, match="not reachable|failed"):
+        with pytest.raises(RuntimeUnavailableError, match=r"not reachable|failed"):
             await backend.create(new_id(), SandboxSpec(), template())
     finally:
         await backend.close()
