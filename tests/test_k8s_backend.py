@@ -488,3 +488,11 @@ async def test_deleting_the_pod_ends_every_process_of_the_sandbox(cluster: Clust
         await asyncio.sleep(0.05)
     else:
         raise AssertionError("a process of the deleted Pod outlived it")
+
+
+async def test_no_permission_to_find_the_egress_proxy_is_named_before_anything_is_made(
+        cluster: Cluster, backend: KubernetesBackend) -> None:
+    cluster.fake.forbid("list", "services")
+    with pytest.raises(RuntimeUnavailableError, match="RBAC permission to list services in namespace corral"):
+        await backend.create(new_id(), SandboxSpec(), template())
+    assert not cluster.fake.pods(NAMESPACE)

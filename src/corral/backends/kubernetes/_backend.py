@@ -191,6 +191,7 @@ class KubernetesBackend:
                                           f"{LIMITATIONS['snapshots']}", details={"backend": self.name})
         _refuse_unsupported(spec)
         image = self._image(template)
+        await self._proxy()  # looked up (once) before anything is made: a refusal leaves nothing behind
         self._start_pool()
         if (record := await self._claim(sandbox_id, spec, template, image)) is not None:
             return record
@@ -464,7 +465,12 @@ class KubernetesBackend:
                 continue  # another create (maybe another replica's) took it, or it went
             self._refill.set()
             token = self._tokens().agent_token("", meta["name"], str(meta["uid"]))
-            return await self._record(sandbox_id, claimed, token, template.digest)
+            try:
+                return await self._record(sandbox_id, claimed, token, template.digest)
+            except BaseException:  # the Pod is the sandbox's now: it goes with the failed create
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._delete_all(meta["name"]))
+                raise
         return None
 
 
