@@ -496,3 +496,26 @@ async def test_no_permission_to_find_the_egress_proxy_is_named_before_anything_i
     with pytest.raises(RuntimeUnavailableError, match="RBAC permission to list services in namespace corral"):
         await backend.create(new_id(), SandboxSpec(), template())
     assert not cluster.fake.pods(NAMESPACE)
+
+
+async def test_a_restarted_engine_reattaches_its_pods_and_sweeps_the_rest(cluster: Cluster) -> None:
+    first = Engine(cluster.home, backend=cluster.backend(), templates=FakeTemplates())  # type: ignore[arg-type]
+    await first.start()
+    try:
+        kept = await first.create(SandboxSpec(template="default"))
+    finally:
+        await first.close()  # the sandboxes outlive it
+    outsider = cluster.backend()
+    try:
+        orphan = await outsider.create(new_id(), SandboxSpec(), template())  # no engine knows it
+    finally:
+        await outsider.close()
+    second = Engine(cluster.home, backend=cluster.backend(), templates=FakeTemplates())  # type: ignore[arg-type]
+    await second.start()
+    try:
+        assert [info.id for info in second.list()] == [kept.id]
+        assert (await second.exec(kept.id, "echo again", cwd="/tmp")).stdout_bytes == b"again\n"
+        assert cluster.fake.get("pods", NAMESPACE, orphan.pod) is None  # swept at start
+    finally:
+        await second.close(destroy_all=True)
+    assert not cluster.fake.pods(NAMESPACE)
