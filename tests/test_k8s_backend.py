@@ -519,3 +519,48 @@ async def test_a_restarted_engine_reattaches_its_pods_and_sweeps_the_rest(cluste
     finally:
         await second.close(destroy_all=True)
     assert not cluster.fake.pods(NAMESPACE)
+
+
+async def test_a_sweep_leaves_what_another_replica_claimed_from_its_pool(cluster: Cluster) -> None:
+    """A warm Pod made by replica A and claimed by B is B's: A's sweep must not delete it, nor (worse: the
+    sandbox's network would open) its NetworkPolicy, which still carries A's owner label."""
+    a = cluster.backend(owner="replica-a", pool={"default": 1})
+    b = cluster.backend(owner="replica-b", pool={"default": 1})
+    try:
+        await a.fill_pools()
+        warm = (await _wait_warm(a, 1))[0]["metadata"]["name"]
+        record = await b.create(new_id(), SandboxSpec(), template())
+        assert record.pod == warm
+        await a.close()  # its pool stops refilling
+        assert await a.sweep(set()) == []
+        assert cluster.fake.get("networkpolicies", NAMESPACE, record.pod) is not None
+        assert cluster.fake.get("secrets", NAMESPACE, record.pod) is not None
+        assert await b.alive(record)
+        assert await b.sweep(set()) == [record.sandbox_id]
+    finally:
+        for backend in (a, b):
+            await backend.sweep(set())
+            await backend.close()
+
+
+async def test_warm_pods_outlive_a_restart_unless_no_pool_wants_them(cluster: Cluster) -> None:
+    first = cluster.backend(pool={"default": 1})
+    try:
+        await first.fill_pools()
+        warm = (await _wait_warm(first, 1))[0]["metadata"]["name"]
+    finally:
+        await first.close()
+    same = cluster.backend(pool={"default": 1})
+    try:
+        await same.sweep(set())
+        assert cluster.fake.get("pods", NAMESPACE, warm) is not None  # ready for the next create
+    finally:
+        await same.close()
+    repushed = KubernetesBackend(cluster.home, kubeconfig=cluster.kubeconfig, pool={"default": 1},
+                                 images={"default": IMAGE.replace("ab", "cd")})
+    try:
+        await repushed.sweep(set())
+        assert cluster.fake.get("pods", NAMESPACE, warm) is None  # an old image nothing will claim
+        assert cluster.fake.get("secrets", NAMESPACE, warm) is None
+    finally:
+        await repushed.close()

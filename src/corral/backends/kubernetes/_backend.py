@@ -276,27 +276,45 @@ class KubernetesBackend:
         _k8s(record)
 
     async def sweep(self, known: set[str]) -> list[str]:
-        """Delete the Pods of sandboxes `known` does not name, warm Pods that ended, and Secrets and
-        NetworkPolicies whose Pod is gone (a create interrupted between its steps)."""
-        pods = await self.api.list_objects("Pod", self._selector(own=True))
+        """Delete the Pods of sandboxes `known` does not name (this replica's, with an `owner`), warm Pods that
+        ended, and Secrets and NetworkPolicies whose Pod is gone (a create interrupted between its steps)."""
+        # Secrets and NetworkPolicies first: a Pod is made before them, so one listed now whose Pod is missing
+        # from the later list of Pods is an orphan, never the object of a create (another replica's) in flight.
+        leftovers = [(kind, obj["metadata"]["name"]) for kind in ("Secret", "NetworkPolicy")
+                     for obj in await self.api.list_objects(kind, self._selector())]
         removed: list[str] = []
         names: set[str] = set()
-        for pod in pods:
-            meta = pod["metadata"]
-            labels = meta.get("labels") or {}
-            sandbox = labels.get(LABEL_SANDBOX)
-            if sandbox is not None and sandbox not in known:
-                await self._delete_all(meta["name"])
-                removed.append(sandbox)
-            elif LABEL_POOL in labels and _phase(pod) in ("Failed", "Succeeded"):
-                await self._delete_all(meta["name"])
-            else:
-                names.add(meta["name"])
-        for kind in ("Secret", "NetworkPolicy"):
-            for obj in await self.api.list_objects(kind, self._selector(own=True)):
-                if obj["metadata"]["name"] not in names:
-                    await self.api.delete(kind, obj["metadata"]["name"])
+        for pod in await self.api.list_objects("Pod", self._selector()):
+            if (gone := await self._sweep_pod(pod, known)) is None:
+                names.add(pod["metadata"]["name"])
+            elif gone:
+                removed.append(gone)
+        for kind, name in leftovers:
+            if name not in names:
+                await self.api.delete(kind, name)
         return sorted(removed)
+
+    async def _sweep_pod(self, pod: Mapping[str, Any], known: set[str]) -> str | None:
+        """Delete `pod` if it is this replica's and unknown (its sandbox id) or a warm Pod nothing will claim
+        (""); None if it stays."""
+        meta = pod["metadata"]
+        labels = meta.get("labels") or {}
+        if self.owner and labels.get(LABEL_OWNER) != self.owner:
+            return None  # another replica's: only it knows whether it is known
+        sandbox = labels.get(LABEL_SANDBOX)
+        if sandbox is not None and sandbox not in known:
+            await self._delete_all(meta["name"])
+            return str(sandbox)
+        # Warm Pods wait across restarts, ready for the next engine, unless they ended or no pool wants their
+        # image any more (a template pushed again, a pool removed): nothing would ever claim them.
+        if LABEL_POOL in labels and (_phase(pod) in ("Failed", "Succeeded") or labels[LABEL_POOL] not in
+                                     self._pool_keys()):
+            await self._delete_all(meta["name"])
+            return ""
+        return None
+
+    def _pool_keys(self) -> set[str]:
+        return {_pool_key(self.images[name]) for name in self.pool_sizes if name in self.images}
 
     async def capacity(self) -> BackendCapacity:
         """The nodes' allocatable memory and pods, if the server's account may list nodes (a cluster-wide
