@@ -36,6 +36,7 @@ from corral._exceptions import ConflictError, InvalidRequestError, RuntimeUnavai
 from corral.agent import protocol
 from corral.backends import Limits, SandboxSpec, TCPEndpoint, backend_limitations, load_backend, supports_root
 from corral.backends.kubernetes._backend import KubernetesBackend, KubernetesRecord
+from corral.backends.kubernetes._tokens import KEY_FILE, TokenKey
 from corral.engine import Engine
 from corral.engine._agent_client import AgentClient
 from corral.templates import Template
@@ -155,11 +156,28 @@ async def test_create_exec_files_destroy_over_tcp(cluster: Cluster, backend: Kub
     await backend.destroy(record)  # idempotent
 
 
-async def test_a_wrong_token_is_refused_over_tcp(backend: KubernetesBackend) -> None:
+async def test_a_wrong_token_is_refused_over_tcp(cluster: Cluster, backend: KubernetesBackend) -> None:
     record = await backend.create(new_id(), SandboxSpec(), template())
+    other = await backend.create(new_id(), SandboxSpec(), template())
     with pytest.raises(AuthenticationError):
         await agent(backend, record, token="not-" + record.token).ping()
+    with pytest.raises(AuthenticationError):  # one sandbox's token opens no other's agent
+        await agent(backend, other, token=record.token).ping()
     assert (await agent(backend, record).ping()) is not None
+    # The token binds the sandbox and the Pod's identity (name and uid), under the home's key.
+    key = TokenKey.load(cluster.home)
+    assert record.token == key.agent_token(record.sandbox_id, record.pod, record.uid)
+    assert (cluster.home / KEY_FILE).stat().st_mode & 0o777 == 0o600
+
+
+def test_the_token_key_comes_from_the_shared_access_secret_when_set(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CORRAL_ACCESS_SECRET", "shared by every replica")
+    a, b = TokenKey.load(tmp_path / "a"), TokenKey.load(tmp_path / "b")
+    assert a.agent_token("sb-1", "corral-sb-1", "uid-1") == b.agent_token("sb-1", "corral-sb-1", "uid-1")
+    assert a.agent_token("sb-1", "corral-sb-1", "uid-1") != a.agent_token("sb-1", "corral-sb-1", "uid-2")
+    assert a.agent_token("sb-1", "p", "u") != a.egress_credential("sb-1", "u")
+    assert not (tmp_path / "a").exists()  # no key file of its own
 
 
 async def test_frames_split_into_single_bytes_still_parse(backend: KubernetesBackend) -> None:
