@@ -176,7 +176,7 @@ def test_the_token_key_comes_from_the_shared_access_secret_when_set(tmp_path: Pa
     a, b = TokenKey.load(tmp_path / "a"), TokenKey.load(tmp_path / "b")
     assert a.agent_token("sb-1", "corral-sb-1", "uid-1") == b.agent_token("sb-1", "corral-sb-1", "uid-1")
     assert a.agent_token("sb-1", "corral-sb-1", "uid-1") != a.agent_token("sb-1", "corral-sb-1", "uid-2")
-    assert a.agent_token("sb-1", "p", "u") != a.egress_credential("sb-1", "u")
+    assert a.agent_token("sb-1", "p", "u") != a.egress_credential("sb-1")
     assert not (tmp_path / "a").exists()  # no key file of its own
 
 
@@ -302,8 +302,11 @@ async def test_egress_env_names_the_proxy_service_with_a_credential(backend: Kub
     credential = env["HTTP_PROXY"][len(prefix):].partition("@")[0]
     assert len(credential) >= 40 and credential not in record.token
     assert credential not in str(record.to_json())  # derived when needed, never stored
-    # Another sandbox (or the same id on another Pod) has another credential.
-    other = dataclasses.replace(record, uid="another")
+    # The proxy checks it with the key alone; another sandbox's credential does not pass for this one.
+    key = TokenKey.load(backend.home)
+    assert key.verify_egress(record.sandbox_id, credential)
+    other = dataclasses.replace(record, sandbox_id=new_id())
+    assert not key.verify_egress(other.sandbox_id, credential)
     assert backend.egress_env(other)["HTTP_PROXY"] != env["HTTP_PROXY"]
 
 

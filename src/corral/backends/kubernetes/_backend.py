@@ -214,7 +214,7 @@ class KubernetesBackend:
         rec = _k8s(record)
         if not rec.proxy:
             return {}
-        credential = self._tokens().egress_credential(rec.sandbox_id, rec.uid)  # derived: never stored
+        credential = self._tokens().egress_credential(rec.sandbox_id)  # derived: never stored
         url = f"http://{rec.sandbox_id}:{credential}@{rec.proxy}"
         no_proxy = "localhost,127.0.0.1,::1"
         return {**dict.fromkeys(_PROXY_VARS, url), "NO_PROXY": no_proxy, "no_proxy": no_proxy}

@@ -8,8 +8,9 @@ server's access secret (`CORRAL_ACCESS_SECRET`, which replicas share), else from
 * The agent token binds the sandbox and its Pod's identity (name and uid): a Pod made again under the same name
   has a new uid, hence a new token, and no token opens another sandbox's agent. A warm Pod is made before any
   sandbox id exists: its token binds the Pod alone (an empty sandbox id) and the sandbox's record keeps it.
-* The egress credential binds the sandbox id and the Pod uid: the egress proxy (a Service every sandbox reaches)
-  knows a sandbox by `<sandbox id>:<credential>` in its proxy URL, never by its IP, which Pods reuse.
+* The egress credential binds the sandbox id alone (ids are never reused: `sb-` and 16 random hex digits): the
+  egress proxy (a Service every sandbox reaches) knows a sandbox by `<sandbox id>:<credential>` in its proxy URL,
+  never by its IP, which Pods reuse, and checks it with the key alone (`verify_egress`), no lookup.
 """
 
 from __future__ import annotations
@@ -41,8 +42,12 @@ class TokenKey:
     def agent_token(self, sandbox_id: str, pod: str, uid: str) -> str:
         return self._mac("agent", sandbox_id, pod, uid)
 
-    def egress_credential(self, sandbox_id: str, uid: str) -> str:
-        return self._mac("egress", sandbox_id, uid)
+    def egress_credential(self, sandbox_id: str) -> str:
+        return self._mac("egress", sandbox_id)
+
+    def verify_egress(self, sandbox_id: str, credential: str) -> bool:
+        """The egress proxy's half: whether `credential` is `sandbox_id`'s (constant time)."""
+        return hmac.compare_digest(self.egress_credential(sandbox_id).encode(), credential.encode())
 
     def _mac(self, *parts: str) -> str:
         mac = hmac.new(self._key, "\0".join(parts).encode(), hashlib.sha256).digest()
