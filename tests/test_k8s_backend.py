@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import os
 import shutil
 import socket
@@ -27,14 +28,25 @@ from typing import Any
 import pytest
 
 pytest.importorskip("kubernetes_asyncio", reason="the Kubernetes backend needs corral[kubernetes]")
+import aiohttp
+from kubernetes_asyncio.client.exceptions import ApiException
+
 if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("setpriv"):
     pytest.skip("the fake kubelet needs root, unshare and setpriv to run agents as PID 1",
                 allow_module_level=True)
 
 from corral import AuthenticationError
-from corral._exceptions import ConflictError, InvalidRequestError, RuntimeUnavailableError
+from corral._exceptions import (
+    ConflictError,
+    CorralError,
+    InvalidRequestError,
+    NotFoundError,
+    RuntimeUnavailableError,
+    ServerError,
+)
 from corral.agent import protocol
 from corral.backends import Limits, SandboxSpec, TCPEndpoint, backend_limitations, load_backend, supports_root
+from corral.backends.kubernetes._api import k8s_errors
 from corral.backends.kubernetes._backend import KubernetesBackend, KubernetesRecord
 from corral.backends.kubernetes._tokens import KEY_FILE, TokenKey
 from corral.engine import Engine
@@ -316,8 +328,14 @@ async def test_capacity_from_node_allocatable(cluster: Cluster, backend: Kuberne
                           for i in range(2)]
     found = await backend.capacity()
     assert found.memory_total == 32 * 1024**3 and found.sandboxes_max == 220
+    asked = cluster.fake.requests.count(("list", "nodes"))
+    assert await backend.capacity() == found and cluster.fake.requests.count(("list", "nodes")) == asked  # kept
     cluster.fake.forbid("list", "nodes")
-    assert (await backend.capacity()).memory_total is None
+    fresh = cluster.backend()
+    try:
+        assert (await fresh.capacity()).memory_total is None
+    finally:
+        await fresh.close()
 
 
 async def test_a_warm_pod_serves_create_and_the_pool_refills(cluster: Cluster) -> None:
@@ -585,3 +603,29 @@ async def test_warm_pods_outlive_a_restart_unless_no_pool_wants_them(cluster: Cl
         assert cluster.fake.get("secrets", NAMESPACE, warm) is None
     finally:
         await repushed.close()
+
+
+
+# -- the error boundary ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("status", "error"), [
+    (400, InvalidRequestError), (403, RuntimeUnavailableError), (404, NotFoundError), (409, ConflictError),
+    (410, ServerError), (422, InvalidRequestError), (429, ServerError), (500, RuntimeUnavailableError),
+    (503, RuntimeUnavailableError), (0, RuntimeUnavailableError),
+])
+def test_every_api_status_becomes_a_corral_error(status: int, error: type[CorralError]) -> None:
+    body = json.dumps({"kind": "Status", "message": f"the server's words for {status}", "code": status})
+    upstream = ApiException(status=status, reason="Reason")
+    upstream.body = body.encode()  # as the client keeps it: the raw response
+    with pytest.raises(error) as info, k8s_errors("create", "pods", NAMESPACE, "corral-sb-1"):
+        raise upstream
+    assert type(info.value) is error and info.value.__cause__ is upstream
+    assert f"the server's words for {status}" in info.value.message
+
+
+@pytest.mark.parametrize("upstream", [aiohttp.ClientConnectionError("refused"), OSError("unreachable"),
+                                      TimeoutError()])
+def test_transport_failures_are_runtime_unavailable(upstream: Exception) -> None:
+    with pytest.raises(RuntimeUnavailableError, match="not reachable"), k8s_errors("list", "pods", NAMESPACE):
+        raise upstream

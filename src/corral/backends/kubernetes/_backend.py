@@ -73,6 +73,7 @@ LABEL_SANDBOX = "corral.dev/sandbox"
 LABEL_POOL = "corral.dev/pool"
 READY_TIMEOUT = 120.0  # a cold Pod: scheduling and an image pull
 AGENT_READY_TIMEOUT = 30.0
+CAPACITY_TTL = 30.0
 POOL_INTERVAL = 2.0  # seconds between looks at the warm pools when nothing asks for a refill
 _POOL_BATCH = 8  # warm Pods made per pool per round: a burst of claims never becomes a burst of creates
 _DEADLINE_GRACE = 60  # seconds past the sandbox's timeout before the kubelet ends the Pod (Corral reaps first)
@@ -178,6 +179,7 @@ class KubernetesBackend:
         self._key: TokenKey | None = None
         self._refill = asyncio.Event()
         self._pool_task: asyncio.Task[None] | None = None
+        self._capacity: tuple[float, BackendCapacity] | None = None
 
     # -- the contract ------------------------------------------------------------------------------
 
@@ -318,7 +320,14 @@ class KubernetesBackend:
 
     async def capacity(self) -> BackendCapacity:
         """The nodes' allocatable memory and pods, if the server's account may list nodes (a cluster-wide
-        read many operators will not grant): no figure otherwise."""
+        read many operators will not grant): no figure otherwise. Read at most every `CAPACITY_TTL` seconds: the
+        engine asks on every create, and a node list is one of the API server's heavier reads."""
+        now = time.monotonic()
+        if self._capacity is None or now - self._capacity[0] > CAPACITY_TTL:
+            self._capacity = (now, await self._read_capacity())
+        return self._capacity[1]
+
+    async def _read_capacity(self) -> BackendCapacity:
         try:
             nodes = await self.api.nodes()
         except RuntimeUnavailableError:
