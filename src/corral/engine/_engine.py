@@ -178,6 +178,8 @@ class Engine:
                  egress: EgressProxy | None = None) -> None:
         self.home = corral_home(home)
         self.backend: Backend = load_backend(backend, self.home) if isinstance(backend, str) else backend
+        # Asked once: every exec builds an environment, and a Protocol's isinstance costs ~8 us.
+        self._remote_egress = self.backend if isinstance(self.backend, RemoteEgress) else None
         self.templates = templates or TemplateStore(self.home)
         self.pool_size = pool_size
         self.pool_spec = pool_spec or SandboxSpec()
@@ -670,7 +672,7 @@ class Engine:
 
     async def _attach_egress(self, sandbox_id: str, record: BackendRecord, spec: SandboxSpec) -> None:
         # A backend whose sandboxes reach a proxy of their own platform (`RemoteEgress`) has no socket here.
-        if self.egress is not None and not isinstance(self.backend, RemoteEgress):
+        if self.egress is not None and self._remote_egress is None:
             endpoint = self.backend.egress_endpoint(record)
             await self.egress.attach(sandbox_id, Path(endpoint.path), spec.egress_policy())
 
@@ -724,8 +726,8 @@ class Engine:
     # -- internals ---------------------------------------------------------------------------------
 
     def _env(self, sb: _Sandbox, extra: dict[str, str] | None) -> dict[str, str]:
-        if isinstance(self.backend, RemoteEgress):
-            proxy, mirror = dict(self.backend.egress_env(sb.record)), {}
+        if self._remote_egress is not None:
+            proxy, mirror = dict(self._remote_egress.egress_env(sb.record)), {}
         else:
             proxy = EGRESS_ENV
             mirror = MIRROR_ENV if _grants_packages(sb.spec.network, sb.spec.network_private) else {}
