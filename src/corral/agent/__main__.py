@@ -47,6 +47,13 @@ def main() -> None:
     # code cannot stop it. Python handles SIGINT (KeyboardInterrupt), which would let `kill -INT 1` end the
     # sandbox: ignored instead (commands get it back at its default, `processes.CHILD_DEFAULT_SIGNALS`).
     _signal.signal(SIGINT, _signal.SIG_IGN)
+    listener = _listener()
+    network.start()  # the egress bridge on 127.0.0.1:3128 and the refusing resolver on 127.0.0.1:53
+    server.serve(listener, token)
+
+
+def _listener() -> _socket.socket:
+    """Where to serve: TCP (a Pod), a Unix socket we bind (runsc, Docker), or the one passed as stdin."""
     path = os.environ.pop("CORRAL_AGENT_LISTEN", "")
     tcp = os.environ.pop("CORRAL_AGENT_TCP", "")
     if tcp:
@@ -71,8 +78,7 @@ def main() -> None:
         devnull = os.open(os.devnull, os.O_RDWR)
         os.dup2(devnull, LISTEN_FD)  # and stdin becomes an ordinary /dev/null again
         os.close(devnull)
-    network.start()  # the egress bridge on 127.0.0.1:3128 and the refusing resolver on 127.0.0.1:53
-    server.serve(listener, token)
+    return listener
 
 
 def _read_token(path: str) -> str:
