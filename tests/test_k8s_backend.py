@@ -47,8 +47,10 @@ from corral._exceptions import (
 from corral.agent import protocol
 from corral.backends import Limits, SandboxSpec, TCPEndpoint, backend_limitations, load_backend, supports_root
 from corral.backends.kubernetes._api import k8s_errors
-from corral.backends.kubernetes._backend import KubernetesBackend, KubernetesRecord
+from corral.backends.kubernetes._backend import LIMITATIONS, KubernetesBackend, KubernetesRecord
 from corral.backends.kubernetes._tokens import KEY_FILE, TokenKey
+from corral.check._backend import LIMITATION_ITEMS
+from corral.check._host import AGENT_TCP_LIMITATION, exposed_listeners
 from corral.engine import Engine
 from corral.engine._agent_client import AgentClient
 from corral.templates import Template
@@ -629,3 +631,13 @@ def test_every_api_status_becomes_a_corral_error(status: int, error: type[Corral
 def test_transport_failures_are_runtime_unavailable(upstream: Exception) -> None:
     with pytest.raises(RuntimeUnavailableError, match="not reachable"), k8s_errors("list", "pods", NAMESPACE):
         raise upstream
+
+
+def test_checklist_item_2_allows_only_the_agents_own_tcp_listener_on_kubernetes() -> None:
+    loopback, agent, extra = ["tcp", "0100007F:1F90"], ["tcp", "00000000:1E5B"], ["tcp6", "0" * 32 + ":1F91"]
+    declared = {AGENT_TCP_LIMITATION: "the agent listens on the Pod's IP"}
+    assert exposed_listeners([loopback, agent], declared) == ([], "tcp 00000000:1E5B")
+    assert exposed_listeners([loopback, agent], {})[0] == ["tcp 00000000:1E5B"]  # elsewhere: exposed
+    # Two non-loopback listeners: one is not the agent's, so both are reported.
+    assert len(exposed_listeners([agent, extra], declared)[0]) == 2
+    assert AGENT_TCP_LIMITATION in LIMITATIONS and LIMITATION_ITEMS[AGENT_TCP_LIMITATION] == (2,)

@@ -88,11 +88,11 @@ LIMITATIONS: dict[str, str] = {
     "user_namespace": (
         "no per-sandbox user namespace of Corral's own: isolation is the RuntimeClass's (gVisor by default, "
         "its own kernel) and Pod Security `restricted`"),
-    "agent_socket": (
-        "the agent listens on TCP at the Pod's IP (a Unix socket cannot leave the Pod): each request carries a "
-        "per-sandbox token (an HMAC of the sandbox and the Pod), and the NetworkPolicy admits only the control "
-        "plane's Pods to the port; sandbox code, which shares the agent's uid, can read its own token, which opens "
-        "only its own agent"),
+    "agent_tcp": (
+        "the agent listens on TCP at the Pod's IP (a Unix socket cannot leave the Pod), the one non-loopback "
+        "listener of a sandbox: each request carries a per-sandbox token (an HMAC of the sandbox and the Pod), and "
+        "the NetworkPolicy admits only the control plane's Pods to the port; sandbox code, which shares the "
+        "agent's uid, can read its own token, which opens only its own agent"),
     "snapshots": "no snapshots, pause or pause to disk on Kubernetes yet: a Pod's filesystem is not kept",
     "volumes": "no volumes on Kubernetes yet (they would be PersistentVolumeClaims)",
 }
