@@ -13,8 +13,10 @@ pulls by digest, the agent's TCP port reachable at the Pod's IP, gVisor's kernel
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -86,3 +88,29 @@ async def test_a_sandbox_pod_runs_and_answers_over_tcp(backend: KubernetesBacken
     finally:
         await backend.destroy(record)
     assert not await backend.alive(record)
+
+
+async def test_a_warm_pod_serves_a_create(tmp_path: Path) -> None:
+    runtime = os.environ.get("CORRAL_K8S_RUNTIME_CLASS", "gvisor")
+    backend = KubernetesBackend(tmp_path, namespace=os.environ.get("CORRAL_K8S_NAMESPACE", "corral-sandboxes"),
+                                runtime_class=None if runtime == "none" else runtime, pool={"default": 1},
+                                instance=f"test-{uuid.uuid4().hex[:8]}")
+    try:
+        await backend.fill_pools()
+        for _ in range(600):  # a real Pod: scheduling and an image pull, up to 2 minutes
+            if await backend.warm_pods("default"):
+                break
+            await asyncio.sleep(0.2)
+        else:
+            raise AssertionError("no warm Pod became ready in 2 minutes")
+        started = time.perf_counter()
+        record = await backend.create(f"sb-{uuid.uuid4().hex[:16]}", SandboxSpec(), _template())
+        assert record.pod.startswith("corral-warm-")
+        address = backend.agent_address(record)
+        assert (await AgentClient(address.endpoint, address.token).exec("echo warm")).stdout_bytes == b"warm\n"
+        print(f"create from a warm Pod + first exec: {(time.perf_counter() - started) * 1000:.0f} ms")
+    finally:
+        await backend.sweep(set())
+        for pod in await backend.warm_pods("default"):
+            await backend.api.delete("Pod", pod["metadata"]["name"])
+        await backend.close()
