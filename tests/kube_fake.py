@@ -220,6 +220,7 @@ class FakeKube:
     gone_sent: int = 0
     requests: list[tuple[str, str]] = field(default_factory=list)
     pod_start_delay: float = 0.0
+    crash_next_pod: str = ""  # the next Pod's container exits at once with this message (as an image that fails)
     _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -440,6 +441,9 @@ class FakeKube:
         ip = self.kubelet.next_ip()
         pod = copy.deepcopy(pod)
         try:
+            if self.crash_next_pod:
+                crash, self.crash_next_pod = self.crash_next_pod, ""
+                raise RuntimeError(crash)
             await asyncio.to_thread(self.kubelet.start, pod, token, ip)
         except RuntimeError as exc:  # as a container that exited at once: the Pod fails, saying why
             pod["status"] = {"phase": "Failed", "reason": "Error", "message": str(exc)}

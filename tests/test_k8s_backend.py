@@ -641,3 +641,25 @@ def test_checklist_item_2_allows_only_the_agents_own_tcp_listener_on_kubernetes(
     # Two non-loopback listeners: one is not the agent's, so both are reported.
     assert len(exposed_listeners([agent, extra], declared)[0]) == 2
     assert AGENT_TCP_LIMITATION in LIMITATIONS and LIMITATION_ITEMS[AGENT_TCP_LIMITATION] == (2,)
+
+
+async def test_a_pod_that_fails_is_reported_and_removed(cluster: Cluster, backend: KubernetesBackend) -> None:
+    cluster.fake.crash_next_pod = "exec /usr/bin/python3: no such file or directory"
+    with pytest.raises(ServerError, match=r"ended before it served: phase Failed.*no such file or directory"):
+        await backend.create(new_id(), SandboxSpec(), template())
+    assert not [key for key in cluster.fake.objects if key[0] != "services"]
+
+
+async def test_a_cancelled_create_leaves_nothing(cluster: Cluster, backend: KubernetesBackend) -> None:
+    cluster.fake.pod_start_delay = 5.0  # the create is waiting for its Pod when it is cancelled
+    task = asyncio.create_task(backend.create(new_id(), SandboxSpec(), template()))
+    for _ in range(200):
+        if any(key[0] == "secrets" for key in cluster.fake.objects):
+            break
+        await asyncio.sleep(0.01)
+    else:
+        raise AssertionError("the create did not get as far as its Secret")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not [key for key in cluster.fake.objects if key[0] != "services"]
