@@ -151,10 +151,11 @@ FORBIDDEN = {
     "corral._sdk": {"corral.server", "corral.service", "corral.engine", "corral.backends", "corral.control",
                     "corral.templates", "corral.egress", "corral.agent"},
     "corral.engine": {"corral.server", "corral.service", "corral.control", "corral.backends.local",
-                      "corral.backends.docker"},
+                      "corral.backends.docker", "corral.backends.kubernetes"},
     "corral.backends": {"corral.server", "corral.service", "corral.control", "corral.engine"},
     "corral.control": {"corral.server", "corral.service", "corral.engine"},
-    "corral.service": {"corral.server", "corral.cli", "corral.backends.local", "corral.backends.docker"},
+    "corral.service": {"corral.server", "corral.cli", "corral.backends.local", "corral.backends.docker",
+                       "corral.backends.kubernetes"},
     "corral.egress": {"corral.server", "corral.service", "corral.engine", "corral.control"},
     "corral.templates": {"corral.server", "corral.service", "corral.engine", "corral.control"},
     "corral.agent": {"corral"},  # runs inside the sandbox: standard library and itself only

@@ -246,5 +246,10 @@ async def test_a_deleted_snapshot_leaves_its_children_running(lab: Lab) -> None:
     assert await lab.read(booted, "/workspace/b") == b"still writing"
 
 
+# Backends that declare they have no snapshots, pause or boot (their `limitations`): the Kubernetes backend, whose
+# tests are tests/test_k8s_backend.py.
+WITHOUT_LIFECYCLE = {"kubernetes"}
+
+
 def test_the_parametrization_covers_every_real_backend() -> None:
-    assert sorted(BACKENDS) == sorted(BACKEND_NAMES)
+    assert sorted(BACKENDS) == sorted(set(BACKEND_NAMES) - WITHOUT_LIFECYCLE)

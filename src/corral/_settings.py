@@ -50,3 +50,18 @@ def api_key() -> str | None:
 def access_secret() -> str | None:
     """`$CORRAL_ACCESS_SECRET`, the secret sandboxes' access tokens are derived from, if set."""
     return os.environ.get("CORRAL_ACCESS_SECRET") or None
+
+
+def k8s_images() -> str | None:
+    """`$CORRAL_K8S_IMAGES`: the Kubernetes backend's template images, a JSON object (template name or digest ->
+    image reference by digest) or the path of a file holding one."""
+    return os.environ.get("CORRAL_K8S_IMAGES") or None
+
+
+def k8s_backend() -> dict[str, str]:
+    """The Kubernetes backend's settings from the environment (`corral serve --backend kubernetes` passes no
+    options): `CORRAL_K8S_NAMESPACE`, `CORRAL_K8S_RUNTIME_CLASS` (`none`: the cluster's default runtime) and
+    `CORRAL_K8S_POOL` (`template=size,...`), those that are set."""
+    names = {"namespace": "CORRAL_K8S_NAMESPACE", "runtime_class": "CORRAL_K8S_RUNTIME_CLASS",
+             "pool": "CORRAL_K8S_POOL"}
+    return {key: os.environ[name] for key, name in names.items() if os.environ.get(name)}

@@ -280,6 +280,9 @@ def serve(listener: socket, token: str) -> None:
         from . import sudo_service
 
         sudo_service.start(agent.table)
+    # Over TCP (a Pod), small frames must leave at once: Nagle would hold a final event behind an unacknowledged
+    # output frame for a delayed ACK (~40 ms per exec).
+    tcp = listener.family != _socket.AF_UNIX
     while True:
         try:
             fd, _ = listener._accept()  # type: ignore[attr-defined]  # _socket.socket has it; typeshed omits it
@@ -289,6 +292,11 @@ def serve(listener: socket, token: str) -> None:
         except OSError:
             time.sleep(0.01)  # e.g. EMFILE under the open-files limit: back off, never die
             continue
+        if tcp:
+            try:
+                conn.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
+            except OSError:
+                pass  # a peer already gone: its request fails on its own
         try:
             threads.start(agent.handle, conn)
         except RuntimeError:

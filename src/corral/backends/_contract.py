@@ -39,6 +39,7 @@ __all__ = [
     "BackendRecord",
     "DeclaresLimitations",
     "Endpoint",
+    "RemoteEgress",
     "SandboxUsage",
     "SnapshotArtifact",
     "TCPEndpoint",
@@ -268,6 +269,19 @@ def backend_limitations(backend: object) -> Mapping[str, str]:
     return MappingProxyType(dict(found))
 
 
+@runtime_checkable
+class RemoteEgress(Protocol):
+    """Optional beside `Backend`: its sandboxes reach an egress proxy of their own platform (the Kubernetes
+    backend's proxy Service), not one the engine runs for them on a Unix socket.
+
+    The engine then attaches no local proxy (`egress_endpoint` is not called) and gives every command
+    `egress_env(record)` in place of its local proxy variables: the proxy URL, with the sandbox's credential in
+    it. Empty: no proxy is known, and the sandbox has no way out.
+    """
+
+    def egress_env(self, record: BackendRecord) -> Mapping[str, str]: ...
+
+
 ROOT_LIMITATION = "root"  # the key of a backend that cannot give a sandbox root (`SandboxSpec.root`) safely
 
 
@@ -292,6 +306,8 @@ def backend_runtimes(backend: object) -> tuple[Runtime, ...]:
 _BACKENDS: dict[str, tuple[str, str, str]] = {
     "local": ("corral.backends.local", "LocalBackend", "server"),
     "docker": ("corral.backends.docker", "DockerBackend", "docker"),
+    # The module itself, not the package: the package imports without the client (`corral k8s manifests`).
+    "kubernetes": ("corral.backends.kubernetes._backend", "KubernetesBackend", "kubernetes"),
 }
 BACKEND_NAMES: tuple[str, ...] = tuple(_BACKENDS)
 

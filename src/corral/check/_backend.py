@@ -14,6 +14,7 @@ import httpx
 
 from .._exceptions import CorralError, error_from_code
 from ._context import REQUEST_TIMEOUT, CheckContext, Deployment, Target, clip, run_ok
+from ._host import AGENT_TCP_LIMITATION
 from ._model import ItemFailed, NotApplicable, Verdict
 
 __all__ = ["LIMITATION_ITEMS", "fetch_deployment", "item_31_gvisor", "limitation_verdicts", "unknown_limitations"]
@@ -23,6 +24,7 @@ __all__ = ["LIMITATION_ITEMS", "fetch_deployment", "item_31_gvisor", "limitation
 LIMITATION_ITEMS: Mapping[str, tuple[int, ...]] = {
     "user_namespace": (3,),  # uid 1000 inside is uid 1000 of the host too: the host-side half of "non-root"
     "agent_socket": (1,),  # the agent's own socket is listed in the sandbox's /proc/net/unix (unreachable)
+    AGENT_TCP_LIMITATION: (2,),  # the agent listens on the sandbox's address (a Pod's), token and NetworkPolicy
     "root": (),  # no sandbox with root there: an option the backend refuses, nothing of the isolation is missing
 }
 _RUNTIME_KEY = "runtime_"

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,6 +30,10 @@ if TYPE_CHECKING:
     from ..backends import AgentAddress
 
 __all__ = ["item_02_agent_channel", "item_19_symlink_swap_race", "item_36_fail_closed"]
+
+# A backend whose agent listens on TCP at the sandbox's own address (the Kubernetes backend: a Pod's IP, admitted by
+# NetworkPolicy from the control plane only): item 2 allows that one listener, and says so.
+AGENT_TCP_LIMITATION = "agent_tcp"
 
 LISTEN_PROBE = r"""
 import json, socket
@@ -69,10 +74,24 @@ async def item_02_agent_channel(ctx: CheckContext) -> str:
         token = await _agent_refuses_bad_tokens(ctx, sb.id, other.id)
     if not any(addr.endswith(":" + out["own"]) for _, addr in out["listening"]):
         raise ItemFailed(f"the probe did not see its own listener in /proc/net: {out['listening']}")
-    exposed = [f"{kind} {addr}" for kind, addr in out["listening"] if not _loopback(addr)]
+    exposed, agent = exposed_listeners(out["listening"], ctx.deployment.limitations)
     if exposed:
         raise ItemFailed(f"listening on non-loopback addresses inside a sandbox: {', '.join(exposed)}")
+    if agent:
+        return (f"only loopback listeners inside ({len(out['listening'])} seen) besides the agent's own TCP "
+                f"listener ({agent}: {AGENT_TCP_LIMITATION}); {token}")
     return f"only loopback listeners inside ({len(out['listening'])} seen); {token}"
+
+
+def exposed_listeners(listening: list[list[str]], limitations: Mapping[str, str]) -> tuple[list[str], str]:
+    """The non-loopback listeners of a sandbox that only the probe and the agent run in, and the agent's own
+    where the backend declares `agent_tcp` (a Pod's agent listens on its IP: the one TCP listener allowed)."""
+    exposed = [f"{kind} {addr}" for kind, addr in listening if not _loopback(addr)]
+    tcp = [entry for entry in exposed if entry.startswith("tcp")]
+    if AGENT_TCP_LIMITATION in limitations and len(tcp) == 1:
+        exposed.remove(tcp[0])
+        return exposed, tcp[0]
+    return exposed, ""
 
 
 async def _agent_refuses_bad_tokens(ctx: CheckContext, sid: str, other_sid: str) -> str:

@@ -158,8 +158,9 @@ def serve(
     max_sandboxes: int | None = typer.Option(None, min=1, help="At most this many sandboxes on this machine."),
     memory_overcommit: float = typer.Option(4.0, min=0.1, help="Sandbox memory limits may add up to this many "
                                             "times physical memory."),
-    backend: str = typer.Option("local", help="Where sandboxes run: local (runc/runsc OCI bundles) or docker "
-                                "(a local dockerd; needs corral[docker]). See docs/backends.md."),
+    backend: str = typer.Option("local", help="Where sandboxes run: local (runc/runsc OCI bundles), docker "
+                                "(a local dockerd; needs corral[docker]) or kubernetes (Pods; needs "
+                                "corral[kubernetes], CORRAL_K8S_*). See docs/backends.md."),
     domain: str = typer.Option("localhost", help="Sandboxes' ports are served on this port at "
                                "<port>-<sandbox id>.<domain> (a wildcard DNS name to this server). See docs/ports.md."),
     e2b_alias: list[str] = typer.Option([], "--e2b-alias", help="NAME=TEMPLATE: the template an E2B templateID "

@@ -109,6 +109,16 @@ def net(
     _run("net", out, n=n, size_mib=size_mib, rounds=rounds, in_sandbox_too=in_sandbox)
 
 
+@bench_app.command("k8s")
+def k8s(
+    n: int = typer.Option(30, help="Samples per measurement (exec round trips: five times as many)."),
+    out: Path = typer.Option(Path("bench-results/k8s.json"), help="Where to write the JSON figures."),
+) -> None:
+    """The Kubernetes backend through the fake API server: create from a warm Pod against a cold Pod (needs root
+    and corral[kubernetes]; the backend's own path, not a real cluster's)."""
+    _run("k8s", out, n=n)
+
+
 @bench_app.command("code")
 def code(
     template: str = typer.Option("default", help="Template to benchmark (needs python3 with matplotlib)."),

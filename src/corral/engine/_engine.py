@@ -43,7 +43,15 @@ from .._exceptions import (
     ServerError,
 )
 from .._settings import corral_home
-from ..backends import AgentAddress, Backend, BackendRecord, SandboxUsage, SnapshotArtifact, load_backend
+from ..backends import (
+    AgentAddress,
+    Backend,
+    BackendRecord,
+    RemoteEgress,
+    SandboxUsage,
+    SnapshotArtifact,
+    load_backend,
+)
 from ..backends._spec import check_user
 from ..templates import Template, TemplateStore
 from ._agent_client import AgentClient, OutputCallback, PtySession, Source, StartCallback, WatchStream
@@ -170,6 +178,8 @@ class Engine:
                  egress: EgressProxy | None = None) -> None:
         self.home = corral_home(home)
         self.backend: Backend = load_backend(backend, self.home) if isinstance(backend, str) else backend
+        # Asked once: every exec builds an environment, and a Protocol's isinstance costs ~8 us.
+        self._remote_egress = self.backend if isinstance(self.backend, RemoteEgress) else None
         self.templates = templates or TemplateStore(self.home)
         self.pool_size = pool_size
         self.pool_spec = pool_spec or SandboxSpec()
@@ -661,7 +671,8 @@ class Engine:
         return await self.backend.volume_used(volume_id)
 
     async def _attach_egress(self, sandbox_id: str, record: BackendRecord, spec: SandboxSpec) -> None:
-        if self.egress is not None:
+        # A backend whose sandboxes reach a proxy of their own platform (`RemoteEgress`) has no socket here.
+        if self.egress is not None and self._remote_egress is None:
             endpoint = self.backend.egress_endpoint(record)
             await self.egress.attach(sandbox_id, Path(endpoint.path), spec.egress_policy())
 
@@ -715,8 +726,12 @@ class Engine:
     # -- internals ---------------------------------------------------------------------------------
 
     def _env(self, sb: _Sandbox, extra: dict[str, str] | None) -> dict[str, str]:
-        mirror = MIRROR_ENV if _grants_packages(sb.spec.network, sb.spec.network_private) else {}
-        env = {**EGRESS_ENV, **mirror, **sb.template_env, **sb.spec.env}
+        if self._remote_egress is not None:
+            proxy, mirror = dict(self._remote_egress.egress_env(sb.record)), {}
+        else:
+            proxy = EGRESS_ENV
+            mirror = MIRROR_ENV if _grants_packages(sb.spec.network, sb.spec.network_private) else {}
+        env = {**proxy, **mirror, **sb.template_env, **sb.spec.env}
         if extra:
             env.update(extra)
         return env

@@ -2,7 +2,9 @@
 
 The objects are built by pure functions (`_objects`: one sandbox's; `_deployment`: the reference deployment;
 `_yaml`: their YAML) that import the standard library and Corral's own leaves only, so this package imports
-without the `kubernetes` client library.
+without the `kubernetes` client library. The backend itself (`_backend.KubernetesBackend`, which needs
+`corral[kubernetes]`) is loaded by name: `load_backend("kubernetes", home)`, `corral serve --backend kubernetes`
+(docs/kubernetes-backend.md).
 """
 
 from ._deployment import (
