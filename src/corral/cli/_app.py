@@ -35,6 +35,7 @@ _EXTRA_OF_MODULE: dict[str, str] = {
     **dict.fromkeys(("fastapi", "starlette", "uvicorn", "h11", "sqlalchemy", "greenlet", "aiosqlite", "asyncpg",
                      "pydantic", "pydantic_core", "idna", "httptools", "python_multipart", "multipart"), "server"),
     "docker": "docker",
+    **dict.fromkeys(("kubernetes_asyncio", "aiohttp"), "kubernetes"),
 }
 
 

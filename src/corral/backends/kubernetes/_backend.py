@@ -167,7 +167,9 @@ class KubernetesBackend:
         if pool is None and "pool" in env:
             pool = _parse_pool(env["pool"])
         self.settings = settings or ClusterSettings(
-            namespace=namespace or env.get("namespace", "corral-sandboxes"), control_namespace=control_namespace,
+            namespace=namespace or env.get("namespace", "corral-sandboxes"),
+            control_namespace=env.get("control_namespace", control_namespace) if control_namespace == "corral"
+            else control_namespace,
             runtime_class=runtime_class, agent_port=agent_port)
         self.api = KubeAPI(self.settings.namespace, kubeconfig=kubeconfig, context=context)
         self.images = dict(images) if images is not None else _load_images(self.home)

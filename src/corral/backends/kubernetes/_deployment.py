@@ -209,13 +209,15 @@ def _server(s: ClusterSettings, image: str, replicas: int, runtime_class: str) -
 
 
 def _server_container(s: ClusterSettings, image: str, runtime_class: str) -> dict[str, Any]:
-    args = ["serve", "--host", "0.0.0.0", "--port", str(API_PORT), "--backend", "kubernetes",  # noqa: S104
-            "--sandbox-namespace", s.namespace, "--control-namespace", s.control_namespace,
-            "--runtime-class", runtime_class]
+    args = ["serve", "--host", "0.0.0.0", "--port", str(API_PORT), "--backend", "kubernetes"]  # noqa: S104
     return _hardened({
         "name": "server", "image": image, "command": ["corral"], "args": args,
         "env": [
             _HOME_ENV,
+            # The backend's settings (`corral serve` takes no backend options: `_settings.k8s_backend`).
+            {"name": "CORRAL_K8S_NAMESPACE", "value": s.namespace},
+            {"name": "CORRAL_K8S_CONTROL_NAMESPACE", "value": s.control_namespace},
+            {"name": "CORRAL_K8S_RUNTIME_CLASS", "value": runtime_class},
             _secret_env("CORRAL_DB_URL", _DATABASE_SECRET, "url"),  # replicas share one PostgreSQL
             _secret_env("CORRAL_ACCESS_SECRET", _ACCESS_SECRET, "secret"),  # and the key tokens derive from
             _secret_env("CORRAL_ADMIN_KEY", "corral-admin", "key", optional=True),
