@@ -8,6 +8,8 @@
 `CORRAL_API_KEY` is the API key clients send as a Bearer token.
 `CORRAL_ACCESS_SECRET` is the secret sandboxes' access tokens are derived from (several replicas share one); by
 default each server keeps one in `CORRAL_HOME/access.key`.
+`CORRAL_REGISTRY_CREDS` (`USER:PASSWORD`) is what `corral templates push` logs in to a registry with, when no
+`--creds` is given (without either, skopeo reads the standard auth files).
 """
 
 from __future__ import annotations
@@ -50,3 +52,8 @@ def api_key() -> str | None:
 def access_secret() -> str | None:
     """`$CORRAL_ACCESS_SECRET`, the secret sandboxes' access tokens are derived from, if set."""
     return os.environ.get("CORRAL_ACCESS_SECRET") or None
+
+
+def registry_creds() -> str | None:
+    """`$CORRAL_REGISTRY_CREDS` (`USER:PASSWORD`) for pushing template images, if set."""
+    return os.environ.get("CORRAL_REGISTRY_CREDS") or None
