@@ -40,6 +40,7 @@ from corral.templates import (
     import_image,
     parse_reference,
     push_template,
+    write_image,
 )
 
 REGISTRY_BIN = "/usr/bin/docker-registry"
@@ -411,3 +412,31 @@ def test_pushed_records_survive_a_reload(store: TemplateStore, tiny: Template) -
     recorded = store.record_push(tiny, image)
     assert recorded.pushed == (image,)
     assert TemplateStore(store.home).get("tiny").pushed == (image,)
+
+
+# -- zstd layers, as skopeo writes them, through the real import path ------------------------------------
+
+
+@needs_registry
+def test_zstd_image_written_by_skopeo_is_imported(store: TemplateStore, tiny: Template, agent: AgentFiles,
+                                                  tmp_path: Path) -> None:
+    image = write_image(tiny, agent, store.home, emit=lambda _line: None)
+    zstd_dir = tmp_path / "zstd"
+    skopeo("copy", "--dest-compress-format", "zstd", f"oci:{image.layout}:{image.ref}", f"oci:{zstd_dir}:z")
+    index = json.loads((zstd_dir / "index.json").read_text())
+    blobs = zstd_dir / "blobs" / "sha256"
+    manifest = json.loads((blobs / index["manifests"][0]["digest"].removeprefix("sha256:")).read_text())
+    assert [layer["mediaType"] for layer in manifest["layers"]] == ["application/vnd.oci.image.layer.v1.tar+zstd"] * 2
+    for layer in manifest["layers"]:
+        assert (blobs / layer["digest"].removeprefix("sha256:")).read_bytes()[:4] == b"\x28\xb5\x2f\xfd"
+
+    lines: list[str] = []
+    imported = import_image(zstd_dir, "from-zstd", TemplateStore(tmp_path / "other"), progress=lines.append)
+    root = imported.rootfs
+    assert (root / "etc" / "hostname").read_text() == "tiny\n"
+    assert stat.S_IMODE(os.lstat(root / "bin" / "tool").st_mode) == 0o4755
+    assert (os.lstat(root / "home" / "user").st_uid, os.lstat(root / "etc" / "shadow").st_gid) == (1000, 42)
+    assert (root / ".corral" / "agent" / "__main__.py").read_bytes() == (agent.directory / "__main__.py").read_bytes()
+    assert imported.spec["layers"] == json.loads(
+        (image.layout / "blobs" / "sha256" / image.config.digest.removeprefix("sha256:")).read_text()
+    )["rootfs"]["diff_ids"]

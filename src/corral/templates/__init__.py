@@ -17,7 +17,7 @@ while sandboxes keep running on the old one.
 """
 
 from ._build import build_template
-from ._image import AGENT_ENTRYPOINT, AgentFiles, LocalImage
+from ._image import AGENT_ENTRYPOINT, AgentFiles, LocalImage, write_image
 from ._oci import IMPORTER_VERSION, import_image
 from ._process import Progress
 from ._push import ImageReference, PushResult, parse_reference, push_template
@@ -53,4 +53,5 @@ __all__ = [
     "load_spec",
     "parse_reference",
     "push_template",
+    "write_image",
 ]
