@@ -45,7 +45,7 @@ def build(
     name: str = typer.Argument("default", help="A built-in template (default, polyglot...) or a spec file."),
     force: bool = typer.Option(False, help="Rebuild even if an identical template exists."),
 ) -> None:
-    """Build a template with debootstrap (cached by content: an unchanged spec is instant)."""
+    """Build a template with mmdebstrap (cached by content: an unchanged spec is instant)."""
     spec = load_spec(name) if Path(name).is_file() else builtin_spec(name)
     store = TemplateStore()
     with console.status(f"building {spec.name}") as status:

@@ -11,7 +11,7 @@ push_template(store.get("default"), "registry.example.com/corral/default", store
               agent=AgentFiles(agent_dir))       # an OCI image (rootfs + agent), pinned by digest
 ```
 
-A template is built from a declarative `TemplateSpec` (debootstrap + apt + pip + files + env) and stored
+A template is built from a declarative `TemplateSpec` (mmdebstrap + pip + files + env) and stored
 under its content digest, so rebuilding an unchanged spec is instant and a name can move to a new build
 while sandboxes keep running on the old one.
 """

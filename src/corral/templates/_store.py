@@ -43,7 +43,8 @@ __all__ = ["PushedImage", "Template", "TemplateSource", "TemplateStore"]
 
 logger = logging.getLogger("corral.templates")
 
-TemplateSource = Literal["debootstrap", "oci", "docker-archive"]
+# "debootstrap": built by Corral before mmdebstrap replaced it; such templates keep working.
+TemplateSource = Literal["mmdebstrap", "debootstrap", "oci", "docker-archive"]
 
 _METADATA = "template.json"
 _PUSHED = "pushed.json"
@@ -80,7 +81,7 @@ class Template:
     """A built template: a root filesystem and what a sandbox made from it needs to know.
 
     `name` is the name it was looked up by (or built under, when looked up by digest). `spec` is the
-    `TemplateSpec` for debootstrap builds and a description of the image for imports. `pushed` lists the
+    `TemplateSpec` for built templates and a description of the image for imports. `pushed` lists the
     images pushed from it, newest last (one per tag).
     """
 
