@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import hashlib
@@ -27,10 +28,12 @@ import pytest
 from typer.testing import CliRunner
 
 from corral import AuthenticationError, InvalidRequestError, ServerError
+from corral.backends import UnixEndpoint
 from corral.backends.docker._container import AGENT_ARGV
 from corral.backends.local import _bundle
 from corral.backends.local._agent_files import install_agent
 from corral.cli import app
+from corral.engine._agent_client import AgentClient
 from corral.templates import (
     AGENT_ENTRYPOINT,
     AgentFiles,
@@ -42,6 +45,8 @@ from corral.templates import (
     push_template,
     write_image,
 )
+
+from .conftest import TEMPLATE_HOME
 
 REGISTRY_BIN = "/usr/bin/docker-registry"
 needs_registry = pytest.mark.skipif(
@@ -440,3 +445,85 @@ def test_zstd_image_written_by_skopeo_is_imported(store: TemplateStore, tiny: Te
     assert imported.spec["layers"] == json.loads(
         (image.layout / "blobs" / "sha256" / image.config.digest.removeprefix("sha256:")).read_text()
     )["rootfs"]["diff_ids"]
+
+
+# -- the default template through Docker: pulled by digest from the registry, its agent answering -------------
+
+
+def docker(*args: str, timeout: float = 600) -> str:
+    result = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, check=False)
+    assert result.returncode == 0, (args, result.stderr)
+    return result.stdout.strip()
+
+
+def docker_available() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    probe = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True,
+                           timeout=30, check=False)
+    return probe.returncode == 0
+
+
+@contextlib.contextmanager
+def default_template_in(store: TemplateStore) -> Iterator[Template]:
+    """The suite's `default` template, named in `store` without copying it: the build directory's rootfs is a
+    symlink to the real one, which the push only reads. Nothing is written to the real store."""
+    source = TemplateStore(TEMPLATE_HOME)
+    if not source.exists("default"):
+        pytest.skip(f"no 'default' template in {TEMPLATE_HOME}")
+    real = source.get("default")
+    with store.staging(real.digest) as staging:
+        staging.rootfs.symlink_to(real.rootfs)
+        yield staging.publish(name="default", source=real.source, spec=real.spec, env=real.env)
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+@pytest.mark.timeout(1200)
+@needs_registry
+def test_docker_runs_the_pushed_default_template_and_its_agent_serves(registry: Registry, tmp_path: Path) -> None:
+    if not docker_available():
+        pytest.fail("no Docker daemon answers: start one with scripts/start-dockerd")
+    store = TemplateStore(tmp_path / "home")
+    container = f"corral-push-test-{os.getpid()}"
+    pinned = ""
+    try:
+        with default_template_in(store) as template:
+            agent = AgentFiles(install_agent(store.home))
+            started = time.monotonic()
+            result = push_template(template, f"{registry}/corral/default", store, agent=agent, insecure=True)
+            pushed_s = time.monotonic() - started
+        pinned = result.reference
+        started = time.monotonic()
+        docker("pull", "-q", pinned)  # Docker takes 127.0.0.0/8 registries over plain HTTP
+        pulled_s = time.monotonic() - started
+        assert docker("image", "inspect", "--format", "{{index .RepoDigests 0}}", pinned) == pinned
+        config = json.loads(docker("image", "inspect", "--format", "{{json .Config}}", pinned))
+        assert (config["User"], config["WorkingDir"], config["Entrypoint"]) == \
+            ("1000:1000", "/.corral", list(AGENT_ENTRYPOINT))
+        run_dir = tmp_path / "run"
+        run_dir.mkdir()
+        os.chmod(run_dir, 0o777)
+        docker("run", "-d", "--rm", "--name", container, "--network", "none", "-e", "CORRAL_AGENT_TOKEN=t0ken",
+               "-e", "CORRAL_AGENT_LISTEN=/.corral/run/agent.sock", "-v", f"{run_dir}:/.corral/run", pinned)
+        socket_path = run_dir / "agent.sock"
+        deadline = time.monotonic() + 60
+        while not socket_path.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert socket_path.exists(), docker("logs", container)
+
+        async def exec_in_sandbox() -> Any:
+            client = AgentClient(UnixEndpoint(str(socket_path)), "t0ken")
+            return await client.exec("id -u; pwd; python3 -c 'import numpy, pandas; print(numpy.__version__)'",
+                                     timeout=60)
+
+        r = asyncio.run(exec_in_sandbox())
+        assert r.exit_code == 0, r.stderr
+        uid, cwd, numpy_version = r.stdout.split()
+        assert (uid, cwd) == ("1000", "/workspace") and numpy_version[0].isdigit()  # the agent's default cwd
+        print(f"default template: pushed in {pushed_s:.0f} s, docker pull {pulled_s:.0f} s, {result.digest}")
+    finally:
+        subprocess.run(["docker", "rm", "-f", container], capture_output=True, timeout=60, check=False)
+        if pinned:
+            subprocess.run(["docker", "rmi", "-f", pinned], capture_output=True, timeout=120, check=False)
+        shutil.rmtree(store.home, ignore_errors=True)  # the symlinked rootfs is unlinked, never followed

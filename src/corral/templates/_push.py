@@ -55,7 +55,8 @@ DEFAULT_TIMEOUT_S = 3600.0
 _KILL_GRACE_S = 10.0
 
 # skopeo's messages (containers/image), most specific first: what the registry or the network said.
-_AUTH_MARKERS = ("unauthorized", "authentication required", "denied", "invalid username/password", "401")
+_AUTH_MARKERS = ("unauthorized", "authentication required", "access to the resource is denied",
+                 "invalid username/password", "incorrect username or password")
 _UNREACHABLE_MARKERS = ("connection refused", "no such host", "no route to host", "network is unreachable",
                         "i/o timeout", "server gave http response to https client", "tls: ", "x509: ",
                         "connection reset")

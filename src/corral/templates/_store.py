@@ -57,7 +57,8 @@ class PushedImage:
     """An image made from a template and pushed to a registry (`corral templates push`).
 
     `reference` pins it by digest (`REGISTRY/REPO@sha256:...`), which is how the Kubernetes backend names the
-    image of a Pod; `tag` is the tagged name it was pushed as; `agent` the diff_id of its agent layer.
+    image of a Pod; `tag` is the tagged name it was pushed as; `agent` the digest of its agent layer (which
+    changes with the agent alone).
     """
 
     reference: str
