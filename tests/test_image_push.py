@@ -9,11 +9,13 @@ import contextlib
 import hashlib
 import http.server
 import json
+import marshal
 import os
 import shutil
 import socket
 import stat
 import subprocess
+import sys
 import tarfile
 import threading
 import time
@@ -282,6 +284,12 @@ def test_push_round_trip(registry: Registry, store: TemplateStore, tiny: Templat
         assert (m.uid, m.gid, m.mtime) == (0, 0, 0)
         assert m.mode in (0o755, 0o644), (m.name, oct(m.mode))
     assert agent_files[".corral/agent/__main__.py"].mode == 0o644
+    # Its bytecode names the files where the image has them (not the host copy's path).
+    with tarfile.open(layers[1], "r:*") as tar:
+        pyc = tar.extractfile(f".corral/agent/__pycache__/__main__.{sys.implementation.cache_tag}.pyc")
+        assert pyc is not None
+        code = marshal.loads(pyc.read()[16:])
+    assert code.co_filename == "/.corral/agent/__main__.py"
 
     # The pinned reference is recorded with the template, and shown by `corral templates show`.
     again = store.get("tiny")
@@ -298,7 +306,8 @@ def test_push_round_trip(registry: Registry, store: TemplateStore, tiny: Templat
 
 @needs_registry
 def test_second_push_sends_no_layer_and_digests_are_reproducible(registry: Registry, store: TemplateStore,
-                                                                 tiny: Template, agent: AgentFiles) -> None:
+                                                                 tiny: Template, agent: AgentFiles,
+                                                                 tmp_path: Path) -> None:
     first = push_template(tiny, f"{registry}/corral/tiny:v1", store, agent=agent, insecure=True)
     uploads = registry.uploads()
     assert uploads == 3  # two layers and the config
@@ -310,9 +319,16 @@ def test_second_push_sends_no_layer_and_digests_are_reproducible(registry: Regis
     assert any("rootfs layer" in line and "already made" in line for line in lines)
     assert [p.tag for p in store.get("tiny").pushed] == [f"{registry}/corral/tiny:v1"]
 
-    # From scratch (no cached layer, no layout): the very same image, byte for byte.
+    # From scratch (no cached layer, no layout) and with the agent installed elsewhere by another process (its
+    # host bytecode names another path): the very same image, byte for byte.
     shutil.rmtree(store.home / "images")
-    third = push_template(tiny, f"{registry}/corral/tiny:v2", store, agent=agent, insecure=True)
+    elsewhere = tmp_path / "elsewhere"
+    subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; "
+                    "from corral.backends.local._agent_files import install_agent; "
+                    "print(install_agent(Path(sys.argv[1])))", str(elsewhere)], check=True, timeout=120)
+    other_agent = AgentFiles(next((elsewhere / "agent").glob("*/agent")))
+    assert other_agent.directory != agent.directory
+    third = push_template(tiny, f"{registry}/corral/tiny:v2", store, agent=other_agent, insecure=True)
     assert third.digest == first.digest
     assert [p.tag for p in store.get("tiny").pushed] == [f"{registry}/corral/tiny:v1", f"{registry}/corral/tiny:v2"]
 

@@ -8,13 +8,14 @@ writes it, into one layout per Corral home (`<home>/images/oci`, blobs shared be
 - layer 1: the template's root filesystem, as on disk (numeric owners, the template's mtimes), gzip'd. It is
   made once per template build (recorded in `<home>/images/rootfs/<template digest>.json`) because it is the
   slow part: the default template is 1.8 GB.
-- layer 2: the agent at `/.corral/agent`, root-owned and read-only to the sandbox, with fixed mtimes. A new
-  agent changes this small layer only, so a registry that has the rootfs layer is not sent it again.
+- layer 2: the agent at `/.corral/agent`, root-owned and read-only to the sandbox, with fixed mtimes and its
+  bytecode compiled for that path. A new agent changes this small layer only, so a registry that has the
+  rootfs layer is not sent it again.
 - config: user 1000:1000, working directory `/.corral`, the agent as entrypoint (as the Docker backend starts
   it), the template's environment, labels naming the template and agent digests.
 
 The same template and agent give the same bytes, so the same manifest digest: nothing in the image depends on
-the time or the host beyond the template's own files.
+the time or the host beyond the template's own files (whose mtimes it keeps) and the agent's.
 """
 
 from __future__ import annotations
@@ -22,10 +23,14 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import importlib.util
 import json
 import os
 import platform
+import py_compile
 import secrets
+import shutil
+import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,7 +194,9 @@ def _new_layer(source: Path, layout: Path, prefix: str, normalize: Normalize | N
 def _agent_layer(agent: AgentFiles, layout: Path, emit: Progress) -> _Layer:
     if not (agent.directory / "__main__.py").is_file():
         raise TemplateBuildError(f"{agent.directory} does not hold the agent (no __main__.py)")
-    blob = _new_layer(agent.directory, layout, AGENT_PATH + "/", Normalize(), emit)
+    with tempfile.TemporaryDirectory(dir=layout.parent, prefix=".agent-") as tmp:
+        staged = _stage_agent(agent.directory, Path(tmp) / "agent")
+        blob = _new_layer(staged, layout, AGENT_PATH + "/", Normalize(), emit)
     if _blob_path(layout, blob.digest).exists():
         blob.path.unlink()
         descriptor = Descriptor(_OCI_LAYER_GZIP, blob.digest, blob.size)
@@ -199,12 +206,34 @@ def _agent_layer(agent: AgentFiles, layout: Path, emit: Progress) -> _Layer:
     return _Layer(descriptor, blob.diff_id)
 
 
+def _stage_agent(source: Path, dest: Path) -> Path:
+    """A copy of the agent whose bytecode names the files where the image has them (/.corral/agent/x.py).
+
+    The host's copy was compiled where it was made (`<home>/agent/<digest>/.tmp<pid>/x.py`, which every pyc
+    records as its file name), so its bytecode would make the layer depend on the home and the process that
+    installed the agent, and tracebacks in the sandbox name a host path. Unchecked-hash pycs, as on the host:
+    the files never change under one image."""
+    dest.mkdir(mode=0o755)
+    for entry in sorted(source.iterdir()):
+        if entry.name == "__pycache__":
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.copytree(entry, dest / entry.name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(entry, dest / entry.name, follow_symlinks=False)
+    for module in sorted(dest.rglob("*.py")):
+        in_image = "/" + AGENT_PATH + "/" + module.relative_to(dest).as_posix()
+        py_compile.compile(str(module), cfile=importlib.util.cache_from_source(str(module)), dfile=in_image,
+                           doraise=True, invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    return dest
+
+
 def _config(template: Template, agent: AgentFiles, layers: Sequence[_Layer]) -> dict[str, Any]:
     env = {**_DEFAULT_ENV, **template.env}
     return {
         "architecture": _ARCHES.get(platform.machine(), platform.machine()),
         "os": "linux",
-        "created": template.created_at.isoformat(),
+        # No "created": the image is a function of the template's files and the agent, not of when either was made.
         "config": {
             "User": f"{USER_UID}:{USER_GID}",
             "WorkingDir": "/.corral",
@@ -218,8 +247,8 @@ def _config(template: Template, agent: AgentFiles, layers: Sequence[_Layer]) -> 
         },
         "rootfs": {"type": "layers", "diff_ids": [layer.diff_id for layer in layers]},
         "history": [
-            {"created": template.created_at.isoformat(), "created_by": f"corral template {template.digest}"},
-            {"created": template.created_at.isoformat(), "created_by": "corral agent at /" + AGENT_PATH},
+            {"created_by": f"corral template {template.digest}"},
+            {"created_by": "corral agent at /" + AGENT_PATH},
         ],
     }
 
