@@ -33,7 +33,8 @@ from ._common import error_line
 # tests/test_client_standalone.py checks the two agree): a command that fails to import one names the extra.
 _EXTRA_OF_MODULE: dict[str, str] = {
     **dict.fromkeys(("fastapi", "starlette", "uvicorn", "h11", "sqlalchemy", "greenlet", "aiosqlite", "asyncpg",
-                     "pydantic", "pydantic_core", "idna", "httptools", "python_multipart", "multipart"), "server"),
+                     "pydantic", "pydantic_core", "idna", "httptools", "python_multipart", "multipart", "zstandard"),
+                   "server"),
     "docker": "docker",
 }
 
