@@ -22,7 +22,7 @@ from ..templates import (
     push_template,
 )
 
-templates_app = typer.Typer(help="Build, import and list sandbox templates.", no_args_is_help=True)
+templates_app = typer.Typer(help="Build, import, list and push sandbox templates.", no_args_is_help=True)
 console = Console(stderr=True)
 
 
