@@ -772,11 +772,17 @@ def test_mmdebstrap_gets_the_whole_package_list(monkeypatch: pytest.MonkeyPatch,
     assert "--mode=root" in cmd and "--variant=minbase" in cmd
     assert cmd[-4:] == ["--", "bookworm", str(tmp_path / "rootfs"), "http://deb.debian.org/debian"]
     assert not any(c.startswith("--hook-dir=") and "file-mirror" in c for c in cmd)
+    ca = tmp_path / "proxy-ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    monkeypatch.setenv("PIP_CERT", str(ca))
+    build_module._mmdebstrap(spec, tmp_path / "rootfs", lambda _line: None)
+    assert f'--aptopt=Acquire::https::CAInfo "{ca}"' in commands[-1]  # apt trusts what pip trusts
+    commands.clear()
     (tmp_path / "mirror").mkdir()
     build_module._mmdebstrap(TemplateSpec(name="t", mirror=f"file://{tmp_path}/mirror"), tmp_path / "r2",
                              lambda _line: None)
-    assert f"--hook-dir={build_module._FILE_MIRROR_HOOKS}" in commands[1]
-    assert not any(c.startswith("--include") for c in commands[1])
+    assert f"--hook-dir={build_module._FILE_MIRROR_HOOKS}" in commands[0]
+    assert not any(c.startswith("--include") for c in commands[0])
 
 
 def test_file_mirror_must_be_a_directory(tmp_path: Path) -> None:

@@ -163,6 +163,11 @@ def _mmdebstrap(spec: TemplateSpec, rootfs: Path, emit: Progress) -> None:
         cmd.append("--include=" + ",".join(packages))
     if _local_mirror(spec.mirror) is not None:
         cmd.append(f"--hook-dir={_FILE_MIRROR_HOOKS}")
+    ca_bundle = _host_ca_bundle()
+    if ca_bundle is not None:
+        # apt downloads every package on the host side (mmdebstrap's download step), so a host path is right;
+        # the same trust as pip's (a TLS-inspecting proxy's CA), and the system's store by default.
+        cmd.append(f'--aptopt=Acquire::https::CAInfo "{ca_bundle}"')
     cmd += ["--", spec.suite, str(rootfs), spec.mirror]
     _run(_isolated(*cmd), emit=emit, what="mmdebstrap")
 

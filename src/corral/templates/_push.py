@@ -37,7 +37,7 @@ from pathlib import Path
 from .._exceptions import AuthenticationError, InvalidRequestError, ServerError
 from .._settings import registry_creds
 from ._image import AgentFiles, LocalImage, write_image
-from ._process import Progress, discard
+from ._process import Progress, discard, sigterm_raises
 from ._store import PushedImage, Template, TemplateStore
 
 __all__ = ["ImageReference", "PushResult", "parse_reference", "push_template"]
@@ -133,11 +133,12 @@ def push_template(
     emit = progress or discard
     ref = parse_reference(destination, default_tag=template.name)
     skopeo = _skopeo()
-    image = write_image(template, agent, store.home, emit=emit)
-    emit(f"==> pushing {image.digest[:19]} to {ref} "
-         f"({sum(layer.size for layer in image.layers) / 1e6:.1f} MB in {len(image.layers)} layers)")
-    digest = _copy(skopeo, image, ref, creds=creds or registry_creds(), insecure=insecure, timeout=timeout,
-                   emit=emit)
+    with sigterm_raises():  # a half-written layer and a running skopeo are cleaned up on SIGTERM too
+        image = write_image(template, agent, store.home, emit=emit)
+        emit(f"==> pushing {image.digest[:19]} to {ref} "
+             f"({sum(layer.size for layer in image.layers) / 1e6:.1f} MB in {len(image.layers)} layers)")
+        digest = _copy(skopeo, image, ref, creds=creds or registry_creds(), insecure=insecure, timeout=timeout,
+                       emit=emit)
     if digest != image.digest:
         raise ServerError(f"the registry reports digest {digest} for {ref}, not the image's {image.digest}",
                           details={"registry": ref.registry, "reason": "digest_mismatch"})
