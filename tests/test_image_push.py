@@ -338,6 +338,8 @@ def test_bad_reference_is_refused_before_anything(registry: Registry, store: Tem
                                                   agent: AgentFiles) -> None:
     with pytest.raises(InvalidRequestError, match="invalid image reference"):
         push_template(tiny, f"{registry}/Corral/Tiny", store, agent=agent, insecure=True)
+    with pytest.raises(InvalidRequestError, match="USER:PASSWORD"):
+        push_template(tiny, f"{registry}/corral/tiny", store, agent=agent, insecure=True, creds="no-colon")
     assert not (store.home / "images").exists()
     assert catalog(registry) == []
     assert store.get("tiny").pushed == ()

@@ -132,13 +132,13 @@ def push_template(
     """
     emit = progress or discard
     ref = parse_reference(destination, default_tag=template.name)
+    login = _login(creds or registry_creds())  # bad input is refused before anything is written
     skopeo = _skopeo()
     with sigterm_raises():  # a half-written layer and a running skopeo are cleaned up on SIGTERM too
         image = write_image(template, agent, store.home, emit=emit)
         emit(f"==> pushing {image.digest[:19]} to {ref} "
              f"({sum(layer.size for layer in image.layers) / 1e6:.1f} MB in {len(image.layers)} layers)")
-        digest = _copy(skopeo, image, ref, creds=creds or registry_creds(), insecure=insecure, timeout=timeout,
-                       emit=emit)
+        digest = _copy(skopeo, image, ref, login=login, insecure=insecure, timeout=timeout, emit=emit)
     if digest != image.digest:
         raise ServerError(f"the registry reports digest {digest} for {ref}, not the image's {image.digest}",
                           details={"registry": ref.registry, "reason": "digest_mismatch"})
@@ -166,11 +166,17 @@ def _private_dir() -> Iterator[Path]:
         yield Path(tmp)
 
 
-def _auth_file(directory: Path, registry: str, creds: str) -> Path:
+def _login(creds: str | None) -> tuple[str, str] | None:
+    if creds is None:
+        return None
     user, colon, password = creds.partition(":")
     if not user or not colon:
         raise InvalidRequestError("registry credentials must be USER:PASSWORD")
-    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return user, password
+
+
+def _auth_file(directory: Path, registry: str, login: tuple[str, str]) -> Path:
+    token = base64.b64encode(f"{login[0]}:{login[1]}".encode()).decode()
     path = directory / "auth.json"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -178,14 +184,14 @@ def _auth_file(directory: Path, registry: str, creds: str) -> Path:
     return path
 
 
-def _copy(skopeo: str, image: LocalImage, ref: ImageReference, *, creds: str | None, insecure: bool,
+def _copy(skopeo: str, image: LocalImage, ref: ImageReference, *, login: tuple[str, str] | None, insecure: bool,
           timeout: float, emit: Progress) -> str:
     with _private_dir() as tmp:
         digest_file = tmp / "digest"
         cmd = [skopeo, "--command-timeout", f"{int(timeout)}s", "copy", "--retry-times", "0",
                "--digestfile", str(digest_file)]
-        if creds is not None:
-            cmd += ["--dest-authfile", str(_auth_file(tmp, ref.registry, creds))]
+        if login is not None:
+            cmd += ["--dest-authfile", str(_auth_file(tmp, ref.registry, login))]
         if insecure:
             cmd += ["--dest-tls-verify=false"]
         cmd += [f"oci:{image.layout}:{image.ref}", f"docker://{ref}"]
