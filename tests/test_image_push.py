@@ -583,3 +583,37 @@ def test_docker_runs_the_pushed_default_template_and_its_agent_serves(registry: 
         if pinned:
             subprocess.run(["docker", "rmi", "-f", pinned], capture_output=True, timeout=120, check=False)
         shutil.rmtree(store.home, ignore_errors=True)  # the symlinked rootfs is unlinked, never followed
+
+
+@needs_registry
+def test_images_of_removed_templates_are_pruned(registry: Registry, store: TemplateStore, tiny: Template,
+                                                agent: AgentFiles) -> None:
+    first = push_template(tiny, f"{registry}/corral/tiny", store, agent=agent, insecure=True)
+    with store.staging("cd" * 32) as staging:
+        staging.rootfs.mkdir(mode=0o755)
+        (staging.rootfs / "other").write_text("another template\n")
+        other = staging.publish(name="other", source="mmdebstrap", spec={}, env={})
+    layout = store.home / "images" / "oci"
+    (layout / "blobs" / ".tmp-leftover").write_bytes(b"a writer that was killed")
+    blobs = layout / "blobs" / "sha256"
+    rootfs_blob = blobs / first.image.layers[0].digest.removeprefix("sha256:")
+    assert rootfs_blob.exists()
+
+    # While `tiny` exists, pushing another template keeps its image.
+    push_template(other, f"{registry}/corral/other", store, agent=agent, insecure=True)
+    assert rootfs_blob.exists() and (store.home / "images" / "rootfs" / f"{tiny.digest}.json").exists()
+    assert not (layout / "blobs" / ".tmp-leftover").exists()
+
+    store.remove("tiny")
+    lines: list[str] = []
+    second = push_template(other, f"{registry}/corral/other", store, agent=agent, insecure=True,
+                           progress=lines.append)
+    assert any(line.startswith("==> removed ") and "unused image blobs" in line for line in lines)
+    assert not rootfs_blob.exists() and not (store.home / "images" / "rootfs" / f"{tiny.digest}.json").exists()
+    index = json.loads((layout / "index.json").read_text())
+    assert [m["digest"] for m in index["manifests"]] == [second.digest]
+    remaining = {p.name for p in blobs.iterdir()}
+    assert remaining == {d.removeprefix("sha256:") for d in
+                         (second.digest, second.image.config.digest, *(lay.digest for lay in second.image.layers))}
+    # What is left is a complete image: skopeo still reads it.
+    json.loads(skopeo("inspect", f"oci:{layout}:{second.image.ref}"))

@@ -14,6 +14,10 @@ writes it, into one layout per Corral home (`<home>/images/oci`, blobs shared be
 - config: user 1000:1000, working directory `/.corral`, the agent as entrypoint (as the Docker backend starts
   it), the template's environment, labels naming the template and agent digests.
 
+Blobs are shared and kept: each push first drops the images of templates that are no longer in the store, and
+every blob no remaining image uses (`keep`). Writers hold the layout's lock exclusively, readers (skopeo while it
+copies) shared, so no blob disappears under a copy.
+
 The same template and agent give the same bytes, so the same manifest digest: nothing in the image depends on
 the time or the host beyond the template's own files (whose mtimes it keeps) and the agent's.
 """
@@ -31,7 +35,7 @@ import py_compile
 import secrets
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +48,7 @@ from ._spec import canonical_json
 from ._store import Template
 from ._tarball import LayerBlob, Normalize, write_layer
 
-__all__ = ["AGENT_ENTRYPOINT", "AGENT_PATH", "AgentFiles", "LocalImage", "write_image"]
+__all__ = ["AGENT_ENTRYPOINT", "AGENT_PATH", "AgentFiles", "LocalImage", "reading_image", "write_image"]
 
 # As the local bundle and the Docker backend start the agent (tests/test_image_push.py checks they agree).
 AGENT_ENTRYPOINT = ("/usr/bin/python3", "-S", "-B", "-c", "from agent.__main__ import main; main()")
@@ -55,6 +59,7 @@ _OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 _OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 _OCI_LAYER_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
 _REF_ANNOTATION = "org.opencontainers.image.ref.name"
+_TEMPLATE_ANNOTATION = "org.corral.template.digest"
 _DEFAULT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 _ARCHES = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "ppc64le": "ppc64le", "s390x": "s390x"}
 
@@ -93,15 +98,20 @@ class LocalImage:
         return self.manifest.digest
 
 
-def write_image(template: Template, agent: AgentFiles, home: Path, *, emit: Progress) -> LocalImage:
+def write_image(template: Template, agent: AgentFiles, home: Path, *, emit: Progress,
+                keep: Callable[[str], bool] | None = None) -> LocalImage:
     """Write `template` plus `agent` as an image into `<home>/images/oci` and return it.
 
-    `TemplateBuildError` if the files cannot be read or written; a failure leaves no partial blob behind
-    (blobs are renamed into place once complete, and index.json is replaced atomically).
+    With `keep` (template digest -> whether that template still exists), the images of templates that are gone
+    are dropped first, with every blob no image uses any more. `TemplateBuildError` if the files cannot be read
+    or written; a failure leaves no partial blob behind (blobs are renamed into place once complete, and
+    index.json is replaced atomically).
     """
     layout = home / "images" / "oci"
     try:
-        with _layout_lock(layout):
+        with _layout_lock(layout, exclusive=True):
+            if keep is not None:
+                _prune(layout, home, keep, emit)
             rootfs = _rootfs_layer(template, home, layout, emit)
             agent_layer = _agent_layer(agent, layout, emit)
             return _finish(template, agent, layout, (rootfs, agent_layer))
@@ -110,12 +120,20 @@ def write_image(template: Template, agent: AgentFiles, home: Path, *, emit: Prog
 
 
 @contextlib.contextmanager
-def _layout_lock(layout: Path) -> Iterator[None]:
+def reading_image(image: LocalImage) -> Iterator[None]:
+    """Hold `image`'s blobs in place while something reads them (skopeo copying it): no prune runs meanwhile."""
+    with _layout_lock(image.layout, exclusive=False):
+        yield
+
+
+@contextlib.contextmanager
+def _layout_lock(layout: Path, *, exclusive: bool) -> Iterator[None]:
     (layout / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
     fd = os.open(layout.parent / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # two pushes at once share blobs and index.json
-        if not (layout / "oci-layout").exists():
+        # Writers (and pruning) exclusive: pushes share blobs and index.json. Readers shared.
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        if exclusive and not (layout / "oci-layout").exists():
             write_atomic(layout / "oci-layout", b'{"imageLayoutVersion":"1.0.0"}', mode=0o644)
         yield
     finally:
@@ -263,18 +281,66 @@ def _finish(template: Template, agent: AgentFiles, layout: Path, layers: Sequenc
     }
     manifest = _put_blob(layout, canonical_json(manifest_json), _OCI_MANIFEST)
     ref = manifest.digest.removeprefix("sha256:")
-    _add_to_index(layout, manifest, ref)
+    _add_to_index(layout, manifest, ref, template.digest)
     return LocalImage(layout, ref, manifest, config, tuple(layer.descriptor for layer in layers))
 
 
-def _add_to_index(layout: Path, manifest: Descriptor, ref: str) -> None:
+def _read_index(layout: Path) -> dict[str, Any]:
     path = layout / "index.json"
     try:
-        index = json.loads(path.read_bytes())
+        index: dict[str, Any] = json.loads(path.read_bytes())
     except FileNotFoundError:
-        index = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": []}
+        return {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": []}
     except ValueError as exc:
         raise TemplateBuildError(f"{path} is not valid JSON: {exc}") from exc
+    return index
+
+
+def _add_to_index(layout: Path, manifest: Descriptor, ref: str, template_digest: str) -> None:
+    index = _read_index(layout)
     kept = [m for m in index.get("manifests", []) if (m.get("annotations") or {}).get(_REF_ANNOTATION) != ref]
-    index["manifests"] = [*kept, {**manifest.to_json(), "annotations": {_REF_ANNOTATION: ref}}]
-    write_atomic(path, canonical_json(index), mode=0o644)
+    # Annotations of the index entry, not of the manifest: they leave the image's digest alone.
+    annotations = {_REF_ANNOTATION: ref, _TEMPLATE_ANNOTATION: template_digest}
+    index["manifests"] = [*kept, {**manifest.to_json(), "annotations": annotations}]
+    write_atomic(layout / "index.json", canonical_json(index), mode=0o644)
+
+
+def _prune(layout: Path, home: Path, keep: Callable[[str], bool], emit: Progress) -> None:
+    """Drop the images (and cached rootfs layers) of templates that are gone, then every unreferenced blob."""
+    index = _read_index(layout)
+    manifests = index.get("manifests", [])
+    kept = [m for m in manifests if keep(str((m.get("annotations") or {}).get(_TEMPLATE_ANNOTATION, "")))]
+    if len(kept) != len(manifests):
+        index["manifests"] = kept
+        write_atomic(layout / "index.json", canonical_json(index), mode=0o644)
+    used: set[str] = set()
+    for record in sorted((home / "images" / "rootfs").glob("*.json")):
+        if not keep(record.stem):
+            record.unlink()
+            continue
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            used.add(str(json.loads(record.read_bytes())["digest"]))
+    for entry in kept:
+        used |= _blobs_of(layout, str(entry["digest"]))
+    _remove_unused_blobs(layout, {d.removeprefix("sha256:") for d in used}, emit)
+
+
+def _blobs_of(layout: Path, manifest_digest: str) -> set[str]:
+    try:
+        manifest = json.loads(_blob_path(layout, manifest_digest).read_bytes())
+        return {manifest_digest, manifest["config"]["digest"], *(layer["digest"] for layer in manifest["layers"])}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {manifest_digest}
+
+
+def _remove_unused_blobs(layout: Path, used: set[str], emit: Progress) -> None:
+    removed, freed = 0, 0
+    blobs = layout / "blobs"
+    # `.tmp-*` are layers whose writer was killed: writers hold the exclusive lock, so none is being written.
+    doomed = [p for p in (blobs / "sha256").iterdir() if p.name not in used] + list(blobs.glob(".tmp-*"))
+    for path in doomed:
+        freed += path.stat().st_size
+        path.unlink()
+        removed += 1
+    if removed:
+        emit(f"==> removed {removed} unused image blobs ({freed / 1e6:.1f} MB)")

@@ -28,7 +28,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -36,8 +36,9 @@ from pathlib import Path
 
 from .._exceptions import AuthenticationError, InvalidRequestError, ServerError
 from .._settings import registry_creds
-from ._image import AgentFiles, LocalImage, write_image
+from ._image import AgentFiles, LocalImage, reading_image, write_image
 from ._process import Progress, discard, sigterm_raises
+from ._spec import DIGEST_RE
 from ._store import PushedImage, Template, TemplateStore
 
 __all__ = ["ImageReference", "PushResult", "parse_reference", "push_template"]
@@ -135,10 +136,11 @@ def push_template(
     login = _login(creds or registry_creds())  # bad input is refused before anything is written
     skopeo = _skopeo()
     with sigterm_raises():  # a half-written layer and a running skopeo are cleaned up on SIGTERM too
-        image = write_image(template, agent, store.home, emit=emit)
+        image = write_image(template, agent, store.home, emit=emit, keep=_still_there(store))
         emit(f"==> pushing {image.digest[:19]} to {ref} "
              f"({sum(layer.size for layer in image.layers) / 1e6:.1f} MB in {len(image.layers)} layers)")
-        digest = _copy(skopeo, image, ref, login=login, insecure=insecure, timeout=timeout, emit=emit)
+        with reading_image(image):
+            digest = _copy(skopeo, image, ref, login=login, insecure=insecure, timeout=timeout, emit=emit)
     if digest != image.digest:
         raise ServerError(f"the registry reports digest {digest} for {ref}, not the image's {image.digest}",
                           details={"registry": ref.registry, "reason": "digest_mismatch"})
@@ -146,6 +148,13 @@ def push_template(
     recorded = store.record_push(template, pushed)
     emit(f"==> pushed {pushed.reference}")
     return PushResult(pushed.reference, str(ref), digest, image, recorded)
+
+
+def _still_there(store: TemplateStore) -> Callable[[str], bool]:
+    def keep(digest: str) -> bool:
+        return bool(DIGEST_RE.fullmatch(digest)) and store.lookup_digest(digest) is not None
+
+    return keep
 
 
 def _agent_id(image: LocalImage) -> str:
