@@ -8,6 +8,8 @@
 `CORRAL_API_KEY` is the API key clients send as a Bearer token.
 `CORRAL_ACCESS_SECRET` is the secret sandboxes' access tokens are derived from (several replicas share one); by
 default each server keeps one in `CORRAL_HOME/access.key`.
+`CORRAL_REGISTRY_CREDS` (`USER:PASSWORD`) is what `corral templates push` logs in to a registry with, when no
+`--creds` is given (without either, skopeo reads the standard auth files).
 """
 
 from __future__ import annotations
@@ -65,3 +67,8 @@ def k8s_backend() -> dict[str, str]:
     names = {"namespace": "CORRAL_K8S_NAMESPACE", "control_namespace": "CORRAL_K8S_CONTROL_NAMESPACE",
              "runtime_class": "CORRAL_K8S_RUNTIME_CLASS", "pool": "CORRAL_K8S_POOL"}
     return {key: os.environ[name] for key, name in names.items() if os.environ.get(name)}
+
+
+def registry_creds() -> str | None:
+    """`$CORRAL_REGISTRY_CREDS` (`USER:PASSWORD`) for pushing template images, if set."""
+    return os.environ.get("CORRAL_REGISTRY_CREDS") or None

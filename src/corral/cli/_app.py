@@ -33,7 +33,8 @@ from ._common import error_line
 # tests/test_client_standalone.py checks the two agree): a command that fails to import one names the extra.
 _EXTRA_OF_MODULE: dict[str, str] = {
     **dict.fromkeys(("fastapi", "starlette", "uvicorn", "h11", "sqlalchemy", "greenlet", "aiosqlite", "asyncpg",
-                     "pydantic", "pydantic_core", "idna", "httptools", "python_multipart", "multipart"), "server"),
+                     "pydantic", "pydantic_core", "idna", "httptools", "python_multipart", "multipart", "zstandard"),
+                   "server"),
     "docker": "docker",
     **dict.fromkeys(("kubernetes_asyncio", "aiohttp"), "kubernetes"),
 }
@@ -82,7 +83,7 @@ _COMMANDS: dict[str, _Command] = {
     "tenants": _Command("_tenants", "tenants_app", "Create, list and update tenants (admin)."),
     "keys": _Command("_keys", "keys_app", "Create, list and revoke API keys (admin)."),
     "audit": _Command("_audit", "audit_app", "Verify, export and follow the audit trail."),
-    "templates": _Command("_templates", "templates_app", "Build, import and list sandbox templates."),
+    "templates": _Command("_templates", "templates_app", "Build, import, list and push sandbox templates."),
     "bench": _Command("_bench", "bench_app", "Benchmarks (medians, p95 and ratios to a baseline measured in the "
                                              "same run)."),
     "eval": _Command("_eval", "eval_app", "The evaluation corpus: run it against a sandbox service, report, "

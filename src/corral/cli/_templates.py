@@ -1,4 +1,4 @@
-"""`corral templates build|ls|import|rm`."""
+"""`corral templates build|ls|show|import|push|rm`."""
 
 from __future__ import annotations
 
@@ -10,9 +10,19 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ..templates import TemplateStore, build_template, builtin_spec, import_image, load_spec
+from ..backends.local._agent_files import install_agent
+from ..templates import (
+    AgentFiles,
+    Template,
+    TemplateStore,
+    build_template,
+    builtin_spec,
+    import_image,
+    load_spec,
+    push_template,
+)
 
-templates_app = typer.Typer(help="Build, import and list sandbox templates.", no_args_is_help=True)
+templates_app = typer.Typer(help="Build, import, list and push sandbox templates.", no_args_is_help=True)
 console = Console(stderr=True)
 
 
@@ -35,7 +45,7 @@ def build(
     name: str = typer.Argument("default", help="A built-in template (default, polyglot...) or a spec file."),
     force: bool = typer.Option(False, help="Rebuild even if an identical template exists."),
 ) -> None:
-    """Build a template with debootstrap (cached by content: an unchanged spec is instant)."""
+    """Build a template with mmdebstrap (cached by content: an unchanged spec is instant)."""
     spec = load_spec(name) if Path(name).is_file() else builtin_spec(name)
     store = TemplateStore()
     with console.status(f"building {spec.name}") as status:
@@ -58,10 +68,40 @@ def ls(as_json: bool = typer.Option(False, "--json")) -> None:
     if as_json:
         typer.echo(json.dumps([t.to_dict() for t in templates], default=str))
         return
-    table = Table("name", "digest", "source", "size", "created")
+    table = Table("name", "digest", "source", "size", "created", "pushed")
     for t in templates:
-        table.add_row(t.name, t.digest[:12], t.source, f"{t.size_bytes / 1e6:.0f} MB", t.created_at.isoformat())
+        table.add_row(t.name, t.digest[:12], t.source, f"{t.size_bytes / 1e6:.0f} MB", t.created_at.isoformat(),
+                      _last_push(t))
     Console().print(table)
+
+
+def _last_push(template: Template) -> str:
+    return template.pushed[-1].reference if template.pushed else ""
+
+
+@templates_app.command("show")
+def show(name: str) -> None:
+    """A template's details as JSON, with the images pushed from it (pinned by digest)."""
+    typer.echo(json.dumps(TemplateStore().get(name).to_dict(), indent=2, default=str))
+
+
+@templates_app.command("push")
+def push(
+    name: str = typer.Argument(..., help="The template to publish."),
+    destination: str = typer.Argument(..., help="REGISTRY/REPOSITORY[:TAG]; the tag defaults to the name."),
+    creds: str | None = typer.Option(None, "--creds", help="USER:PASSWORD (else $CORRAL_REGISTRY_CREDS, else "
+                                     "the standard auth files: $REGISTRY_AUTH_FILE, ~/.docker/config.json)."),
+    insecure: bool = typer.Option(False, "--insecure", help="Plain HTTP / unverified TLS (a loopback registry)."),
+    timeout: float = typer.Option(3600.0, help="Seconds the upload may take."),
+) -> None:
+    """Publish a template as an OCI image (rootfs + agent) and print its reference pinned by digest."""
+    store = TemplateStore()
+    template = store.get(name)
+    with console.status(f"pushing {name}") as status:
+        agent = AgentFiles(install_agent(store.home))
+        result = push_template(template, destination, store, agent=agent, creds=creds, insecure=insecure,
+                               timeout=timeout, progress=_Progress(status))
+    typer.echo(result.reference)
 
 
 @templates_app.command("rm")

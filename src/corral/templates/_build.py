@@ -1,21 +1,27 @@
-"""`build_template`: a `TemplateSpec` turned into a root filesystem with debootstrap, apt and a chroot.
+"""`build_template`: a `TemplateSpec` turned into a root filesystem with mmdebstrap and a chroot.
 
 Steps, all inside a locked `.build-*` directory that only a final rename makes visible:
 
-1. `debootstrap --variant=minbase <suite> <rootfs> <mirror>`: the base system alone
-2. `apt-get update` and `apt-get install --no-install-recommends <packages>`, inside the chroot: apt resolves
-   and dpkg configures in dependency order, which debootstrap's `--include` cannot do for every package
-   (npm's node-gyp fails to configure there)
-3. the sandbox user (1000:1000) with `useradd`, inside the chroot
-4. `pip install` into /usr/local, inside the chroot
-5. the spec's files, the mount points, and a clean-up of apt's caches, package lists and logs
-6. `template.json`, a filesystem sync, and the rename
+1. `mmdebstrap --variant=minbase --include=<packages> <suite> <rootfs> <mirror>`: the base system and the spec's
+   packages in one run. apt resolves the whole package list itself and dpkg configures in dependency order
+   (debootstrap's `--include` could not: npm's node-gyp failed to configure there, which is why the builder
+   used to run apt in a chroot as a second phase); mmdebstrap gives maintainer scripts a populated /dev,
+   /proc and /sys, and a policy-rc.d that keeps services from starting, and removes all of it at the end.
+2. the sandbox user (1000:1000) with `useradd`, inside the chroot
+3. `pip install` into /usr/local, inside the chroot
+4. the spec's files, the mount points, and a clean-up of apt's caches, package lists and logs
+5. `template.json`, a filesystem sync, and the rename
 
-Every command runs under `unshare --mount --pid --fork --kill-child`: what it mounts (debootstrap mounts /proc
-and /sys in its target; the chroot steps mount /proc, and apt's also a fresh /dev and a read-only /sys) lives
-in a private mount namespace, and what it starts lives in a private pid namespace. Both die with the command,
-so no exit path (exception, SIGKILL of the builder) can leave a mount on the host or a download or a
-maintainer script's daemon running on.
+mmdebstrap is required (scripts/install installs it); there is no debootstrap fallback, because two builders
+would give one spec digest two different root filesystems. It runs in `--mode=root` since the builder is root
+anyway (the store's files belong to root and the sandbox user); its `unshare` mode builds without root, which
+a build Job in a cluster needs, but yields files owned by the caller's subordinate ids, which a template on
+this machine must not have.
+
+Every command runs under `unshare --mount --pid --fork --kill-child`: what it mounts (mmdebstrap mounts /dev,
+/proc and /sys in its target; the chroot steps mount /proc) lives in a private mount namespace, and what it
+starts lives in a private pid namespace. Both die with the command, so no exit path (exception, SIGKILL of the
+builder) can leave a mount on the host or a download or a maintainer script's daemon running on.
 """
 
 from __future__ import annotations
@@ -37,8 +43,8 @@ from ._store import Template, TemplateStore
 __all__ = ["build_template"]
 
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# A build host behind a proxy or with its own package index needs these passed to debootstrap (wget), apt
-# and pip; nothing else is inherited from the caller's environment.
+# A build host behind a proxy or with its own package index needs these passed to mmdebstrap (apt) and pip;
+# nothing else is inherited from the caller's environment.
 _PASSED_VARS = (
     "http_proxy",
     "https_proxy",
@@ -55,61 +61,22 @@ _PASSED_VARS = (
 _HOST_CA_SOURCES = ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE")
 _HOST_CA_DEFAULT = "/etc/ssl/certs/ca-certificates.crt"
 _BUILD_CA = "/tmp/corral-build-ca.pem"
-# A file:// mirror is a host directory: the apt step bind-mounts it here, under a tmpfs on /run, and points a
-# temporary source list at it.
-_MIRROR_MOUNT = "/run/corral-mirror"
-_BUILD_SOURCES = "/tmp/corral-build-sources.list"
-# Maintainer scripts ask invoke-rc.d before starting a service; 101 means "not allowed" (policy-rc.d(8)).
-_POLICY_RC_D = "/usr/sbin/policy-rc.d"
-
-_APT_OPTIONS = (
-    "-q",  # no progress bars: one line per download and per dpkg step
-    "-o",
-    "Dpkg::Use-Pty=0",
-    "-o",
-    "APT::Color=0",
-    # Package descriptions are not needed to install (and a mirror that served debootstrap may lack them).
-    "-o",
-    "Acquire::Languages=none",
+_MMDEBSTRAP_OPTIONS = (
+    "--mode=root",
+    "--format=directory",
+    "--verbose",  # apt's and dpkg's own lines: one per download and per package set up
+    "--aptopt=Dpkg::Use-Pty \"0\"",
+    "--aptopt=APT::Color \"0\"",
+    # Package descriptions are not needed to install (and a local mirror may lack them).
+    "--aptopt=Acquire::Languages \"none\"",
     # No fsync per file: nothing uses the rootfs until it is published, and publishing syncs the filesystem.
-    "-o",
-    "Dpkg::Options::=--force-unsafe-io",
+    "--dpkgopt=force-unsafe-io",
+    # merged /usr by symlinks plus the usr-is-merged marker, as debootstrap makes it, instead of the usrmerge
+    # package that bookworm's init-system-helpers would pull in (with perl and three perl libraries: 50 MB).
+    "--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr",
 )
-
-# Run by the first process of the apt step's pid namespace, inside its private mount namespace, before it
-# chroots: maintainer scripts get a /dev of their own (the usual nodes, none of the host's disks) and a
-# read-only /sys; /proc is unshare's. The mounts are undone on the way out, and die with the namespace
-# whatever happens (this shell is the namespace's init: when it dies, the kernel kills the rest).
-_CHROOT_SCRIPT = r"""
-set -eu
-root=$1 mirror=$2
-shift 2
-mount -t tmpfs -o nosuid,noexec,mode=0755 corral-dev "$root/dev"
-mknod -m 666 "$root/dev/null" c 1 3
-mknod -m 666 "$root/dev/zero" c 1 5
-mknod -m 666 "$root/dev/full" c 1 7
-mknod -m 666 "$root/dev/random" c 1 8
-mknod -m 666 "$root/dev/urandom" c 1 9
-mknod -m 666 "$root/dev/tty" c 5 0
-mkdir "$root/dev/pts" "$root/dev/shm"
-ln -s /proc/self/fd "$root/dev/fd"
-ln -s /proc/self/fd/0 "$root/dev/stdin"
-ln -s /proc/self/fd/1 "$root/dev/stdout"
-ln -s /proc/self/fd/2 "$root/dev/stderr"
-mount -t sysfs -o ro,nosuid,nodev,noexec corral-sys "$root/sys"
-if [ -n "$mirror" ]; then
-    mount -t tmpfs -o nosuid,nodev,mode=0755 corral-run "$root/run"
-    mkdir "$root/run/corral-mirror"
-    mount --bind "$mirror" "$root/run/corral-mirror"
-    mount -o remount,bind,ro "$root/run/corral-mirror"
-fi
-status=0
-chroot "$root" "$@" || status=$?
-# Lazily: a straggler holding /dev/null must not turn a finished install into a failure.
-if [ -n "$mirror" ]; then umount -l "$root/run"; fi
-umount -l "$root/sys" "$root/dev"
-exit "$status"
-"""
+# Makes a file:// mirror's directory visible inside the chroot, where apt installs the --include packages.
+_FILE_MIRROR_HOOKS = "/usr/share/mmdebstrap/hooks/file-mirror-automount"
 
 _RESOLV_CONF = b"# Corral sandboxes reach the network only through the egress proxy (see HTTPS_PROXY).\n"
 _HOSTNAME = b"corral\n"
@@ -126,8 +93,8 @@ def build_template(
 
     A spec whose digest is already built returns at once (only the name is pointed at it) unless `force`.
     `progress` receives one line at a time: Corral's own steps start with `==> `, the rest is the output of
-    debootstrap and pip. Needs root. Raises `TemplateBuildError` when a step fails; whatever the failure or
-    interruption (exception, Ctrl-C, SIGTERM), no partial template ever becomes visible.
+    mmdebstrap (apt's and dpkg's included) and pip. Needs root. Raises `TemplateBuildError` when a step fails;
+    whatever the failure or interruption (exception, Ctrl-C, SIGTERM), no partial template ever becomes visible.
     """
     emit = progress or discard
     digest = spec.digest()
@@ -139,10 +106,7 @@ def build_template(
     emit(f"==> building template {spec.name!r} ({digest[:12]}) in {store.root}")
     with sigterm_raises(), store.staging(digest) as staging:
         try:
-            _debootstrap(spec, staging.rootfs, emit)
-            packages = spec.effective_apt_packages()
-            if packages:
-                _apt_install(spec, staging.rootfs, packages, emit)
+            _mmdebstrap(spec, staging.rootfs, emit)
             _add_user(staging.rootfs, emit)
             if spec.pip_packages:
                 _pip_install(staging.rootfs, spec.pip_packages, emit)
@@ -154,7 +118,7 @@ def build_template(
             raise TemplateBuildError(f"building template {spec.name!r} failed: {exc}") from exc
         template = staging.publish(
             name=spec.name,
-            source="debootstrap",
+            source="mmdebstrap",
             spec=spec.model_dump(mode="json"),
             env=dict(spec.env),
             force=force,
@@ -165,10 +129,10 @@ def build_template(
 
 def _check_host() -> None:
     if os.geteuid() != 0:
-        raise TemplateBuildError("building a template needs root (debootstrap and chroot)")
-    for tool in ("debootstrap", "chroot", "unshare", "setpriv", "mount"):
+        raise TemplateBuildError("building a template needs root (mmdebstrap --mode=root and chroot)")
+    for tool in ("mmdebstrap", "chroot", "unshare", "setpriv", "mount"):
         if shutil.which(tool, path=_PATH) is None:
-            raise TemplateBuildError(f"{tool} is not installed; on Debian: apt-get install debootstrap util-linux")
+            raise TemplateBuildError(f"{tool} is not installed; on Debian: apt-get install mmdebstrap util-linux")
 
 
 def _command_env() -> dict[str, str]:
@@ -190,23 +154,22 @@ def _in_chroot(rootfs: Path, *cmd: str) -> list[str]:
     return _isolated("chroot", str(rootfs), *cmd, proc=f"{rootfs}/proc")
 
 
-def _in_build_chroot(rootfs: Path, *cmd: str, mirror_dir: Path | None = None) -> list[str]:
-    """`_in_chroot`, plus a private /dev and /sys (and the bind-mounted `mirror_dir`) for maintainer scripts."""
-    mounts = ("/dev", "/sys", "/proc") + (("/run",) if mirror_dir is not None else ())
-    for mount_point in mounts:
-        host = rootfs / mount_point.lstrip("/")
-        # mount(8) follows symlinks: a mount point that is not a plain directory could put a mount elsewhere.
-        if host.is_symlink() or not host.is_dir():
-            raise TemplateBuildError(f"the root filesystem's {mount_point} is not a directory")
-    script = ["sh", "-c", _CHROOT_SCRIPT, "corral-chroot", str(rootfs), str(mirror_dir or "")]
-    return _isolated(*script, *cmd, proc=f"{rootfs}/proc")
-
-
-def _debootstrap(spec: TemplateSpec, rootfs: Path, emit: Progress) -> None:
-    emit(f"==> debootstrap {spec.suite} ({spec.variant}) from {spec.mirror}")
-    cmd = _isolated("debootstrap", f"--variant={spec.variant}", spec.suite, str(rootfs), spec.mirror)
-    # On failure debootstrap's own log says which package or download broke; its stdout often does not.
-    _run(cmd, emit=emit, what="debootstrap", log=rootfs / "debootstrap" / "debootstrap.log")
+def _mmdebstrap(spec: TemplateSpec, rootfs: Path, emit: Progress) -> None:
+    packages = spec.effective_apt_packages()
+    with_packages = f" with {' '.join(packages)}" if packages else ""
+    emit(f"==> mmdebstrap {spec.suite} ({spec.variant}) from {spec.mirror}{with_packages}")
+    cmd = ["mmdebstrap", *_MMDEBSTRAP_OPTIONS, f"--variant={spec.variant}"]
+    if packages:
+        cmd.append("--include=" + ",".join(packages))
+    if _local_mirror(spec.mirror) is not None:
+        cmd.append(f"--hook-dir={_FILE_MIRROR_HOOKS}")
+    ca_bundle = _host_ca_bundle()
+    if ca_bundle is not None:
+        # apt downloads every package on the host side (mmdebstrap's download step), so a host path is right;
+        # the same trust as pip's (a TLS-inspecting proxy's CA), and the system's store by default.
+        cmd.append(f'--aptopt=Acquire::https::CAInfo "{ca_bundle}"')
+    cmd += ["--", spec.suite, str(rootfs), spec.mirror]
+    _run(_isolated(*cmd), emit=emit, what="mmdebstrap")
 
 
 def _local_mirror(mirror: str) -> Path | None:
@@ -218,29 +181,6 @@ def _local_mirror(mirror: str) -> Path | None:
     if not path.is_dir():
         raise TemplateBuildError(f"the mirror directory {path} does not exist")
     return path
-
-
-def _apt_install(spec: TemplateSpec, rootfs: Path, packages: Sequence[str], emit: Progress) -> None:
-    emit(f"==> apt-get install {' '.join(packages)}")
-    mirror_dir = _local_mirror(spec.mirror)
-    options = list(_APT_OPTIONS)
-    with _host_network(rootfs) as ca_bundle, _no_services(rootfs):
-        if ca_bundle is not None:
-            options += ["-o", f"Acquire::https::CAInfo={ca_bundle}"]
-        try:
-            if mirror_dir is not None:
-                # debootstrap leaves no source for a file:// mirror, and the chroot cannot see its path.
-                sources = f"deb file://{_MIRROR_MOUNT} {spec.suite} main\n"
-                write_file(rootfs, _BUILD_SOURCES, sources.encode())
-                options += ["-o", f"Dir::Etc::SourceList={_BUILD_SOURCES}"]
-            apt = ("apt-get", *options)
-            update = _in_build_chroot(rootfs, *apt, "update", mirror_dir=mirror_dir)
-            _run(update, emit=emit, what="apt-get update")
-            install_cmd = (*apt, "install", "--yes", "--no-install-recommends", *packages)
-            install = _in_build_chroot(rootfs, *install_cmd, mirror_dir=mirror_dir)
-            _run(install, emit=emit, what="apt-get install")
-        finally:
-            resolve_in_root(rootfs, _BUILD_SOURCES).unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
@@ -262,16 +202,6 @@ def _host_network(rootfs: Path) -> Iterator[str | None]:
         yield _BUILD_CA
     finally:
         resolve_in_root(rootfs, _BUILD_CA).unlink(missing_ok=True)
-
-
-@contextlib.contextmanager
-def _no_services(rootfs: Path) -> Iterator[None]:
-    """Keep maintainer scripts from starting services while packages are installed."""
-    write_file(rootfs, _POLICY_RC_D, b"#!/bin/sh\nexit 101\n", mode=0o755)
-    try:
-        yield
-    finally:
-        resolve_in_root(rootfs, _POLICY_RC_D).unlink(missing_ok=True)
 
 
 def _add_user(rootfs: Path, emit: Progress) -> None:
@@ -344,6 +274,10 @@ def _clean(rootfs: Path) -> None:
     _empty_dir(resolve_in_root(rootfs, "/var/log/apt"))
     for old in ("/var/cache/debconf/config.dat-old", "/var/cache/debconf/templates.dat-old"):
         resolve_in_root(rootfs, old).unlink(missing_ok=True)
-    # debootstrap copied the build host's resolver and hostname; they mean nothing in a sandbox.
+    # mmdebstrap keeps its --aptopt/--dpkgopt here on purpose; they are build settings (no fsync per file, no
+    # package descriptions) that must not become the sandbox's apt and dpkg configuration.
+    for config in ("/etc/apt/apt.conf.d/99mmdebstrap", "/etc/dpkg/dpkg.cfg.d/99mmdebstrap"):
+        resolve_in_root(rootfs, config).unlink(missing_ok=True)
+    # mmdebstrap copied the build host's resolver and hostname; they mean nothing in a sandbox.
     write_file(rootfs, "/etc/resolv.conf", _RESOLV_CONF)
     write_file(rootfs, "/etc/hostname", _HOSTNAME)

@@ -1,7 +1,7 @@
 """Filesystem primitives for building templates safely: mounts, removal, atomic writes, in-root paths.
 
 Everything here works on host paths that Corral itself controls (the template store). The one rule that
-matters: never delete through a mount point. A build directory can hold mounts (debootstrap mounts /proc and
+matters: never delete through a mount point. A build directory can hold mounts (mmdebstrap mounts /proc and
 /sys in its target, and may bind-mount host /dev nodes); `remove_tree` unmounts them first and then removes
 with `rm --one-file-system`, so a leftover mount can never take host files with it.
 """

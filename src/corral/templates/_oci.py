@@ -7,6 +7,8 @@ and can name the template. Layer entries are applied as a container runtime woul
 - absolute names, names with `..` and hard links whose target escapes are skipped with a warning;
 - parent directories are resolved inside the rootfs (`resolve_in_root`), so a symlink planted by an earlier
   entry (`evil -> /`) cannot redirect a later one (`evil/etc/passwd`) to the host;
+- layers may be uncompressed or compressed with gzip, zstd (what `skopeo copy --dest-compress-format zstd`,
+  BuildKit's `compression=zstd` and zstd:chunked write), bzip2 or xz, recognised by their magic bytes;
 - device nodes are skipped (every sandbox gets its /dev from the runtime);
 - whiteouts (`.wh.<name>`) delete from lower layers and `.wh..wh..opq` hides a directory's lower contents; per
   the OCI spec neither hides entries of its own layer.
@@ -32,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal, Protocol
 
+import zstandard
+
 from .._exceptions import InvalidRequestError, TemplateBuildError
 from ._fs import resolve_in_root
 from ._process import Progress, discard, sigterm_raises
@@ -54,6 +58,7 @@ _INDEX_TYPES = (
     "application/vnd.docker.distribution.manifest.list.v2+json",
 )
 _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _ARCHES = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "ppc64le": "ppc64le", "s390x": "s390x"}
 
 ImageFormat = Literal["oci", "docker-archive"]
@@ -374,15 +379,14 @@ def _drain(reader: IO[bytes] | io.BufferedIOBase) -> None:
         pass
 
 
-def _decompressor(layer: _Layer, packed: io.BufferedReader[_HashingReader]) -> IO[bytes] | io.BufferedIOBase:
+def _decompressor(packed: io.BufferedReader[_HashingReader]) -> IO[bytes] | io.BufferedIOBase:
     magic = packed.peek(6)[:6]
     if magic.startswith(b"\x1f\x8b"):
         return gzip.GzipFile(fileobj=packed, mode="rb")
-    if magic.startswith(b"\x28\xb5\x2f\xfd"):
-        raise InvalidRequestError(
-            f"layer {layer.diff_id} is zstd-compressed, which Corral cannot read on Python < 3.14; "
-            "export the image with gzip layers (`docker save`, `skopeo copy --dest-compress-format gzip`)"
-        )
+    if magic.startswith(_ZSTD_MAGIC):
+        # Across frames: a layer may be several concatenated zstd frames (skippable ones included, as zstd:chunked
+        # writes), and its diff_id covers all of them.
+        return zstandard.ZstdDecompressor().stream_reader(packed, read_across_frames=True, closefd=False)
     if magic.startswith(b"BZh"):
         return bz2.BZ2File(packed)
     if magic.startswith(b"\xfd7zXZ\x00"):
@@ -396,7 +400,7 @@ def _apply_layer(source: _Source, layer: _Layer, rootfs: Path, emit: Progress) -
         packed_hash = _HashingReader(raw)
         packed = io.BufferedReader(packed_hash, _CHUNK)
         try:
-            stream = _decompressor(layer, packed)
+            stream = _decompressor(packed)
             unpacked_hash = _HashingReader(stream)
             unpacked = io.BufferedReader(unpacked_hash, _CHUNK)
             with tarfile.open(fileobj=unpacked, mode="r|") as archive:
@@ -405,7 +409,7 @@ def _apply_layer(source: _Source, layer: _Layer, rootfs: Path, emit: Progress) -
             # The tar ends before its blob does (padding, trailing blocks): hash every byte.
             _drain(unpacked)
             _drain(packed)
-        except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, gzip.BadGzipFile) as exc:
+        except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, gzip.BadGzipFile, zstandard.ZstdError) as exc:
             raise InvalidRequestError(f"layer {layer.diff_id} is not a readable tar: {exc}") from exc
     if layer.digest is not None and packed_hash.digest() != layer.digest:
         raise InvalidRequestError(f"layer blob does not match its digest {layer.digest}; the image is corrupt")

@@ -58,7 +58,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         # The group leader is alive, so its process group id cannot have been reused.
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)  # debootstrap's exit trap unmounts what it mounted
+            os.killpg(proc.pid, signal.SIGTERM)  # mmdebstrap cleans up what it mounted on TERM
         try:
             proc.wait(timeout=_STOP_GRACE_S)
         except subprocess.TimeoutExpired:

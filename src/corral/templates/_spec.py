@@ -30,7 +30,8 @@ __all__ = [
 # Part of every digest: bump it whenever the build steps change what a spec produces, so templates built by
 # an older Corral are rebuilt instead of silently reused.
 # 2: packages are installed by apt-get in the chroot after a bare debootstrap, not by debootstrap --include.
-BUILDER_VERSION = "corral-debootstrap/2"
+# 3: mmdebstrap installs the base system and the packages in one run.
+BUILDER_VERSION = "corral-mmdebstrap/3"
 
 # Names live in one flat directory and in CLI arguments; 63 characters keeps them from ever being mistaken
 # for a 64-character digest.
@@ -65,8 +66,8 @@ class TemplateSpec(BaseModel):
 
     * **name** - the name the template is known by (`default`, `py-ml`...). Not part of the digest: two names
       for the same recipe share one root filesystem.
-    * **suite**, **mirror**, **variant** - what `debootstrap` installs from.
-    * **apt_packages** - Debian packages installed with apt-get, without recommends (a set: order and
+    * **suite**, **mirror**, **variant** - what `mmdebstrap` installs from.
+    * **apt_packages** - Debian packages installed by apt (through mmdebstrap), without recommends (a set: order and
       duplicates do not matter).
     * **pip_packages** - requirement strings installed with pip into `/usr/local`, in this order.
     * **files** - absolute path inside the template -> text content (UTF-8).

@@ -7,6 +7,7 @@ Layout:
     .lock                        flock: serialises creating and reaping build directories
     <digest>/template.json       metadata; the directory appears only by one rename, complete
     <digest>/rootfs/             the root filesystem (the overlay's read-only lower layer)
+    <digest>/pushed.json         the images pushed from it (`corral templates push`), replaced atomically
     names/<name>                 {"digest": ...}, replaced atomically
     .build-<digest>-<random>/    a build in progress (flock held by its builder) or a leftover
     .trash-<digest>-<random>/    a template being deleted
@@ -28,7 +29,7 @@ import logging
 import os
 import secrets
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, cast, get_args
@@ -38,15 +39,42 @@ from .._settings import corral_home
 from ._fs import atomic_write, disk_usage, exchange, fsync_dir, remove_tree, syncfs
 from ._spec import DIGEST_RE, NAME_RE, validate_name
 
-__all__ = ["Template", "TemplateSource", "TemplateStore"]
+__all__ = ["PushedImage", "Template", "TemplateSource", "TemplateStore"]
 
 logger = logging.getLogger("corral.templates")
 
-TemplateSource = Literal["debootstrap", "oci", "docker-archive"]
+# "debootstrap": built by Corral before mmdebstrap replaced it; such templates keep working.
+TemplateSource = Literal["mmdebstrap", "debootstrap", "oci", "docker-archive"]
 
 _METADATA = "template.json"
+_PUSHED = "pushed.json"
 _METADATA_FORMAT = 1
 _BUILD_HINT = "corral templates build default"
+
+
+@dataclass(frozen=True, slots=True)
+class PushedImage:
+    """An image made from a template and pushed to a registry (`corral templates push`).
+
+    `reference` pins it by digest (`REGISTRY/REPO@sha256:...`), which is how the Kubernetes backend names the
+    image of a Pod; `tag` is the tagged name it was pushed as; `agent` the digest of its agent layer (which
+    changes with the agent alone).
+    """
+
+    reference: str
+    digest: str
+    tag: str
+    agent: str
+    pushed_at: datetime
+
+    def to_dict(self) -> dict[str, str]:
+        return {"reference": self.reference, "digest": self.digest, "tag": self.tag, "agent": self.agent,
+                "pushed_at": self.pushed_at.isoformat()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PushedImage:
+        return cls(str(data["reference"]), str(data["digest"]), str(data["tag"]), str(data["agent"]),
+                   datetime.fromisoformat(data["pushed_at"]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +82,8 @@ class Template:
     """A built template: a root filesystem and what a sandbox made from it needs to know.
 
     `name` is the name it was looked up by (or built under, when looked up by digest). `spec` is the
-    `TemplateSpec` for debootstrap builds and a description of the image for imports.
+    `TemplateSpec` for built templates and a description of the image for imports. `pushed` lists the
+    images pushed from it, newest last (one per tag).
     """
 
     name: str
@@ -65,6 +94,7 @@ class Template:
     size_bytes: int
     source: TemplateSource
     spec: dict[str, Any]
+    pushed: tuple[PushedImage, ...] = field(default=())
 
     @property
     def path(self) -> Path:
@@ -82,6 +112,7 @@ class Template:
             "size_bytes": self.size_bytes,
             "source": self.source,
             "spec": self.spec,
+            "pushed": [image.to_dict() for image in self.pushed],
         }
 
 
@@ -190,6 +221,23 @@ class TemplateStore:
             raise ServerError(f"template {digest} vanished while naming it {name!r}")
         return template
 
+    def record_push(self, template: Template, image: PushedImage) -> Template:
+        """Add `image` to the images pushed from `template` (replacing an earlier push of the same tag) and
+        return the template with it. The template's files are not touched; the record is replaced atomically."""
+        path = self.root / template.digest / _PUSHED
+        with self._store_lock():
+            self._must_load(template)  # deleted meanwhile: record nothing
+            kept = [p for p in self._load_pushed(template.digest) if p.tag != image.tag]
+            records = [p.to_dict() for p in (*kept, image)]
+            atomic_write(path, json.dumps(records, indent=2).encode() + b"\n")
+        return self._must_load(template)
+
+    def _must_load(self, template: Template) -> Template:
+        found = self._load(template.digest, name=template.name)
+        if found is None:
+            raise NotFoundError(f"template {template.name!r} ({template.digest[:12]}) is no longer in {self.root}")
+        return found
+
     @contextlib.contextmanager
     def staging(self, digest: str) -> Iterator[Staging]:
         """A fresh, locked build directory for `digest`, reaped on the way out unless it was published.
@@ -293,9 +341,23 @@ class TemplateStore:
                 size_bytes=int(data["size_bytes"]),
                 source=cast(TemplateSource, source),
                 spec=dict(data["spec"]),
+                pushed=self._load_pushed(digest),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ServerError(f"template metadata {path} is malformed: {exc}") from exc
+
+    def _load_pushed(self, digest: str) -> tuple[PushedImage, ...]:
+        path = self.root / digest / _PUSHED
+        try:
+            data = json.loads(path.read_bytes())
+        except FileNotFoundError:
+            return ()
+        except (OSError, ValueError) as exc:
+            raise ServerError(f"pushed-image record {path} is unreadable: {exc}") from exc
+        try:
+            return tuple(PushedImage.from_dict(item) for item in data)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ServerError(f"pushed-image record {path} is malformed: {exc}") from exc
 
     def _not_found(self, what: str) -> NotFoundError:
         names = self._all_names()
