@@ -8,8 +8,12 @@ an engine, like real sandboxes do), and its agent is a tiny asyncio Unix server 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
+import socket
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -264,3 +268,31 @@ class FakeTemplates:
             raise NotFoundError(f"no template {name!r}")
         return Template(name=name, digest="fake", rootfs=Path("/nonexistent"), env={"FROM_TEMPLATE": "1"},
                         created_at=datetime.now(UTC), size_bytes=0, source="debootstrap", spec={})
+
+
+@contextlib.contextmanager
+def silent_server() -> Iterator[str]:
+    """`127.0.0.1:PORT` of a server that accepts connections and never answers: only a timeout (or a stop)
+    ends a client's wait on it. Closed, with every connection it took, on exit."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                held.append(server.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        for conn in held:
+            conn.close()
+        server.close()

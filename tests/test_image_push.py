@@ -49,6 +49,7 @@ from corral.templates import (
 )
 
 from .conftest import TEMPLATE_HOME
+from .fakes import silent_server
 
 REGISTRY_BIN = "/usr/bin/docker-registry"
 needs_registry = pytest.mark.skipif(
@@ -366,32 +367,9 @@ def test_plain_http_registry_without_insecure_says_so(registry: Registry, store:
     assert catalog(registry) == [] and store.get("tiny").pushed == ()
 
 
-@contextlib.contextmanager
-def silent_registry() -> Iterator[str]:
+def silent_registry() -> contextlib.AbstractContextManager[str]:
     """Accepts connections and never answers: only a timeout ends a push to it."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(16)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        server.settimeout(0.2)
-        while not stop.is_set():
-            with contextlib.suppress(OSError):
-                held.append(server.accept()[0])
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.getsockname()[1]}"
-    finally:
-        stop.set()
-        thread.join(timeout=10)
-        for conn in held:
-            conn.close()
-        server.close()
-
+    return silent_server()
 
 @needs_registry
 def test_a_registry_that_never_answers_times_out(store: TemplateStore, tiny: Template, agent: AgentFiles) -> None:

@@ -12,13 +12,11 @@ import json
 import os
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import sys
 import tarfile
 import textwrap
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -44,6 +42,7 @@ from corral.templates import _spec as spec_module
 from corral.templates import _store as store_module
 
 from .conftest import TEMPLATE
+from .fakes import silent_server
 
 is_root = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not is_root, reason="needs root")
@@ -809,29 +808,8 @@ def test_failed_build_leaves_nothing(store: TemplateStore) -> None:
 @contextlib.contextmanager
 def silent_mirror() -> Iterator[str]:
     """A mirror that accepts connections and never answers: apt waits on it until stopped."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(16)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        server.settimeout(0.2)
-        while not stop.is_set():
-            with contextlib.suppress(OSError):
-                held.append(server.accept()[0])
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.getsockname()[1]}/debian"
-    finally:
-        stop.set()
-        thread.join()
-        for conn in held:
-            conn.close()
-        server.close()
-
+    with silent_server() as address:
+        yield f"http://{address}/debian"
 
 def processes_mentioning(text: str) -> list[str]:
     found = []

@@ -12,7 +12,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-__all__ = ["fsync_dir", "write_atomic", "write_json_atomic"]
+__all__ = ["fsync_dir", "kept_secret", "write_atomic", "write_json_atomic"]
 
 
 def fsync_dir(path: Path) -> None:
@@ -49,3 +49,21 @@ def write_atomic(path: Path, data: bytes, *, mode: int = 0o600, durable: bool = 
 def write_json_atomic(path: Path, obj: Any, *, mode: int = 0o600, durable: bool = True) -> None:
     # json.dumps, not json.dump: dump streams through the slow pure-Python encoder.
     write_atomic(path, json.dumps(obj).encode(), mode=mode, durable=durable)
+
+
+def kept_secret(path: Path, nbytes: int = 32) -> bytes:
+    """The secret kept at `path` (hex, 0600), made at random if there is none yet; never replaced once there."""
+    try:
+        return path.read_bytes().strip()
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staged = path.with_name(f".{path.name}.new-{secrets.token_hex(4)}")
+    write_atomic(staged, secrets.token_hex(nbytes).encode() + b"\n", mode=0o600)
+    try:
+        os.link(staged, path)  # never replaces: two servers starting at once end up with the same secret
+    except FileExistsError:
+        pass
+    finally:
+        staged.unlink()
+    return path.read_bytes().strip()

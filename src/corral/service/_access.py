@@ -17,14 +17,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import os
-import secrets
 from collections.abc import Callable
 from enum import StrEnum
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .._atomic import write_atomic
+from .._atomic import kept_secret
 from .._exceptions import AuthenticationError
 from .._settings import access_secret
 from ..control import Principal, SandboxRecord
@@ -55,7 +52,8 @@ class SandboxAccess:
         if self._secret is not None:
             return
         configured = access_secret()
-        self._secret = configured.encode() if configured else _secret_file(self._svc.store.home / ACCESS_KEY_FILE)
+        key_file = self._svc.store.home / ACCESS_KEY_FILE
+        self._secret = configured.encode() if configured else kept_secret(key_file, _SECRET_BYTES)
 
     def token(self, sandbox_id: str, purpose: TokenPurpose = TokenPurpose.SANDBOX) -> str:
         if self._secret is None:  # a service used without start() (tests drive the app alone)
@@ -104,21 +102,3 @@ class SandboxAccess:
     async def creator(self, record: SandboxRecord) -> Principal:
         """The principal of the key that created `record`'s sandbox (`AuthenticationError` once revoked)."""
         return await self._svc.store.key_principal(record.key_id)
-
-
-def _secret_file(path: Path) -> bytes:
-    """The secret kept at `path`, made (random, 0600) if there is none yet."""
-    try:
-        return path.read_bytes().strip()
-    except FileNotFoundError:
-        pass
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staged = path.with_name(f".{path.name}.new-{secrets.token_hex(4)}")
-    write_atomic(staged, secrets.token_hex(_SECRET_BYTES).encode() + b"\n", mode=0o600)
-    try:
-        os.link(staged, path)  # never replaces: two servers starting at once end up with the same secret
-    except FileExistsError:
-        pass
-    finally:
-        staged.unlink()
-    return path.read_bytes().strip()

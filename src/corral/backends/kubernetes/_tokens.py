@@ -18,10 +18,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import os
-import secrets
 from pathlib import Path
 
+from ..._atomic import kept_secret
 from ..._settings import access_secret
 
 __all__ = ["KEY_FILE", "TokenKey"]
@@ -37,7 +36,7 @@ class TokenKey:
     @classmethod
     def load(cls, home: Path) -> TokenKey:
         configured = access_secret()
-        return cls(configured.encode() if configured else _key_file(home / KEY_FILE))
+        return cls(configured.encode() if configured else kept_secret(home / KEY_FILE))
 
     def agent_token(self, sandbox_id: str, pod: str, uid: str) -> str:
         return self._mac("agent", sandbox_id, pod, uid)
@@ -52,23 +51,3 @@ class TokenKey:
     def _mac(self, *parts: str) -> str:
         mac = hmac.new(self._key, "\0".join(parts).encode(), hashlib.sha256).digest()
         return base64.urlsafe_b64encode(mac).decode().rstrip("=")
-
-
-def _key_file(path: Path) -> bytes:
-    """The key kept at `path`, made (random, 0600) if there is none; never replaced once there."""
-    try:
-        return path.read_bytes().strip()
-    except FileNotFoundError:
-        pass
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staged = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
-    fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(secrets.token_hex(32).encode() + b"\n")
-    try:
-        os.link(staged, path)  # two servers starting at once end up with one key
-    except FileExistsError:
-        pass
-    finally:
-        staged.unlink()
-    return path.read_bytes().strip()
