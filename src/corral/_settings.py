@@ -8,6 +8,9 @@
 `CORRAL_API_KEY` is the API key clients send as a Bearer token.
 `CORRAL_ACCESS_SECRET` is the secret sandboxes' access tokens are derived from (several replicas share one); by
 default each server keeps one in `CORRAL_HOME/access.key`.
+`CORRAL_REPLICA_ID`, `CORRAL_ADVERTISE_URL`: this server's replica id and the URL other replicas reach it at
+(docs/replicas.md); `CORRAL_REPLICA_SECRET` the secret replicas sign forwarded requests with (default: one kept in
+the shared database).
 """
 
 from __future__ import annotations
@@ -50,3 +53,18 @@ def api_key() -> str | None:
 def access_secret() -> str | None:
     """`$CORRAL_ACCESS_SECRET`, the secret sandboxes' access tokens are derived from, if set."""
     return os.environ.get("CORRAL_ACCESS_SECRET") or None
+
+
+def replica_id() -> str | None:
+    """`$CORRAL_REPLICA_ID`, this server's replica id, if set (else one kept in `CORRAL_HOME/replica.id`)."""
+    return os.environ.get("CORRAL_REPLICA_ID") or None
+
+
+def advertise_url() -> str | None:
+    """`$CORRAL_ADVERTISE_URL`, where the other replicas reach this server, if set."""
+    return os.environ.get("CORRAL_ADVERTISE_URL") or None
+
+
+def replica_secret() -> str | None:
+    """`$CORRAL_REPLICA_SECRET`, the secret replicas sign forwarded requests with, if set."""
+    return os.environ.get("CORRAL_REPLICA_SECRET") or None

@@ -36,6 +36,7 @@ from ._models import (
     ApiKey,
     NewApiKey,
     Quotas,
+    ReplicaInfo,
     SandboxQuery,
     SandboxRecord,
     SandboxStatus,
@@ -45,6 +46,7 @@ from ._models import (
     VolumeRecord,
 )
 from ._rbac import PERMISSIONS, Action, Principal, Role, authorize, is_allowed, require_sandbox
+from ._replicas import ReplicaRegistry
 from ._store import ADMIN_KEY_FILE, ADMIN_TENANT, ControlStore
 
 __all__ = [
@@ -71,6 +73,8 @@ __all__ = [
     "NewApiKey",
     "Principal",
     "Quotas",
+    "ReplicaInfo",
+    "ReplicaRegistry",
     "Role",
     "SandboxQuery",
     "SandboxRecord",
