@@ -232,6 +232,22 @@ def pair(postgres: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         yield Pair(a, b, url, keys)
 
 
+_OPEN: list[Sandbox] = []  # SDK objects of the running test, closed (their connections only) when it ends
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
+
+
+def _connect(pair: Pair, server: ServerProcess, sandbox_id: str, who: str = "acme") -> Sandbox:
+    sb = Sandbox.connect(sandbox_id, api_key=pair.keys[who], base_url=server.url)
+    _OPEN.append(sb)
+    return sb
+
+
 @pytest.fixture
 def revive(pair: Pair) -> Iterator[None]:
     """A test that kills a replica gets both running again afterwards, whatever happened."""
@@ -242,7 +258,9 @@ def revive(pair: Pair) -> Iterator[None]:
 
 
 def _sandbox(pair: Pair, server: ServerProcess, who: str = "acme") -> Sandbox:
-    return Sandbox.create(template=TEMPLATE, timeout=300, api_key=pair.keys[who], base_url=server.url)
+    sb = Sandbox.create(template=TEMPLATE, timeout=300, api_key=pair.keys[who], base_url=server.url)
+    _OPEN.append(sb)
+    return sb
 
 
 @servers
@@ -251,7 +269,7 @@ def test_create_on_a_serve_through_b_kill_through_a(pair: Pair) -> None:
     sb = _sandbox(pair, pair.a)
     try:
         assert pair.get(pair.b, sb.id).json()["replica"] == "a"
-        via_b = Sandbox.connect(sb.id, api_key=key, base_url=pair.b.url)
+        via_b = _connect(pair, pair.b, sb.id)
         chunks: list[bytes] = []
         r = via_b.commands.run(r"printf 'a\x00b\xff'; sleep 0.2; echo; hostname", on_stdout=chunks.append)
         assert r.exit_code == 0 and r.stdout_bytes.startswith(b"a\x00b\xff\n") and b"".join(chunks) == r.stdout_bytes
@@ -265,7 +283,7 @@ def test_create_on_a_serve_through_b_kill_through_a(pair: Pair) -> None:
         assert sb.id in {s.id for s in Sandbox.list(api_key=key, base_url=pair.b.url)}
         theirs = _sandbox(pair, pair.b)
         assert pair.get(pair.a, theirs.id).json()["replica"] == "b"
-        Sandbox.connect(theirs.id, api_key=key, base_url=pair.a.url).kill()  # B's sandbox, killed through A
+        _connect(pair, pair.a, theirs.id).kill()  # B's sandbox, killed through A
         assert pair.get(pair.b, theirs.id).status_code == 404
     finally:
         sb.kill()  # through A
@@ -334,8 +352,7 @@ def test_both_replicas_writing_keep_one_audit_chain(pair: Pair) -> None:
             for i in range(n):
                 assert sb.commands.run(f"echo {i}").exit_code == 0
 
-        threads = [threading.Thread(target=run, args=(Sandbox.connect(sb.id, api_key=pair.keys["acme"],
-                                                                      base_url=server.url), 15))
+        threads = [threading.Thread(target=run, args=(_connect(pair, server, sb.id), 15))
                    for sb in (on_a, on_b) for server in (pair.a, pair.b)]
         for thread in threads:
             thread.start()
@@ -440,8 +457,7 @@ def test_sigkill_of_the_owner_mid_upload_then_failover_and_recovery(pair: Pair, 
         pair.a.start()  # the owner comes back: its sandbox is running again, with no partial upload
         wait_for("the sandbox to be recovered", lambda: pair.state(pair.b, sb.id) == "running")
         assert not sb.files.exists("/workspace/big.bin")
-        assert Sandbox.connect(sb.id, api_key=pair.keys["acme"], base_url=pair.b.url).commands.run(
-            "echo back").stdout == "back\n"
+        assert _connect(pair, pair.b, sb.id).commands.run("echo back").stdout == "back\n"
         print(f"failover: lost after {failover.lost_after:.2f} s, refused after {failover.refused_after:.2f} s")
     finally:
         with contextlib.suppress(Exception):
@@ -479,7 +495,7 @@ def test_sigkill_mid_create_leaves_no_record_creating(pair: Pair, revive: None) 
         (r for r in pair.records() if r.id == record.id and r.state is not SandboxState.LOST), None))
     assert settled.state in (SandboxState.FAILED, SandboxState.RUNNING, SandboxState.DESTROYED)
     if settled.state is SandboxState.RUNNING:  # it was made and its caller told: it is the caller's to kill
-        Sandbox.connect(settled.id, api_key=pair.keys["acme"], base_url=pair.b.url).kill()
+        _connect(pair, pair.b, settled.id).kill()
     assert not [r for r in pair.records() if r.state is SandboxState.CREATING]
 
 
