@@ -155,8 +155,10 @@ class Replica:
             raise ReplicaUnavailableError(f"sandbox {record.id} is lost: {record.reason}", details=details)
         if record.owner not in (None, self.id):
             raise ReplicaUnavailableError(
-                f"sandbox {record.id} runs on replica {record.owner}, which does not answer; if it does not come "
-                f"back within {self.ttl.total_seconds():g} s the sandbox is marked lost", details=details)
+                f"sandbox {record.id} runs on replica {record.owner}, and this request could not be served there: "
+                f"that replica does not answer (if it does not come back within {self.ttl.total_seconds():g} s the "
+                "sandbox is marked lost), or the request named its sandbox in a way replicas do not forward "
+                "(docs/replicas.md)", details=details)
 
     # -- signatures of forwarded requests --------------------------------------------------------------------
 
