@@ -28,6 +28,7 @@ import pytest
 from sqlalchemy import text
 
 from corral import Admin, AuthenticationError, NotFoundError, Sandbox
+from corral._sdk._pty import Pty
 from corral.backends import SandboxState
 from corral.control import ControlStore, Role
 from corral.control._store import CACHE_TTL
@@ -327,6 +328,30 @@ def test_e2b_sdk_data_plane_through_the_other_replica(pair: Pair, monkeypatch: p
         assert sandbox.files.read("/home/user/x.bin", format="bytes") == b"\x00\x01\xfe\xff"
     finally:
         sandbox.kill()
+
+
+@servers
+def test_a_terminal_websocket_through_the_other_replica(pair: Pair) -> None:
+    sb = _sandbox(pair, pair.a)
+    try:
+        via_b = _connect(pair, pair.b, sb.id)
+        data = bytearray()
+        with via_b.pty.create(["bash", "--norc", "--noprofile"], rows=30, cols=100, on_data=data.extend) as term:
+            term.send("stty size; echo M$((1+1))\n")
+            wait_for("the terminal's answer", lambda: term.wait(timeout=0.1) is None and b"M2\r\n" in data)
+            term.resize(40, 120)
+            term.send(b"stty size; printf 'A\\000B\\377C'; exit 7\n")
+            result = term.wait(timeout=20)
+        assert result.exit_code == 7
+        assert b"30 100" in data and b"40 120" in data and b"A\x00B\xffC" in data
+        stranger = _sandbox(pair, pair.b, "other")
+        try:
+            with pytest.raises(NotFoundError):  # A's refusal of another tenant's terminal comes back through B
+                Pty(stranger._client, sb.id).create()
+        finally:
+            stranger.kill()
+    finally:
+        sb.kill()
 
 
 @servers

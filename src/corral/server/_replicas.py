@@ -9,8 +9,8 @@ the client's address, and the answer comes back streamed (NDJSON, downloads). Th
 caller's own credentials again and audits under them. Anything else (no sandbox named, this replica's, unknown,
 lost, or its replica not answering) is served here, where the service answers with the reason.
 
-WebSockets (terminals, port relays) to another replica's sandbox are not forwarded yet: refused with
-`replica_unavailable` naming the replica to connect to instead.
+WebSockets (terminals, port relays) are forwarded the same way: the handshake goes to the owner with the
+client's headers (its `Host` too) and the signature, and messages are relayed both ways with their close codes.
 """
 
 from __future__ import annotations
@@ -19,13 +19,16 @@ import asyncio
 import contextlib
 import logging
 import re
+import socket
 from collections.abc import AsyncIterator
 from urllib.parse import unquote
 
 import httpx
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
-from .._exceptions import AuthenticationError, CorralError, ReplicaUnavailableError, ServerError
+from .._exceptions import AuthenticationError, CorralError, ServerError
 from ..service import Service
 from ._errors import error_response
 from ._ports import port_target
@@ -40,6 +43,12 @@ _PATH = re.compile(r"^/(?:v[12]/)?sandboxes/([^/]+)")
 _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
                          b"trailer", b"transfer-encoding", b"upgrade", REPLICA_SIGNATURE, REPLICA_CLIENT})
 _CONNECT_TIMEOUT = 5.0  # a replica on the same network answers a connect at once; a dead one must not hang us
+_HANDSHAKE = frozenset({b"host", b"sec-websocket-key", b"sec-websocket-version", b"sec-websocket-extensions",
+                        b"sec-websocket-protocol", b"sec-websocket-accept", b"content-length", b"date", b"server"})
+_WS_MAX_MESSAGE = 16 * 2**20  # what uvicorn accepts from a client by default
+_WS_CLOSE_TIMEOUT = 5.0
+_WS_NORMAL, _WS_NO_STATUS, _WS_BAD_GATEWAY = 1000, 1005, 1014
+_WS_UNSENDABLE = (1005, 1006, 1015)  # codes that report a close locally, never sent in a close frame
 
 
 class Forwarder:
@@ -77,10 +86,7 @@ class ReplicaMiddleware:
         if url is None:
             await self.app(scope, receive, send)  # never forwarded twice: the owner serves what it is sent
         elif scope["type"] == "websocket":
-            await _refuse(scope, receive, send, ReplicaUnavailableError(
-                f"sandbox {sandbox_id} runs on another replica, and WebSockets (terminals, port relays) are not "
-                f"forwarded between replicas yet: connect to {url} instead",
-                details={"sandbox": sandbox_id, "replica_url": url}))
+            await _WebSocketExchange(self, scope, receive, send, url).run()
         else:
             await _Exchange(self, scope, receive, send, url).run()
 
@@ -191,6 +197,121 @@ class _Exchange:
         its caller go)."""
         while (await self.receive())["type"] != "http.disconnect":
             pass
+
+
+class _WebSocketExchange:
+    """One WebSocket opened on the owning replica and relayed, messages and close codes, both ways."""
+
+    def __init__(self, middleware: ReplicaMiddleware, scope: Scope, receive: Receive, send: Send,
+                 url: str) -> None:
+        self.mw, self.scope, self.receive, self.send, self.url = middleware, scope, receive, send, url
+
+    async def run(self) -> None:
+        opening = await self.receive()
+        if opening["type"] != "websocket.connect":
+            return
+        try:
+            upstream = await self._handshake()
+        except InvalidStatus as exc:  # the owner refused (unknown sandbox, credentials): its answer is the answer
+            await _deny_as(self.scope, self.send, exc.response.status_code, bytes(exc.response.body or b""))
+            return
+        except (OSError, TimeoutError, InvalidHandshake, EOFError) as exc:
+            logger.warning("replica.unreachable", extra={"replica_url": self.url, "error": str(exc)})
+            await self.mw.app(self.scope, _replayed(opening, self.receive), self.send)  # refused here, with why
+            return
+        await self.send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
+        inbound = asyncio.create_task(self._client_to_owner(upstream))
+        outbound = asyncio.create_task(self._owner_to_client(upstream))
+        try:
+            await asyncio.wait({inbound, outbound}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (inbound, outbound):
+                task.cancel()
+            await asyncio.gather(inbound, outbound, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await upstream.close()
+
+    async def _handshake(self) -> ClientConnection:
+        scope, owner = self.scope, httpx.URL(self.url)
+        client = scope["client"][0] if scope.get("client") else ""
+        target = _target(scope)
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]
+                   if k.lower() not in _HOP_BY_HOP | _HANDSHAKE]
+        headers += [(REPLICA_SIGNATURE.decode(), self.mw.service.replica.sign("GET", target, client)),
+                    (REPLICA_CLIENT.decode(), client)]
+        sock = await _connected(owner.host, owner.port or 80)
+        try:
+            # The URI only names the Host header: the socket already goes to the owner, and the client's Host
+            # (a port host, say) is what the owner routes on.
+            return await connect(f"ws://{_header(scope, b'host') or owner.host}{target}", sock=sock,
+                                 subprotocols=scope.get("subprotocols") or None, additional_headers=headers,
+                                 user_agent_header=None, compression=None, open_timeout=_CONNECT_TIMEOUT,
+                                 ping_interval=None, close_timeout=_WS_CLOSE_TIMEOUT, max_size=_WS_MAX_MESSAGE)
+        except BaseException:
+            sock.close()
+            raise
+
+    async def _client_to_owner(self, upstream: ClientConnection) -> None:
+        while True:
+            message: Message = await self.receive()
+            if message["type"] == "websocket.disconnect":
+                code = int(message.get("code") or _WS_NORMAL)
+                with contextlib.suppress(ConnectionClosed, OSError):
+                    await upstream.close(_WS_NORMAL if code in _WS_UNSENDABLE else code,
+                                         str(message.get("reason") or ""))
+                return
+            if message["type"] == "websocket.receive":
+                data = message.get("bytes")
+                with contextlib.suppress(ConnectionClosed):  # the owner's close reaches the client the other way
+                    await upstream.send(data if data is not None else message.get("text") or "")
+
+    async def _owner_to_client(self, upstream: ClientConnection) -> None:
+        with contextlib.suppress(ConnectionClosed):
+            async for message in upstream:
+                await self.send({"type": "websocket.send", "text" if isinstance(message, str) else "bytes": message})
+        received = upstream.protocol.close_rcvd
+        if received is None or received.code in _WS_UNSENDABLE:
+            code, reason = ((_WS_NORMAL, "") if received is not None and received.code == _WS_NO_STATUS else
+                            (_WS_BAD_GATEWAY, f"the replica at {self.url} closed without a close frame"))
+        else:
+            code, reason = received.code, received.reason
+        with contextlib.suppress(Exception):  # the client may have gone meanwhile
+            await self.send({"type": "websocket.close", "code": code, "reason": reason})
+
+
+async def _connected(host: str, port: int) -> socket.socket:
+    """A TCP connection to the owner, within the connect timeout."""
+    loop = asyncio.get_running_loop()
+    infos = await asyncio.wait_for(loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), _CONNECT_TIMEOUT)
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setblocking(False)
+    try:
+        await asyncio.wait_for(loop.sock_connect(sock, address), _CONNECT_TIMEOUT)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _replayed(first: Message, receive: Receive) -> Receive:
+    """`receive` with `first` (already read) given again first."""
+    pending = [first]
+
+    async def again() -> Message:
+        return pending.pop() if pending else await receive()
+
+    return again
+
+
+async def _deny_as(scope: Scope, send: Send, status: int, body: bytes) -> None:
+    """Refuse a WebSocket before its handshake with the owner's HTTP answer, if the ASGI server can send one."""
+    if "websocket.http.response" not in scope.get("extensions", {}):
+        await send({"type": "websocket.close", "code": 1008})
+        return
+    await send({"type": "websocket.http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "websocket.http.response.body", "body": body})
 
 
 async def _refuse(scope: Scope, receive: Receive, send: Send, exc: CorralError) -> None:
