@@ -84,7 +84,7 @@ class Replica:
         if not self._secret:
             self._secret = (await self._svc.store.replicas.secret()).encode()
         await self._beat()
-        await self._recover()
+        await self._recover(startup=True)
         self._task = asyncio.create_task(self._run(), name="corral-heartbeat")
 
     async def close(self) -> None:
@@ -99,6 +99,9 @@ class Replica:
             await asyncio.sleep(self.ttl.total_seconds() / 3)
             try:
                 await self._beat()
+                # Marked lost while this replica was alive after all (its heartbeat was late, or raced its start):
+                # what the engine still runs is taken back at once.
+                await self._recover(startup=False)
             except Exception:  # the database is away for a moment: the next beat tries again
                 logger.exception("replica.heartbeat_failed", extra={"replica": self.id})
 
@@ -107,17 +110,22 @@ class Replica:
         await registry.heartbeat(self.id, self.url)
         self._peers = {info.id: info for info in await registry.all(self.ttl)}
 
-    async def _recover(self) -> None:
-        """What this replica's last life left: creates it never finished are failed (their callers got no
-        sandbox; the engine's half of one is an orphan the reconciler removes), lost sandboxes it still runs are
-        running again, lost ones it does not run have ended, and records made before replicas are claimed."""
+    async def _recover(self, *, startup: bool) -> None:
+        """What this replica's last life left (`startup`): creates it never finished are failed (their callers
+        got no sandbox; the engine's half of one is an orphan the reconciler removes), lost sandboxes it still
+        runs are running again, lost ones it does not run have ended, and records made before replicas are
+        claimed. Later, only lost sandboxes it still runs are taken back."""
         store, running = self._svc.store, {info.id for info in self._svc.engine.list()}
-        await store.replicas.claim_unowned(sorted(running), self.id)
-        for record in await store.replicas.owned(self.id, (SandboxState.CREATING, SandboxState.LOST)):
+        if startup:
+            await store.replicas.claim_unowned(sorted(running), self.id)
+        states = (SandboxState.CREATING, SandboxState.LOST) if startup else (SandboxState.LOST,)
+        for record in await store.replicas.owned(self.id, states):
             if record.state is SandboxState.LOST and record.id in running:
                 if await store.replicas.recovered(record.id, self.id) is not None:
                     await self._audit(record, "sandbox.recovered", "running", "its replica is back")
                 continue
+            if not startup:
+                continue  # not in the engine now: perhaps being destroyed; the next start settles it
             await store.mark_destroyed(record.id, failed=record.state is SandboxState.CREATING)
             why = "its replica restarted " + ("while creating it" if record.state is SandboxState.CREATING
                                               else "and no longer runs it")
