@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import text
 
 from corral import AuthenticationError, NotFoundError, QuotaExceededError
-from corral.control import Action, ControlStore, Quotas, Role
+from corral.control import SCHEMA_VERSION, Action, ControlStore, Quotas, Role
 from corral.engine import SandboxSpec
 
 from . import postgres_support
@@ -159,7 +159,7 @@ async def test_replicas_starting_together_create_the_schema_once(postgres: Clust
     stores = [ControlStore(postgres.url(fresh), home=tmp_path) for _ in range(REPLICAS)]
     try:
         await asyncio.gather(*(s.start() for s in stores))
-        assert {await s.schema_version() for s in stores} == {store_tests.SCHEMA_VERSION}
+        assert {await s.schema_version() for s in stores} == {SCHEMA_VERSION}
     finally:
         await close_all(stores)
 
