@@ -331,6 +331,51 @@ def test_e2b_sdk_data_plane_through_the_other_replica(pair: Pair, monkeypatch: p
 
 
 @servers
+def test_a_port_host_through_the_other_replica(pair: Pair) -> None:
+    """`<port>-<id>.<domain>` hosts name the sandbox by host: B forwards them with the client's `Host`."""
+    sb = _sandbox(pair, pair.a)
+    try:
+        sb.commands.run("mkdir -p /workspace/site && printf 'from A\\000' > /workspace/site/x.bin && nohup python3 "
+                        "-m http.server 8000 --bind 127.0.0.1 --directory /workspace/site >/dev/null 2>&1 &")
+        host = f"8000-{sb.id}.localhost:{pair.b.port}"
+        auth = {"Authorization": f"Bearer {pair.keys['acme']}"}
+
+        def fetch(headers: dict[str, str]) -> httpx.Response | None:
+            r = httpx.get(f"{pair.b.url}/x.bin", headers={"Host": host, **headers}, trust_env=False, timeout=30)
+            return None if r.status_code == 502 else r  # 502: nothing listens yet
+
+        r = wait_for("the sandbox's web server through B", lambda: fetch(auth))
+        assert r.status_code == 200 and r.content == b"from A\x00"
+        other = fetch({"Authorization": f"Bearer {pair.keys['other']}"})
+        assert other is not None and other.status_code == 404  # the owner's tenancy, through B
+    finally:
+        sb.kill()
+
+
+@servers
+def test_forwarding_costs_one_hop(pair: Pair) -> None:
+    """The same command through the owner and through the other replica: what the extra hop costs (printed)."""
+    sb = _sandbox(pair, pair.a)
+    try:
+        via_b = _connect(pair, pair.b, sb.id)
+
+        def p50(target: Sandbox) -> float:
+            times = []
+            for _ in range(30):
+                started = time.perf_counter()
+                assert target.commands.run("true").exit_code == 0
+                times.append(time.perf_counter() - started)
+            return statistics.median(times)
+
+        direct, forwarded = p50(sb), p50(via_b)
+        print(f"exec round trip p50: {direct * 1000:.1f} ms through the owner, {forwarded * 1000:.1f} ms through "
+              "the other replica")
+        assert forwarded < direct + 0.5
+    finally:
+        sb.kill()
+
+
+@servers
 def test_a_terminal_websocket_through_the_other_replica(pair: Pair) -> None:
     sb = _sandbox(pair, pair.a)
     try:
