@@ -175,6 +175,8 @@ def test_forwarded_requests_are_signed_for_exactly_what_they_ask() -> None:
     assert other.verify(signature, "PUT", "/v1/sandboxes/sb-1/files?path=/workspace/x", "10.0.0.9") is None
     stale = f"a;{int(time.time()) - 3600};{signature.rsplit(';', 1)[1]}"
     assert b.verify(stale, "PUT", "/v1/sandboxes/sb-1/files?path=/workspace/x", "10.0.0.9") is None
+    unstarted = Replica(None, ReplicaConfig(id="d"))  # type: ignore[arg-type]  # no secret yet: trusts nobody
+    assert unstarted.verify(unstarted.sign("GET", "/", ""), "GET", "/", "") is None
 
 
 # -- two real servers --------------------------------------------------------------------------------------------------

@@ -179,7 +179,7 @@ class Replica:
         """The sending replica's id if `signature` is a valid, recent one for this request; else None."""
         sender, _, rest = signature.partition(";")
         stamp, _, mac = rest.partition(";")
-        if not stamp.isdigit() or abs(time.time() - int(stamp)) > SIGNATURE_MAX_AGE:
+        if not self._secret or not stamp.isdigit() or abs(time.time() - int(stamp)) > SIGNATURE_MAX_AGE:
             return None
         expected = self._mac(sender, stamp, method, target, client)
         return sender if hmac.compare_digest(expected, mac) else None
