@@ -173,6 +173,9 @@ def serve(
                                              "this one (default $CORRAL_ADVERTISE_URL, else http://HOST:PORT)."),
     replica_ttl: float = typer.Option(15.0, "--replica-ttl", min=0.5, help="Seconds without a heartbeat after "
                                       "which a replica counts as stopped and its sandboxes as lost."),
+    cache_ttl: float = typer.Option(5.0, "--cache-ttl", min=0.0, help="Seconds API keys and sandbox records are "
+                                    "served from memory: a key revoked through another replica still works here "
+                                    "for at most this long (0: read the database every request)."),
 ) -> None:
     """Run the API server (state, templates and sandboxes in $CORRAL_HOME, default /var/lib/corral)."""
     from .. import _settings as settings
@@ -196,7 +199,7 @@ def serve(
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--replica-id") from None
     run_server(host, port, db_url=db, capacity=capacity, backend=backend, domain=domain,
-               e2b=E2BConfig(aliases=aliases, root=e2b_root), replica=replica)
+               e2b=E2BConfig(aliases=aliases, root=e2b_root), replica=replica, cache_ttl=cache_ttl)
 
 
 @app.command()

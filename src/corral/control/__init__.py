@@ -47,12 +47,13 @@ from ._models import (
 )
 from ._rbac import PERMISSIONS, Action, Principal, Role, authorize, is_allowed, require_sandbox
 from ._replicas import ReplicaRegistry
-from ._store import ADMIN_KEY_FILE, ADMIN_TENANT, ControlStore
+from ._store import ADMIN_KEY_FILE, ADMIN_TENANT, CACHE_TTL, ControlStore
 
 __all__ = [
     "ADMIN_KEY_FILE",
     "ADMIN_TENANT",
     "AUTH_DENIED",
+    "CACHE_TTL",
     "DEFAULT_EGRESS_CEILING",
     "DEFAULT_MAX_PAUSED_SECONDS",
     "GENESIS_HASH",
