@@ -533,6 +533,8 @@ def _kill_owner_and_wait_for_lost(pair: Pair, sandbox_id: str) -> Failover:
 def test_sigkill_of_the_owner_mid_upload_then_failover_and_recovery(pair: Pair, revive: None) -> None:
     sb = _sandbox(pair, pair.a)
     mine = _sandbox(pair, pair.b)
+    kept = os.urandom(2**20) + b"\x00"
+    _connect(pair, pair.b, sb.id).files.write("/workspace/kept.bin", kept)  # written before: must not be lost
     try:
         thread, started, outcome = _upload_in_background(pair.b, sb.id, pair.keys["acme"], "/workspace/big.bin")
         assert started.wait(WAIT)
@@ -551,6 +553,7 @@ def test_sigkill_of_the_owner_mid_upload_then_failover_and_recovery(pair: Pair, 
         pair.a.start()  # the owner comes back: its sandbox is running again, with no partial upload
         wait_for("the sandbox to be recovered", lambda: pair.state(pair.b, sb.id) == "running")
         assert not sb.files.exists("/workspace/big.bin")
+        assert _connect(pair, pair.b, sb.id).files.read("/workspace/kept.bin") == kept
         assert _connect(pair, pair.b, sb.id).commands.run("echo back").stdout == "back\n"
         print(f"failover: lost after {failover.lost_after:.2f} s, refused after {failover.refused_after:.2f} s")
     finally:

@@ -146,8 +146,10 @@ class Replica:
                 or record.state is SandboxState.LOST:
             return None
         peer = self._peers.get(record.owner)
-        if peer is None:  # started after this replica's last beat
+        if peer is None or not self._alive(peer):  # as of this replica's last beat: it may have (re)started since
             peer = await self._svc.store.replicas.get(record.owner, self.ttl)
+            if peer is not None:
+                self._peers[peer.id] = peer
         return peer.url if peer is not None and self._alive(peer) else None
 
     def _alive(self, peer: ReplicaInfo) -> bool:
