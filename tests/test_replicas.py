@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -200,7 +200,13 @@ def test_the_sandbox_a_request_names(path: str, headers: list[tuple[bytes, bytes
 
 # -- two real servers --------------------------------------------------------------------------------------------------
 
-servers = pytest.mark.skipif(bool(DEV_ROOTFS), reason="the servers need a built template store, not a bare rootfs")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def servers(test: F) -> F:
+    """Tests on two real servers: real runc sandboxes from the built template store."""
+    skip = pytest.mark.skipif(bool(DEV_ROOTFS), reason="the servers need a built template store, not a bare rootfs")
+    return pytest.mark.runc(skip(test))  # type: ignore[no-any-return]
 
 
 @dataclass
@@ -492,6 +498,7 @@ def _upload_in_background(server: ServerProcess, sandbox_id: str, key: str, path
 
 
 @servers
+@pytest.mark.slow
 def test_sigkill_of_the_forwarding_replica_mid_upload_leaves_no_partial_file(pair: Pair, revive: None) -> None:
     sb = _sandbox(pair, pair.a)
     try:
@@ -530,6 +537,7 @@ def _kill_owner_and_wait_for_lost(pair: Pair, sandbox_id: str) -> Failover:
 
 
 @servers
+@pytest.mark.slow
 def test_sigkill_of_the_owner_mid_upload_then_failover_and_recovery(pair: Pair, revive: None) -> None:
     sb = _sandbox(pair, pair.a)
     mine = _sandbox(pair, pair.b)
@@ -563,6 +571,7 @@ def test_sigkill_of_the_owner_mid_upload_then_failover_and_recovery(pair: Pair, 
 
 
 @servers
+@pytest.mark.slow
 def test_sigkill_mid_create_leaves_no_record_creating(pair: Pair, revive: None) -> None:
     outcome: list[BaseException | str] = []
 
@@ -598,6 +607,7 @@ def test_sigkill_mid_create_leaves_no_record_creating(pair: Pair, revive: None) 
 
 
 @servers
+@pytest.mark.slow
 def test_failover_time(pair: Pair, revive: None) -> None:
     """SIGKILL -> the survivor reports the owner's sandbox lost, a few times (the p50 goes to docs/replicas.md);
     the last lost sandbox is killed through the survivor while its replica is down."""
