@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import statistics
 import threading
 import time
@@ -27,7 +28,7 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from corral import Admin, AuthenticationError, NotFoundError, Sandbox
+from corral import Admin, AuthenticationError, NotFoundError, Sandbox, ServerError
 from corral._sdk._pty import Pty
 from corral.backends import SandboxState
 from corral.control import ControlStore, Role
@@ -377,6 +378,21 @@ def test_a_port_host_through_the_other_replica(pair: Pair) -> None:
         assert other is not None and other.status_code == 404  # the owner's tenancy, through B
     finally:
         sb.kill()
+
+
+@servers
+def test_a_second_server_under_a_live_replicas_id_refuses_to_start(pair: Pair) -> None:
+    from .conftest import TEST_HOME
+
+    clash = _server(TEST_HOME / f"replica-clash-{os.urandom(4).hex()}", pair.url, "a", pair.a.admin_key)
+    clash.startup_timeout = WAIT
+    try:
+        with pytest.raises(ServerError, match="replica id 'a' is in use by a live replica"):
+            clash.start()
+    finally:
+        clash.stop()
+        shutil.rmtree(clash.home, ignore_errors=True)
+    assert pair.get(pair.a, "sb-0000000000000000").status_code == 404  # A unharmed
 
 
 @servers

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .._atomic import write_atomic
-from .._exceptions import ReplicaUnavailableError
+from .._exceptions import ConflictError, ReplicaUnavailableError
 from ..backends import SandboxState
 from ..control import Action, AuditEvent, ReplicaInfo, SandboxRecord
 
@@ -81,11 +81,22 @@ class Replica:
     async def start(self) -> None:
         """After the engine (it reconciles what the engine runs with the records this replica owns)."""
         self.id = self.config.id or _stored_id(self._svc.store.home)
+        await self._check_unique()
         if not self._secret:
             self._secret = (await self._svc.store.replicas.secret()).encode()
         await self._beat()
         await self._recover(startup=True)
         self._task = asyncio.create_task(self._run(), name="corral-heartbeat")
+
+    async def _check_unique(self) -> None:
+        """Two live servers under one id would each take the other's sandboxes for their own (and fail its
+        creates at start): refuse to start as a replica that answers at another URL. The same URL is this
+        server restarting (after a SIGKILL its heartbeat is still fresh)."""
+        known = await self._svc.store.replicas.get(self.id, self.ttl)
+        if known is not None and known.alive and known.url != self.url:
+            raise ConflictError(f"replica id {self.id!r} is in use by a live replica at {known.url} (heartbeat "
+                                f"at {known.heartbeat_at.isoformat(timespec='seconds')}): give this server "
+                                "another --replica-id, or stop that one first", details={"replica": self.id})
 
     async def close(self) -> None:
         if self._task is not None:
