@@ -381,6 +381,27 @@ def test_a_port_host_through_the_other_replica(pair: Pair) -> None:
 
 
 @servers
+@pytest.mark.parametrize("through", ["a", "b"])  # through its owner (the baseline), and forwarded
+def test_a_client_leaving_a_stream_ends_the_command_on_the_owner(pair: Pair, through: str) -> None:
+    sb = _sandbox(pair, pair.a)
+    via = pair.a if through == "a" else pair.b
+    try:
+        headers = {"Authorization": f"Bearer {pair.keys['acme']}"}
+        body: dict[str, Any] = {"cmd": "echo started; sleep 2; touch /workspace/finished", "stream": True}
+        with httpx.Client(timeout=WAIT) as client, \
+                client.stream("POST", f"{via.url}/v1/sandboxes/{sb.id}/exec", json=body, headers=headers) as r:
+            assert r.status_code == 200
+            assert next(r.iter_lines()) == '{"event":"stdout","data_b64":"c3RhcnRlZAo="}'  # started\n
+        # The client left; the owner cancelled the command and killed its tree: it never finishes.
+        time.sleep(4)
+        assert not sb.files.exists("/workspace/finished")
+        assert _connect(pair, via, sb.id).commands.run(body["cmd"]).exit_code == 0  # the control: left alone,
+        assert sb.files.exists("/workspace/finished")  # the same command finishes
+    finally:
+        sb.kill()
+
+
+@servers
 def test_a_second_server_under_a_live_replicas_id_refuses_to_start(pair: Pair) -> None:
     from .conftest import TEST_HOME
 
