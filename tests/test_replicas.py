@@ -295,6 +295,9 @@ def _sandbox(pair: Pair, server: ServerProcess, who: str = "acme") -> Sandbox:
 @servers
 def test_create_on_a_serve_through_b_kill_through_a(pair: Pair) -> None:
     key = pair.keys["acme"]
+    for server, name in ((pair.a, "a"), (pair.b, "b")):  # which replica answered
+        info = httpx.get(f"{server.url}/v1/info", headers={"Authorization": f"Bearer {key}"}, timeout=30)
+        assert info.json()["replica"] == name
     sb = _sandbox(pair, pair.a)
     try:
         assert pair.get(pair.b, sb.id).json()["replica"] == "a"
