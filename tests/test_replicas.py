@@ -28,7 +28,7 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from corral import Admin, AuthenticationError, NotFoundError, Sandbox, ServerError
+from corral import Admin, AuthenticationError, NotFoundError, ReplicaUnavailableError, Sandbox, ServerError
 from corral._sdk._pty import Pty
 from corral.backends import SandboxState
 from corral.control import ControlStore, Role
@@ -597,6 +597,10 @@ def test_sigkill_of_the_owner_mid_upload_then_failover_and_recovery(pair: Pair, 
                            headers={"Authorization": f"Bearer {pair.keys['acme']}"})
         assert exec_.status_code == 503 and exec_.json()["error"]["code"] == "replica_unavailable"
         assert "lost" in exec_.json()["error"]["message"]
+        refused_at = time.monotonic()
+        with pytest.raises(ReplicaUnavailableError, match="lost"):  # a terminal too: the reason, at once
+            Pty(mine._client, sb.id).create()  # `mine` is a client of B
+        assert time.monotonic() - refused_at < 5
         assert mine.commands.run("echo b-serves").stdout == "b-serves\n"  # the survivor keeps serving
         pair.a.start()  # the owner comes back: its sandbox is running again, with no partial upload
         wait_for("the sandbox to be recovered", lambda: pair.state(pair.b, sb.id) == "running")
