@@ -405,6 +405,27 @@ def test_a_client_leaving_a_stream_ends_the_command_on_the_owner(pair: Pair, thr
 
 
 @servers
+def test_the_kill_switch_through_one_replica_stops_the_others_sandboxes(pair: Pair) -> None:
+    with pair.admin(pair.b) as admin:
+        admin.tenants.create("switch")
+        key = admin.keys.create("switch", "developer").key
+    on_a = Sandbox.create(template=TEMPLATE, api_key=key, base_url=pair.a.url)
+    on_b = Sandbox.create(template=TEMPLATE, api_key=key, base_url=pair.b.url)
+    _OPEN.extend([on_a, on_b])
+    assert (pair.a.home / "sandboxes" / on_a.id).is_dir()
+    with pair.admin(pair.b) as admin:
+        result = admin.kill_all(tenant="switch")
+    assert sorted(result.killed) == sorted([on_a.id, on_b.id]), result
+    stopped = time.monotonic()
+    # B ended A's record at once; A's reconciler destroys what its engine still runs within a pass or two.
+    wait_for("A to destroy its sandbox", lambda: not (pair.a.home / "sandboxes" / on_a.id).exists(), timeout=10)
+    print(f"kill switch through B: A's sandbox gone after {time.monotonic() - stopped:.2f} s")
+    assert not (pair.b.home / "sandboxes" / on_b.id).exists()
+    for server in (pair.a, pair.b):
+        assert Sandbox.list(api_key=key, base_url=server.url) == []
+
+
+@servers
 def test_a_second_server_under_a_live_replicas_id_refuses_to_start(pair: Pair) -> None:
     from .conftest import TEST_HOME
 

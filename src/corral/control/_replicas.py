@@ -170,6 +170,14 @@ class ReplicaRegistry:
         self._sandboxes.invalidate(sandbox_id)
         return sandbox_from_row(row)
 
+    async def ended(self, sandbox_ids: list[str]) -> list[str]:
+        """Which of `sandbox_ids` have ended records (killed through another replica, the kill switch)."""
+        if not sandbox_ids:
+            return []
+        stmt = select(SandboxRow.id).where(SandboxRow.id.in_(sandbox_ids), SandboxRow.destroyed_at.is_not(None))
+        async with self._db.read() as session:
+            return list((await session.scalars(stmt)).all())
+
     async def claim_unowned(self, sandbox_ids: list[str], owner: str) -> int:
         """Records made before replicas (owner NULL) that this replica's engine runs become its own."""
         if not sandbox_ids:

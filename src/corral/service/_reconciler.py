@@ -9,7 +9,8 @@ engine and store, a record ended by another replica's kill switch). It replaces 
 separate reapers.
 
 With several replicas on one database (docs/replicas.md) each reconciles only the sandboxes its own backend runs
-(its records, and those made before replicas). What concerns all of them is done by one at a time, whichever
+(its records, and those made before replicas), and every pass destroys what its engine runs whose record another
+replica ended (the kill switch received there). What concerns all of them is done by one at a time, whichever
 holds the `reconciler` lease: the sandboxes of a replica that stopped answering are marked `lost` (or failed, if
 it was creating them), and lost ones past their timeout end.
 """
@@ -64,6 +65,7 @@ class Reconciler:
             passes += 1
             try:
                 await self.expire()
+                await self.remove_ended()
                 await self.cluster_pass()
                 if passes % ORPHAN_EVERY == 0:
                     await self.remove_forgotten()
@@ -139,6 +141,18 @@ class Reconciler:
             action="sandbox.expire", target=record.id, tenant_id=record.tenant_id,
             outcome={"status": "destroyed", "reason": reason}))
         return True
+
+    async def remove_ended(self) -> list[str]:
+        """Destroy what this engine runs whose record has ended elsewhere (a kill or the kill switch through
+        another replica while this one did not answer it): every pass, so such a stop takes a second, not the
+        orphan check's period. The record's end was audited by whoever ended it."""
+        svc = self._svc
+        ended = await svc.store.replicas.ended([info.id for info in svc.engine.list()])
+        for sandbox_id in ended:
+            with contextlib.suppress(NotFoundError, SandboxTimeoutError):
+                await svc.engine.destroy(sandbox_id)
+            logger.info("sandbox.ended_elsewhere", extra={"sandbox": sandbox_id})
+        return ended
 
     async def cluster_pass(self) -> list[str]:
         """If this replica holds (or takes) the lease: mark the sandboxes of stopped replicas, and end the records
