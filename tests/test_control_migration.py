@@ -12,7 +12,7 @@ from corral.control import ControlStore, Principal, Quotas, Role
 
 pytestmark = pytest.mark.anyio
 
-_ADDED = {"sandboxes": ["paused_to_disk", "paused_at", "ttl_left"],
+_ADDED = {"sandboxes": ["paused_to_disk", "paused_at", "ttl_left", "owner", "reason"],
           "tenants": ["max_paused", "max_paused_seconds", "max_snapshots", "max_snapshot_bytes"]}
 
 

@@ -1,23 +1,13 @@
-"""The control store on PostgreSQL: a throwaway cluster for the session, the store's own tests run again on it, and
-what only several replicas on one database can break (quotas and the audit chain under concurrent writers,
-caches that other replicas do not invalidate).
-
-The cluster is made with `initdb` in a /var/tmp directory owned by the `postgres` user (PostgreSQL refuses to
-run as root), listens on a Unix socket in that directory only (`listen_addresses = ''`), and is stopped and
-removed when the session ends. CI installs PostgreSQL in `scripts/install`; without its binaries these tests fail
-(they never skip).
+"""The control store on PostgreSQL: a throwaway cluster for the session (tests/postgres_support.py), the store's
+own tests run again on it, and what only several replicas on one database can break (quotas and the audit chain
+under concurrent writers, caches that other replicas do not invalidate).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import pwd
-import re
-import shutil
-import subprocess
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -25,102 +15,25 @@ import pytest
 from sqlalchemy import text
 
 from corral import AuthenticationError, NotFoundError, QuotaExceededError
-from corral.control import Action, ControlStore, Quotas, Role
+from corral.control import SCHEMA_VERSION, Action, ControlStore, Quotas, Role
 from corral.engine import SandboxSpec
 
+from . import postgres_support
 from . import test_control_audit as audit_tests
 from . import test_control_auth as auth_tests
 from . import test_control_store as store_tests
+from .postgres_support import DATABASE, PG_USER, Cluster
+
+__all__ = ["DATABASE", "PG_USER", "Cluster", "postgres"]
 
 pytestmark = pytest.mark.anyio
 
-PG_USER = "postgres"
-DATABASE = "corral_test"
 _TABLES = "tenants, api_keys, sandboxes, audit"
 
 
-# -- the throwaway cluster -----------------------------------------------------------------------------------------
+# -- the throwaway cluster (tests/postgres_support.py) ---------------------------------------------------------------
 
-
-def _pg_bindir() -> Path:
-    """The newest PostgreSQL server binaries: /usr/lib/postgresql/<version>/bin (Debian), else on PATH."""
-    debian = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(re.sub(r"\D", "", p.parent.name)
-                                                                                   or 0), reverse=True)
-    on_path = [Path(found).parent for found in [shutil.which("initdb")] if found is not None]
-    for candidate in [*debian, *on_path]:
-        if (candidate / "initdb").is_file() and (candidate / "pg_ctl").is_file():
-            return candidate
-    pytest.fail("PostgreSQL server binaries (initdb, pg_ctl) not found under /usr/lib/postgresql/*/bin or on PATH: "
-                "install them with scripts/install (apt-get install postgresql)", pytrace=False)
-
-
-class Cluster:
-    """One PostgreSQL cluster in a temporary directory, reachable only through its Unix socket there."""
-
-    def __init__(self, bindir: Path) -> None:
-        self.bindir = bindir
-        self.dir = Path(tempfile.mkdtemp(prefix="corral-pg-", dir="/var/tmp"))
-        self.data = self.dir / "data"
-        self.port = 5432  # only names the socket file (.s.PGSQL.5432 in self.dir): nothing listens on TCP
-        self._as_owner: list[str] = []
-        if os.geteuid() == 0:
-            try:
-                owner = pwd.getpwnam(PG_USER)
-            except KeyError:
-                pytest.fail(f"PostgreSQL refuses to run as root and there is no {PG_USER!r} user to run it as: "
-                            f"install PostgreSQL with scripts/install", pytrace=False)
-            os.chown(self.dir, owner.pw_uid, owner.pw_gid)
-            self._as_owner = ["runuser", "-u", PG_USER, "--"]
-        self.dir.chmod(0o700)
-
-    def url(self, database: str = DATABASE) -> str:
-        return f"postgresql+asyncpg://{PG_USER}@/{database}?host={self.dir}&port={self.port}"
-
-    def start(self) -> None:
-        self._run("initdb", "--pgdata", str(self.data), "--username", PG_USER, "--auth", "trust",
-                  "--encoding", "UTF8", "--locale", "C", "--no-sync")
-        settings = {"listen_addresses": "''", "unix_socket_directories": f"'{self.dir}'", "port": str(self.port),
-                    # A throwaway cluster: durability buys nothing here and costs seconds.
-                    "fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
-        with open(self.data / "postgresql.conf", "a") as conf:
-            conf.writelines(f"{name} = {value}\n" for name, value in settings.items())
-        self._run("pg_ctl", "--pgdata", str(self.data), "--log", str(self.dir / "server.log"), "--wait",
-                  "--timeout", "60", "start")
-        self.create_database(DATABASE)
-
-    def create_database(self, name: str) -> str:
-        """A new empty database; returns its URL."""
-        self._run("createdb", "--host", str(self.dir), "--port", str(self.port), "--username", PG_USER, name)
-        return self.url(name)
-
-    def stop(self) -> None:
-        try:
-            if (self.data / "postmaster.pid").exists():
-                self._run("pg_ctl", "--pgdata", str(self.data), "--mode", "fast", "--wait", "--timeout", "60",
-                          "stop")
-        finally:
-            shutil.rmtree(self.dir, ignore_errors=True)
-
-    def log_tail(self) -> str:
-        log = self.dir / "server.log"
-        return log.read_text(errors="replace")[-3000:] if log.exists() else "(no server log)"
-
-    def _run(self, program: str, *args: str) -> None:
-        command = [*self._as_owner, str(self.bindir / program), *args]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-        if done.returncode != 0:
-            pytest.fail(f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout}{done.stderr}\n"
-                        f"{self.log_tail()}", pytrace=False)
-
-
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[Cluster]:
-    cluster = Cluster(_pg_bindir())
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
+postgres = postgres_support.postgres  # the session's cluster, for this module and those that import it from here
 
 
 @pytest.fixture
@@ -246,7 +159,7 @@ async def test_replicas_starting_together_create_the_schema_once(postgres: Clust
     stores = [ControlStore(postgres.url(fresh), home=tmp_path) for _ in range(REPLICAS)]
     try:
         await asyncio.gather(*(s.start() for s in stores))
-        assert {await s.schema_version() for s in stores} == {store_tests.SCHEMA_VERSION}
+        assert {await s.schema_version() for s in stores} == {SCHEMA_VERSION}
     finally:
         await close_all(stores)
 

@@ -15,6 +15,8 @@ CorralError                      code             meaning
  │    └── DiskFullError          disk_full        the sandbox's disk quota is full (ENOSPC inside it)
  ├── SandboxTimeoutError         sandbox_timeout  the sandbox reached its timeout (TTL) and was destroyed
  └── ServerError                 server_error     Corral itself failed; the message says what and why
+      ├── ReplicaUnavailableError replica_unavailable  the replica that runs the sandbox does not answer, or
+      │                                            stopped (state `lost`); nothing was done (HTTP 503)
       ├── RuntimeUnavailableError runtime_unavailable  fail closed: runtime, namespaces, cgroups or
       │                                            overlayfs missing; nothing ran unsandboxed
       ├── AgentError             agent_error      the in-sandbox agent is unreachable or broke protocol
@@ -49,6 +51,7 @@ __all__ = [
     "NotFoundError",
     "PermissionDeniedError",
     "QuotaExceededError",
+    "ReplicaUnavailableError",
     "RuntimeUnavailableError",
     "SandboxTimeoutError",
     "ServerError",
@@ -118,6 +121,13 @@ class SandboxTimeoutError(CorralError):
 
 class ServerError(CorralError):
     code = "server_error"
+
+
+class ReplicaUnavailableError(ServerError):
+    """The replica whose backend runs the sandbox does not answer, or stopped answering (the sandbox is `lost`);
+    nothing was done (docs/replicas.md)."""
+
+    code = "replica_unavailable"
 
 
 class RuntimeUnavailableError(ServerError):

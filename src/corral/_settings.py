@@ -10,6 +10,9 @@
 default each server keeps one in `CORRAL_HOME/access.key`.
 `CORRAL_REGISTRY_CREDS` (`USER:PASSWORD`) is what `corral templates push` logs in to a registry with, when no
 `--creds` is given (without either, skopeo reads the standard auth files).
+`CORRAL_REPLICA_ID`, `CORRAL_ADVERTISE_URL`: this server's replica id and the URL other replicas reach it at
+(docs/replicas.md); `CORRAL_REPLICA_SECRET` the secret replicas sign forwarded requests with (default: one kept in
+the shared database).
 """
 
 from __future__ import annotations
@@ -72,3 +75,18 @@ def k8s_backend() -> dict[str, str]:
 def registry_creds() -> str | None:
     """`$CORRAL_REGISTRY_CREDS` (`USER:PASSWORD`) for pushing template images, if set."""
     return os.environ.get("CORRAL_REGISTRY_CREDS") or None
+
+
+def replica_id() -> str | None:
+    """`$CORRAL_REPLICA_ID`, this server's replica id, if set (else one kept in `CORRAL_HOME/replica.id`)."""
+    return os.environ.get("CORRAL_REPLICA_ID") or None
+
+
+def advertise_url() -> str | None:
+    """`$CORRAL_ADVERTISE_URL`, where the other replicas reach this server, if set."""
+    return os.environ.get("CORRAL_ADVERTISE_URL") or None
+
+
+def replica_secret() -> str | None:
+    """`$CORRAL_REPLICA_SECRET`, the secret replicas sign forwarded requests with, if set."""
+    return os.environ.get("CORRAL_REPLICA_SECRET") or None

@@ -258,4 +258,5 @@ class SandboxState(StrEnum):
     PAUSED = "paused"
     DESTROYED = "destroyed"
     FAILED = "failed"  # creation failed; it never ran
+    LOST = "lost"  # its replica stopped answering (docs/replicas.md); live again if that replica comes back
     STOPPED = "destroyed"  # an alias of DESTROYED, the engine's older name

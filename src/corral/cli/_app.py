@@ -171,12 +171,24 @@ def serve(
     e2b_root: bool = typer.Option(True, "--e2b-root/--no-e2b-root", help="Sandboxes made through E2B's API have "
                                   "root (user=\"root\", sudo), as E2B's do, where the backend allows it. See "
                                   "docs/security.md."),
+    replica_id: str | None = typer.Option(None, "--replica-id", help="This server's id among replicas sharing "
+                                          "one database (default $CORRAL_REPLICA_ID, else one kept in "
+                                          "$CORRAL_HOME/replica.id). See docs/replicas.md."),
+    advertise_url: str | None = typer.Option(None, "--advertise-url", help="Where the other replicas reach "
+                                             "this one (default $CORRAL_ADVERTISE_URL, else http://HOST:PORT)."),
+    replica_ttl: float = typer.Option(15.0, "--replica-ttl", min=0.5, help="Seconds without a heartbeat after "
+                                      "which a replica counts as stopped and its sandboxes as lost."),
+    cache_ttl: float = typer.Option(5.0, "--cache-ttl", min=0.0, help="Seconds API keys and sandbox records are "
+                                    "served from memory: a key revoked through another replica still works here "
+                                    "for at most this long (0: read the database every request)."),
 ) -> None:
     """Run the API server (state, templates and sandboxes in $CORRAL_HOME, default /var/lib/corral)."""
+    from .. import _settings as settings
     from ..backends import BACKEND_NAMES
     from ..e2b import DEFAULT_ALIASES, E2BConfig, parse_alias
     from ..engine import Capacity
-    from ..server import serve as run_server  # FastAPI and uvicorn load only for this command
+    from ..server import serve as run_server
+    from ..service import ReplicaConfig  # FastAPI and uvicorn load only for this command
 
     if backend not in BACKEND_NAMES:
         raise typer.BadParameter(f"choose one of {', '.join(BACKEND_NAMES)}", param_hint="--backend")
@@ -185,8 +197,14 @@ def serve(
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--e2b-alias") from None
     capacity = Capacity(max_sandboxes=max_sandboxes, memory_overcommit=memory_overcommit)
+    try:
+        replica = ReplicaConfig(id=replica_id or settings.replica_id(),
+                                url=advertise_url or settings.advertise_url() or f"http://{host}:{port}",
+                                secret=settings.replica_secret(), ttl=replica_ttl)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--replica-id") from None
     run_server(host, port, db_url=db, capacity=capacity, backend=backend, domain=domain,
-               e2b=E2BConfig(aliases=aliases, root=e2b_root))
+               e2b=E2BConfig(aliases=aliases, root=e2b_root), replica=replica, cache_ttl=cache_ttl)
 
 
 @app.command()

@@ -36,6 +36,7 @@ from ._models import (
     ApiKey,
     NewApiKey,
     Quotas,
+    ReplicaInfo,
     SandboxQuery,
     SandboxRecord,
     SandboxStatus,
@@ -45,12 +46,14 @@ from ._models import (
     VolumeRecord,
 )
 from ._rbac import PERMISSIONS, Action, Principal, Role, authorize, is_allowed, require_sandbox
-from ._store import ADMIN_KEY_FILE, ADMIN_TENANT, ControlStore
+from ._replicas import ReplicaRegistry
+from ._store import ADMIN_KEY_FILE, ADMIN_TENANT, CACHE_TTL, ControlStore
 
 __all__ = [
     "ADMIN_KEY_FILE",
     "ADMIN_TENANT",
     "AUTH_DENIED",
+    "CACHE_TTL",
     "DEFAULT_EGRESS_CEILING",
     "DEFAULT_MAX_PAUSED_SECONDS",
     "GENESIS_HASH",
@@ -71,6 +74,8 @@ __all__ = [
     "NewApiKey",
     "Principal",
     "Quotas",
+    "ReplicaInfo",
+    "ReplicaRegistry",
     "Role",
     "SandboxQuery",
     "SandboxRecord",

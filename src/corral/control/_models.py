@@ -131,6 +131,41 @@ class SandboxRow(Base):
     paused_to_disk: Mapped[bool | None] = mapped_column(Boolean)
     paused_at: Mapped[datetime | None]
     ttl_left: Mapped[float | None] = mapped_column(Float)
+    # Replicas (docs/replicas.md): the replica whose backend runs it (NULL: made before replicas, by the one
+    # server there was), and why it is `lost` or failed when a replica stopped answering.
+    owner: Mapped[str | None] = mapped_column(String(64))
+    reason: Mapped[str | None] = mapped_column(String(512))
+
+
+class ReplicaRow(Base):
+    """A `corral serve` sharing the database (docs/replicas.md): where the others reach it, and its heartbeat."""
+
+    __tablename__ = "replicas"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    url: Mapped[str] = mapped_column(String(512))
+    started_at: Mapped[datetime]
+    heartbeat_at: Mapped[datetime] = mapped_column(index=True)
+
+
+class LeaseRow(Base):
+    """A cluster-wide job's lease: one holder at a time, until `expires_at` (renewed by the holder)."""
+
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(64))
+    expires_at: Mapped[datetime]
+
+
+class ClusterSecretRow(Base):
+    """Secrets every replica shares and no client knows (the replica-to-replica signing key), made once."""
+
+    __tablename__ = "cluster_secrets"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime]
 
 
 class SnapshotRow(Base):
@@ -299,10 +334,23 @@ class SandboxRecord:
     paused_to_disk: bool = False
     paused_at: datetime | None = None
     ttl_left: float | None = None  # paused to disk: the seconds its timeout had left
+    owner: str | None = None  # the replica whose backend runs it (None: the one server before replicas)
+    reason: str | None = None  # why it is lost or failed, when a replica's end decided it
 
     @property
     def live(self) -> bool:
         return self.destroyed_at is None
+
+
+@dataclass(frozen=True)
+class ReplicaInfo:
+    """A replica as the database knows it; `alive` if its heartbeat is younger than the TTL it was judged by."""
+
+    id: str
+    url: str
+    started_at: datetime
+    heartbeat_at: datetime
+    alive: bool
 
 
 @dataclass(frozen=True)
@@ -370,7 +418,8 @@ def sandbox_from_row(row: SandboxRow) -> SandboxRecord:
                          memory_bytes=row.memory_bytes, cpus=row.cpus,
                          disk_bytes=row.disk_bytes, state=SandboxStatus(row.state), created_at=row.created_at,
                          expires_at=row.expires_at, destroyed_at=row.destroyed_at,
-                         paused_to_disk=bool(row.paused_to_disk), paused_at=row.paused_at, ttl_left=row.ttl_left)
+                         paused_to_disk=bool(row.paused_to_disk), paused_at=row.paused_at, ttl_left=row.ttl_left,
+                         owner=row.owner, reason=row.reason)
 
 
 def snapshot_from_row(row: SnapshotRow) -> SnapshotRecord:

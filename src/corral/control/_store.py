@@ -63,6 +63,7 @@ from ._models import (
     volume_from_row,
 )
 from ._rbac import Action, Principal, Role, authorize, require_sandbox
+from ._replicas import ReplicaRegistry
 
 ADMIN_TENANT = "admin"
 ADMIN_KEY_FILE = "admin.key"
@@ -117,6 +118,8 @@ class ControlStore:
         ttl = timedelta(seconds=cache_ttl)
         self._principals: TTLCache[str, _KnownKey] = TTLCache(ttl, self._now)  # by key hash
         self._sandboxes: TTLCache[str, SandboxRecord] = TTLCache(ttl, self._now)  # by sandbox id
+        self.cache_ttl = ttl  # how late another replica's change may be seen here (module docstring)
+        self.replicas = ReplicaRegistry(self._db, self._now, self._sandboxes)  # docs/replicas.md
         # Quota check and insert must not interleave between two creates of this process; other processes
         # are held off by the write transaction (and, on PostgreSQL, the tenant row lock).
         self._create_lock = asyncio.Lock()
@@ -330,9 +333,10 @@ class ControlStore:
 
     # -- sandboxes --------------------------------------------------------------------------------------------
 
-    async def reserve_sandbox(self, principal: Principal, spec: SandboxSpec, *,
-                              sandbox_id: str | None = None) -> SandboxRecord:
-        """Check the tenant's quotas and record a sandbox in state `creating`, in one transaction.
+    async def reserve_sandbox(self, principal: Principal, spec: SandboxSpec, *, sandbox_id: str | None = None,
+                              owner: str | None = None) -> SandboxRecord:
+        """Check the tenant's quotas and record a sandbox in state `creating`, in one transaction; `owner` is the
+        replica whose backend will run it (docs/replicas.md).
 
         Create it in the engine next, then `mark_running` (or `mark_destroyed(failed=True)` if that fails).
         """
@@ -342,7 +346,7 @@ class ControlStore:
                          template=spec.template, spec=_stored_spec(spec), metadata_=dict(spec.metadata),
                          memory_bytes=spec.limits.memory, cpus=spec.limits.cpus, disk_bytes=spec.limits.disk,
                          state=SandboxStatus.CREATING.value, created_at=now,
-                         expires_at=now + timedelta(seconds=spec.timeout), destroyed_at=None)
+                         expires_at=now + timedelta(seconds=spec.timeout), destroyed_at=None, owner=owner)
         async with self._create_lock:
             try:
                 async with self._db.write() as session:
@@ -461,12 +465,14 @@ class ControlStore:
             self._sandboxes.invalidate(sandbox_id)
         return sandbox_from_row(row)
 
-    async def forgotten_paused(self) -> list[SandboxRecord]:
+    async def forgotten_paused(self, owner: str | None = None) -> list[SandboxRecord]:
         """Sandboxes paused (to disk, or in place by their timeout) for longer than their tenant's
-        `max_paused_seconds` (default 7 days)."""
+        `max_paused_seconds` (default 7 days); with `owner`, only that replica's (as `expired_sandboxes`)."""
         stmt = (select(SandboxRow, TenantRow.max_paused_seconds)
                 .join(TenantRow, TenantRow.id == SandboxRow.tenant_id)
                 .where(SandboxRow.destroyed_at.is_(None), SandboxRow.paused_at.is_not(None)))
+        if owner is not None:
+            stmt = stmt.where(or_(SandboxRow.owner == owner, SandboxRow.owner.is_(None)))
         now = self._now()
         async with self._db.read() as session:
             rows = (await session.execute(stmt)).all()
@@ -587,10 +593,15 @@ class ControlStore:
                         break
         return found
 
-    async def expired_sandboxes(self) -> list[SandboxRecord]:
-        """Live sandboxes past their timeout, for the reaper (paused to disk: their clock stands still)."""
+    async def expired_sandboxes(self, owner: str | None = None) -> list[SandboxRecord]:
+        """Live sandboxes past their timeout, for the reaper (paused to disk: their clock stands still); with
+        `owner`, only those that replica runs (and those made before replicas, which the one server ran). Lost
+        ones are left to `replicas.expired_lost`: no backend here can end them."""
         stmt = select(SandboxRow).where(SandboxRow.destroyed_at.is_(None), SandboxRow.expires_at <= self._now(),
-                                        SandboxRow.paused_to_disk.is_not(True), SandboxRow.paused_at.is_(None))
+                                        SandboxRow.paused_to_disk.is_not(True), SandboxRow.paused_at.is_(None),
+                                        SandboxRow.state != SandboxStatus.LOST.value)
+        if owner is not None:
+            stmt = stmt.where(or_(SandboxRow.owner == owner, SandboxRow.owner.is_(None)))
         async with self._db.read() as session:
             return [sandbox_from_row(r) for r in (await session.scalars(stmt.order_by(SandboxRow.expires_at))).all()]
 

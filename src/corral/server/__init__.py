@@ -12,11 +12,11 @@ import asyncio
 import os
 
 from .._settings import admin_key, corral_home, database_url
-from ..control import ControlStore
+from ..control import CACHE_TTL, ControlStore
 from ..e2b import E2BConfig
 from ..egress import EgressProxy, PackageMirror
 from ..engine import Capacity, Engine
-from ..service import DEFAULT_DOMAIN, STATUS_BY_CODE, status_for
+from ..service import DEFAULT_DOMAIN, STATUS_BY_CODE, ReplicaConfig, status_for
 from ._app import create_app
 from ._process import ServerProcess
 
@@ -30,13 +30,16 @@ KEEP_ALIVE = 75  # seconds an idle HTTP connection is kept (nginx's default; uvi
 def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
           home: str | os.PathLike[str] | None = None, db_url: str | None = None,
           capacity: Capacity | None = None, backend: str = "local", domain: str = DEFAULT_DOMAIN,
-          e2b: E2BConfig | None = None) -> None:
+          e2b: E2BConfig | None = None, replica: ReplicaConfig | None = None,
+          cache_ttl: float = CACHE_TTL) -> None:
     """Run the API server until interrupted, with its state in `home` (default `CORRAL_HOME`), its control
     database at `db_url` (default `CORRAL_DB_URL`, else SQLite in `home`; PostgreSQL for several replicas),
     the machine's `capacity` for sandboxes (past it, creates answer 503 with `Retry-After`), and sandboxes on
     the `backend` of that name (`corral.backends.BACKEND_NAMES`; docs/backends.md), and sandboxes' ports
     served at `<port>-<sandbox id>.<domain>` on the same port (docs/ports.md), and E2B's API with the `e2b`
-    settings (docs/e2b.md)."""
+    settings (docs/e2b.md), and as the `replica` among several on one database (docs/replicas.md; default: a
+    single server reached at `http://<host>:<port>`), serving keys and sandbox records from memory for
+    `cache_ttl` seconds (how late another replica's revocation may be seen here)."""
     import uvicorn
 
     state = corral_home(home)
@@ -44,7 +47,7 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
     # trail and starts it before the engine reattaches sandboxes (docs/egress.md).
     proxy = EgressProxy(mirror=PackageMirror(state / "cache" / "packages"))
     engine = Engine(state, backend, capacity=capacity, egress=proxy)
-    store = ControlStore(db_url or database_url(), home=state)
+    store = ControlStore(db_url or database_url(), home=state, cache_ttl=cache_ttl)
     explicit = admin_key()
 
     async def bootstrap(store: ControlStore) -> None:
@@ -55,7 +58,8 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
             print("corral: admin API key taken from CORRAL_ADMIN_KEY (used only if the server had no keys)",
                   flush=True)
 
-    app = create_app(engine, store, on_startup=bootstrap, domain=domain, e2b=e2b)
+    replica = replica or ReplicaConfig(url=f"http://{host}:{port}")
+    app = create_app(engine, store, on_startup=bootstrap, domain=domain, e2b=e2b, replica=replica)
     # Idle connections live longer here than in clients' pools (httpx and pyqwest keep theirs 5 s by default): a
     # server that closes first races a client reusing the connection at that instant (a failed request, seen).
     config = uvicorn.Config(app, host=host, port=port, lifespan="on", log_level="info",

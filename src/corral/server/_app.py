@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from ..control import ControlStore
 from ..e2b import E2BConfig, E2BMiddleware
 from ..engine import Engine
-from ..service import DEFAULT_DOMAIN, Service, StartupHook
+from ..service import DEFAULT_DOMAIN, ReplicaConfig, Service, StartupHook
 from . import (
     _admin,
     _code,
@@ -32,21 +32,28 @@ from . import (
 )
 from ._errors import install_error_handlers
 from ._ports import PortsMiddleware
+from ._replicas import Forwarder, ReplicaMiddleware
 
 __all__ = ["create_app"]
 
 
 def create_app(engine: Engine, store: ControlStore, *, on_startup: StartupHook | None = None,
-               domain: str = DEFAULT_DOMAIN, e2b: E2BConfig | None = None) -> FastAPI:
+               domain: str = DEFAULT_DOMAIN, e2b: E2BConfig | None = None,
+               replica: ReplicaConfig | None = None) -> FastAPI:
     """The API app over `engine` and `store`; the lifespan starts and stops both (through the service).
     Requests to `<port>-<sandbox id>.<domain>` hosts go to that port in the sandbox instead (docs/ports.md);
-    E2B's API is served beside /v1, at the root (docs/e2b.md; `e2b`: its settings)."""
-    service = Service(engine, store, on_startup=on_startup, domain=domain)
+    E2B's API is served beside /v1, at the root (docs/e2b.md; `e2b`: its settings). `replica`: this server
+    among several on one database; requests for another replica's sandboxes go there (docs/replicas.md)."""
+    service = Service(engine, store, on_startup=on_startup, domain=domain, replica=replica)
+    forwarder = Forwarder()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with service:
-            yield
+        try:
+            async with service:
+                yield
+        finally:
+            await forwarder.aclose()
 
     app = FastAPI(title="Corral", version="1", lifespan=lifespan)
     app.state.corral = service
@@ -54,6 +61,8 @@ def create_app(engine: Engine, store: ControlStore, *, on_startup: StartupHook |
     app.add_middleware(PortsMiddleware, service=service)  # before any route: port hosts never reach the API
     # Outermost: E2B's data plane names sandboxes by header (and its ports 49983/49999 by host) before any of it.
     app.add_middleware(E2BMiddleware, service=service, config=e2b or E2BConfig())
+    # Outermost of all: a request for a sandbox another replica runs goes there whole, whichever front it is for.
+    app.add_middleware(ReplicaMiddleware, service=service, forwarder=forwarder)
 
     @app.get("/v1/health")
     async def health() -> dict[str, Any]:

@@ -17,4 +17,4 @@ router = APIRouter(prefix="/v1", route_class=AuditedRoute)
 async def info(request: Request, principal: CurrentPrincipal) -> dict[str, Any]:
     found = await service(request).info.get(principal)
     return {"backend": found.backend, "runtimes": list(found.runtimes), "limitations": dict(found.limitations),
-            "domain": found.domain, "root": found.root}
+            "domain": found.domain, "root": found.root, "replica": found.replica}

@@ -13,6 +13,7 @@ from ._outcome import RETRY_AFTER_DETAIL, STATUS_BY_CODE, outcome_of, status_for
 from ._ports import DEFAULT_DOMAIN, PORT_ACTION, PortConnection, PortRequest, Ports, check_domain
 from ._processes import AttachStream, Processes, parse_signal
 from ._pty import Pty, PtyRequest, Terminal
+from ._replicas import DEFAULT_REPLICA_TTL, Replica, ReplicaConfig
 from ._sandboxes import CreateSandbox, ForkSandbox, KillReport, Sandboxes, SandboxPage, check_network, file_roots
 from ._service import REQUEST_INVALID, ClientInfo, Service, StartupHook
 from ._snapshots import Snapshots
@@ -22,6 +23,7 @@ from ._volumes import VolumeDetail, Volumes
 
 __all__ = [
     "DEFAULT_DOMAIN",
+    "DEFAULT_REPLICA_TTL",
     "PORT_ACTION",
     "REQUEST_INVALID",
     "RETRY_AFTER_DETAIL",
@@ -51,6 +53,8 @@ __all__ = [
     "Processes",
     "Pty",
     "PtyRequest",
+    "Replica",
+    "ReplicaConfig",
     "ResultCallback",
     "SandboxAccess",
     "SandboxMetric",

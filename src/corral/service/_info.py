@@ -26,6 +26,7 @@ class ServerInfo:
     limitations: Mapping[str, str]  # key -> reason (docs/backends.md); empty when nothing is missing
     domain: str = "localhost"  # sandboxes' ports are served at `<port>-<sandbox id>.<domain>` (docs/ports.md)
     root: bool = True  # whether sandboxes may be created with root (`CreateSandbox.root`, docs/security.md)
+    replica: str = ""  # the replica that answered, among several on one database (docs/replicas.md)
 
 
 class Info:
@@ -42,4 +43,4 @@ class Info:
         backend = self._svc.engine.backend
         return ServerInfo(backend=backend.name, runtimes=tuple(rt.value for rt in backend_runtimes(backend)),
                           limitations=backend_limitations(backend), domain=self._svc.ports.domain,
-                          root=supports_root(backend))
+                          root=supports_root(backend), replica=self._svc.replica.id)

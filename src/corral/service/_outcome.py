@@ -28,6 +28,7 @@ STATUS_BY_CODE: Mapping[str, int] = MappingProxyType({
     "template_build_failed": 500,
     "agent_error": 502,
     "runtime_unavailable": 503,
+    "replica_unavailable": 503,  # the sandbox's replica does not answer (docs/replicas.md): nothing was done
 })
 
 RETRY_AFTER_DETAIL = "retry_after"  # an error whose details carry this many seconds gets a Retry-After header

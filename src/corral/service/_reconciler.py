@@ -7,6 +7,12 @@ reached). Every few passes it also destroys sandboxes paused to disk for longer 
 `max_paused_seconds`, and sandboxes the engine runs that no live record claims (a create interrupted between
 engine and store, a record ended by another replica's kill switch). It replaces the engine's and the server's
 separate reapers.
+
+With several replicas on one database (docs/replicas.md) each reconciles only the sandboxes its own backend runs
+(its records, and those made before replicas), and every pass destroys what its engine runs whose record another
+replica ended (the kill switch received there). What concerns all of them is done by one at a time, whichever
+holds the `reconciler` lease: the sandboxes of a replica that stopped answering are marked `lost` (or failed, if
+it was creating them), and lost ones past their timeout end.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ __all__ = ["Reconciler"]
 logger = logging.getLogger("corral.service")
 
 INTERVAL = 1.0
+LEASE = "reconciler"  # the cluster-wide jobs' lease
 ORPHAN_EVERY = 10  # passes between orphan checks: they list every live record
 ORPHAN_GRACE = 30.0  # seconds: a sandbox this young may still be between engine create and its record
 
@@ -48,6 +55,8 @@ class Reconciler:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+            with contextlib.suppress(Exception):  # best effort: otherwise the lease simply expires
+                await self._svc.store.replicas.release(LEASE, self._svc.replica.id)
 
     async def _run(self) -> None:
         passes = 0
@@ -56,6 +65,8 @@ class Reconciler:
             passes += 1
             try:
                 await self.expire()
+                await self.remove_ended()
+                await self.cluster_pass()
                 if passes % ORPHAN_EVERY == 0:
                     await self.remove_forgotten()
                     await self.remove_orphans()
@@ -65,7 +76,7 @@ class Reconciler:
     async def expire(self) -> list[str]:
         """End every sandbox past its timeout (destroyed, or paused to disk as it asked); returns their ids."""
         ended: list[str] = []
-        for record in await self._svc.store.expired_sandboxes():
+        for record in await self._svc.store.expired_sandboxes(owner=self._svc.replica.id):
             reason = "timeout"
             if record.spec.on_timeout == "pause_memory":
                 if await self._auto_pause_in_memory(record):
@@ -114,7 +125,7 @@ class Reconciler:
     async def remove_forgotten(self) -> list[str]:
         """Destroy sandboxes paused (to disk, or in place by their timeout) for longer than their tenant allows;
         returns their ids."""
-        return [record.id for record in await self._svc.store.forgotten_paused()
+        return [record.id for record in await self._svc.store.forgotten_paused(owner=self._svc.replica.id)
                 if await self._destroy(record, "paused for longer than the tenant's max_paused_seconds")]
 
     async def _destroy(self, record: SandboxRecord, reason: str) -> bool:
@@ -130,6 +141,39 @@ class Reconciler:
             action="sandbox.expire", target=record.id, tenant_id=record.tenant_id,
             outcome={"status": "destroyed", "reason": reason}))
         return True
+
+    async def remove_ended(self) -> list[str]:
+        """Destroy what this engine runs whose record has ended elsewhere (a kill or the kill switch through
+        another replica while this one did not answer it): every pass, so such a stop takes a second, not the
+        orphan check's period. The record's end was audited by whoever ended it."""
+        svc = self._svc
+        ended = await svc.store.replicas.ended([info.id for info in svc.engine.list()])
+        for sandbox_id in ended:
+            with contextlib.suppress(NotFoundError, SandboxTimeoutError):
+                await svc.engine.destroy(sandbox_id)
+            logger.info("sandbox.ended_elsewhere", extra={"sandbox": sandbox_id})
+        return ended
+
+    async def cluster_pass(self) -> list[str]:
+        """If this replica holds (or takes) the lease: mark the sandboxes of stopped replicas, and end the records
+        of lost sandboxes past their timeout. Returns the ids changed; nothing if another replica holds it."""
+        svc, replica = self._svc, self._svc.replica
+        registry = svc.store.replicas
+        if not await registry.acquire(LEASE, replica.id, replica.ttl):
+            return []
+        changed: list[str] = []
+        for record in await registry.mark_lost(replica.ttl):
+            await svc.store.audit.append(AuditEvent(
+                action="sandbox.lost", target=record.id, tenant_id=record.tenant_id,
+                outcome={"status": record.state.value, "reason": record.reason, "replica": record.owner}))
+            changed.append(record.id)
+        for record in await registry.expired_lost():
+            await svc.store.mark_destroyed(record.id)
+            await svc.store.audit.append(AuditEvent(
+                action="sandbox.expire", target=record.id, tenant_id=record.tenant_id,
+                outcome={"status": "destroyed", "reason": f"timeout, while lost: {record.reason}"}))
+            changed.append(record.id)
+        return changed
 
     async def remove_orphans(self) -> list[str]:
         """Destroy sandboxes this engine runs that no live record claims (older than the grace period)."""

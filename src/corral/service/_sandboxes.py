@@ -253,7 +253,8 @@ class Sandboxes:
 
     async def _reserve(self, principal: Principal, spec: SandboxSpec, sandbox_id: str) -> SandboxRecord:
         try:
-            return await self._svc.store.reserve_sandbox(principal, spec, sandbox_id=sandbox_id)
+            return await self._svc.store.reserve_sandbox(principal, spec, sandbox_id=sandbox_id,
+                                                         owner=self._svc.replica.id)
         except QuotaExceededError as exc:
             if exc.details.get("limit") in _TOTAL_QUOTAS:
                 exc.details[RETRY_AFTER_DETAIL] = await self._retry_after(principal.tenant_id)
@@ -431,8 +432,11 @@ class Sandboxes:
     # -- shared by the other services ----------------------------------------------------------------------
 
     async def authorized(self, principal: Principal, sandbox_id: str, action: Action) -> SandboxRecord:
-        """The sandbox if `principal` may do `action` on it; another tenant's is as unknown as a missing one."""
-        return await self._svc.store.sandbox_for(principal, sandbox_id, action)
+        """The sandbox if `principal` may do `action` on it; another tenant's is as unknown as a missing one. One
+        that another replica runs, or that is lost, is refused with the reason (`Replica.check_local`)."""
+        record = await self._svc.store.sandbox_for(principal, sandbox_id, action)
+        self._svc.replica.check_local(record, action)
+        return record
 
     async def destroy(self, sandbox_id: str) -> None:
         """Destroy in the engine (gone already is fine) and record it."""

@@ -38,6 +38,7 @@ from ._ports import DEFAULT_DOMAIN, Ports
 from ._processes import Processes
 from ._pty import Pty
 from ._reconciler import Reconciler
+from ._replicas import Replica, ReplicaConfig
 from ._sandboxes import Sandboxes
 from ._snapshots import Snapshots
 from ._templates import Templates
@@ -62,10 +63,11 @@ class ClientInfo:
 
 class Service:
     def __init__(self, engine: Engine, store: ControlStore, *, on_startup: StartupHook | None = None,
-                 domain: str = DEFAULT_DOMAIN) -> None:
+                 domain: str = DEFAULT_DOMAIN, replica: ReplicaConfig | None = None) -> None:
         self.engine = engine
         self.store = store
         self._on_startup = on_startup
+        self.replica = Replica(self, replica or ReplicaConfig())  # this server among others (docs/replicas.md)
         self.sandboxes = Sandboxes(self)
         self.access = SandboxAccess(self)  # tokens for clients that reach a sandbox without the key
         self.snapshots = Snapshots(self)
@@ -89,7 +91,8 @@ class Service:
 
     async def start(self) -> None:
         """Store first (the audit trail), then the egress proxy (reattached sandboxes need their socket back),
-        then the engine, then the reconciler and the metrics sampler."""
+        then the engine, then this replica's heartbeat (it reconciles its records with what the engine runs), then
+        the reconciler and the metrics sampler."""
         await self.store.start()
         self.access.start()
         if self._on_startup is not None:
@@ -99,6 +102,7 @@ class Service:
             proxy.on_event = self.egress.record_event
             await proxy.start()
         await self.engine.start(expire=False)  # one reaper: the reconciler, from the store's records
+        await self.replica.start()
         self.reconciler.start()
         self.sampler.start()
 
@@ -107,6 +111,7 @@ class Service:
         try:
             await self.sampler.close()
             await self.reconciler.close()
+            await self.replica.close()
             await self.engine.close()
         finally:
             proxy = self.engine.egress
