@@ -249,6 +249,22 @@ async def test_replicas_with_owner_names_sweep_only_their_own(cluster: Cluster) 
             await backend.close()
 
 
+async def test_a_replica_owns_its_pods_by_its_id(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`corral serve` passes no backend options: a replica's id (`CORRAL_REPLICA_ID`, which the reference
+    deployment sets to the Pod's name) is what keeps replicas' sweeps apart."""
+    monkeypatch.setenv("CORRAL_REPLICA_ID", "corral-server-abc12")
+    mine = cluster.backend()
+    other = cluster.backend(owner="replica-b")
+    try:
+        assert mine.owner == "corral-server-abc12"
+        record = await mine.create(new_id(), SandboxSpec(), template())
+        assert await other.sweep(set()) == [] and await mine.alive(record)
+    finally:
+        for backend in (mine, other):
+            await backend.sweep(set())
+            await backend.close()
+
+
 async def test_restore_and_adopt_after_a_new_backend(cluster: Cluster, backend: KubernetesBackend) -> None:
     record = await backend.create(new_id(), SandboxSpec(), template())
     await backend.close()

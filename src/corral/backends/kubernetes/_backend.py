@@ -44,7 +44,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..._exceptions import ConflictError, InvalidRequestError, NotFoundError, RuntimeUnavailableError, ServerError
-from ..._settings import k8s_backend, k8s_images
+from ..._settings import k8s_backend, k8s_images, replica_id
 from ...templates import Template
 from .._contract import (
     JSON,
@@ -145,9 +145,9 @@ class KubernetesBackend:
     * **egress_proxy** - `host:port` of the egress proxy's Service; default: the ClusterIP of the Service in the
       control namespace labelled as `ClusterSettings.egress_labels`.
     * **instance** - the value of `corral.dev/instance` on every object: `sweep` touches only its own.
-    * **owner** - this replica's stable name (`corral.dev/owner`): with it, `sweep` and the warm pool touch only
-      this replica's objects. Without it (one server), `sweep` removes every sandbox of the instance that this
-      engine does not know: replicas that share an instance must each set it.
+    * **owner** - this replica's stable name (`corral.dev/owner`; default `$CORRAL_REPLICA_ID`): with it, `sweep`
+      and the warm pool touch only this replica's objects. Without it (one server), `sweep` removes every sandbox
+      of the instance that this engine does not know: replicas that share an instance must each have one.
     * **ready_timeout** - seconds a cold Pod may take to run.
     """
 
@@ -175,7 +175,8 @@ class KubernetesBackend:
         self.images = dict(images) if images is not None else _load_images(self.home)
         self.pool_sizes = {name: size for name, size in (pool or {}).items() if size > 0}
         self.instance = instance
-        self.owner = owner
+        # A replica's objects are its own (docs/replicas.md): its id is the owner unless one is given.
+        self.owner = owner or replica_id() or ""
         self._ready_timeout = ready_timeout
         self._egress_proxy = egress_proxy
         self._key: TokenKey | None = None

@@ -214,6 +214,11 @@ def _server_container(s: ClusterSettings, image: str, runtime_class: str) -> dic
         "name": "server", "image": image, "command": ["corral"], "args": args,
         "env": [
             _HOME_ENV,
+            # Each Pod is a replica (docs/replicas.md): named after the Pod, reached at its IP. The name also
+            # owns its sandbox Pods, so that one replica's sweep never removes another's.
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "CORRAL_REPLICA_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "CORRAL_ADVERTISE_URL", "value": f"http://$(POD_IP):{API_PORT}"},
             # The backend's settings (`corral serve` takes no backend options: `_settings.k8s_backend`).
             {"name": "CORRAL_K8S_NAMESPACE", "value": s.namespace},
             {"name": "CORRAL_K8S_CONTROL_NAMESPACE", "value": s.control_namespace},
