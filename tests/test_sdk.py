@@ -32,6 +32,7 @@ from corral import (
     NotFoundError,
     PermissionDeniedError,
     QuotaExceededError,
+    ReplicaUnavailableError,
     RuntimeUnavailableError,
     Sandbox,
     SandboxTimeoutError,
@@ -70,6 +71,7 @@ EXPECTED_CLASS: dict[str, type[CorralError]] = {
     "template_build_failed": TemplateBuildError,
     "agent_error": AgentError,
     "runtime_unavailable": RuntimeUnavailableError,
+    "replica_unavailable": ReplicaUnavailableError,
 }
 
 BINARY_OUT = b"a\x00b\xffc\n"
@@ -530,7 +532,7 @@ def test_list_exists_make_dir_remove(fake, opts):
 
 def test_the_doc_error_table_is_fully_covered():
     assert set(DOC_ERRORS) == set(EXPECTED_CLASS)
-    assert len(DOC_ERRORS) == 13
+    assert len(DOC_ERRORS) == 14
 
 
 @pytest.mark.parametrize(("code", "status"), sorted(DOC_ERRORS.items()))
