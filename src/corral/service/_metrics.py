@@ -18,7 +18,6 @@ one core. Memory: up to 720 samples of 32 bytes per sandbox, 23 KB an hour (23 M
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -30,6 +29,7 @@ from datetime import UTC, datetime
 from .._exceptions import CorralError
 from ..backends import SandboxState, SandboxUsage
 from ..engine import Engine
+from ._background import cancel
 
 __all__ = ["INTERVAL", "RETENTION", "MetricsSampler", "SandboxMetric", "cpu_percent"]
 
@@ -147,11 +147,8 @@ class MetricsSampler:
             self._task = asyncio.create_task(self._run(), name="corral-metrics")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel(self._task)
+        self._task = None
 
     def window(self, sandbox_id: str, start: datetime | None = None,
                end: datetime | None = None) -> list[SandboxMetric]:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from .._exceptions import ConflictError, CorralError, NotFoundError, QuotaExceededError, SandboxTimeoutError
 from ..control import AuditEvent, SandboxRecord
+from ._background import cancel
 
 if TYPE_CHECKING:
     from ._service import Service
@@ -50,13 +51,12 @@ class Reconciler:
             self._task = asyncio.create_task(self._run(), name="corral-reconciler")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-            with contextlib.suppress(Exception):  # best effort: otherwise the lease simply expires
-                await self._svc.store.replicas.release(LEASE, self._svc.replica.id)
+        if self._task is None:
+            return
+        await cancel(self._task)
+        self._task = None
+        with contextlib.suppress(Exception):  # best effort: otherwise the lease simply expires
+            await self._svc.store.replicas.release(LEASE, self._svc.replica.id)
 
     async def _run(self) -> None:
         passes = 0

@@ -31,6 +31,7 @@ from .._atomic import write_atomic
 from .._exceptions import ConflictError, ReplicaUnavailableError
 from ..backends import SandboxState
 from ..control import Action, AuditEvent, ReplicaInfo, SandboxRecord
+from ._background import cancel
 
 if TYPE_CHECKING:
     from ._service import Service
@@ -99,11 +100,8 @@ class Replica:
                                 "another --replica-id, or stop that one first", details={"replica": self.id})
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         while True:
