@@ -10,6 +10,7 @@ cluster. Needs root (the fake kubelet runs each agent in its own PID namespace a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -51,8 +52,12 @@ from corral.backends.kubernetes._backend import LIMITATIONS, KubernetesBackend, 
 from corral.backends.kubernetes._tokens import KEY_FILE, TokenKey
 from corral.check._backend import LIMITATION_ITEMS
 from corral.check._host import AGENT_TCP_LIMITATION, exposed_listeners
+from corral.control import ControlStore, Role, TenantEgress
+from corral.egress import EgressProxy
 from corral.engine import Engine
 from corral.engine._agent_client import AgentClient
+from corral.service import EgressDirectory
+from corral.service._egress import recorded_denials
 from corral.templates import Template
 
 from .fakes import FakeTemplates
@@ -338,6 +343,10 @@ async def test_egress_env_names_the_proxy_service_with_a_credential(backend: Kub
     other = dataclasses.replace(record, sandbox_id=new_id())
     assert not key.verify_egress(other.sandbox_id, credential)
     assert backend.egress_env(other)["HTTP_PROXY"] != env["HTTP_PROXY"]
+    # The proxy itself is asked directly (its package mirror); pip's index only when @packages is granted.
+    assert PROXY_IP in env["NO_PROXY"].split(",") and "PIP_INDEX_URL" not in env
+    packages = backend.egress_env(record, packages=True)
+    assert packages["PIP_INDEX_URL"] == env["HTTP_PROXY"] + "/pypi/simple/"
 
 
 async def test_capacity_from_node_allocatable(cluster: Cluster, backend: KubernetesBackend) -> None:
@@ -503,6 +512,54 @@ async def test_the_engine_gives_remote_egress_instead_of_its_local_proxy(cluster
         await engine.destroy(sb.id)
     finally:
         await engine.close(destroy_all=True)
+
+
+async def test_commands_in_pods_go_out_through_the_standalone_proxy_and_see_its_refusals(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """The whole egress path of a Pod: the proxy URL in the command's environment -> `corral egress-proxy`'s
+    listener (here on loopback; the fake kubelet's agents share the host's network) -> the policy from the shared
+    database -> the refusal recorded before it is answered -> the command's result lists it."""
+    store = ControlStore(f"sqlite+aiosqlite:///{tmp_path / 'corral.db'}", home=tmp_path)
+    await store.start()
+    upstream = await asyncio.start_server(_answer_ok, "127.0.0.2", 0)  # not 127.0.0.1: that is in NO_PROXY
+    up_port = upstream.sockets[0].getsockname()[1]
+    tenant = await store.create_tenant("acme")
+    await store.set_tenant_egress(tenant.id, TenantEgress(private=[f"127.0.0.2:{up_port}"]))
+    principal = await store.key_principal((await store.create_key(tenant.id, Role.OPERATOR)).info.id)
+    directory = EgressDirectory(store, TokenKey.load(cluster.home).verify_egress)
+    proxy = EgressProxy(on_event=directory.record)
+    (_, proxy_port), *_ = await proxy.listen("127.0.0.1", 0, directory.policy)
+    backend = cluster.backend(egress_proxy=f"127.0.0.1:{proxy_port}")
+    engine = Engine(cluster.home, backend=backend, templates=FakeTemplates())  # type: ignore[arg-type]
+    engine.remote_denials = lambda sandbox_id, since: recorded_denials(store, sandbox_id, since)
+    await engine.start()
+    try:
+        spec = SandboxSpec(template="default", network=["127.0.0.2"])
+        record = await store.reserve_sandbox(principal, spec, sandbox_id=new_id())  # the service's kind of id
+        sb = await engine.create(spec, sandbox_id=record.id)
+        await store.mark_running(sb.id)
+        curl = "curl -sS -o /dev/null -w '%{http_code}' --max-time 10 "
+        allowed = await engine.exec(sb.id, curl + f"http://127.0.0.2:{up_port}/", cwd="/tmp")
+        assert allowed.stdout_bytes == b"200" and allowed.egress_denials == (), allowed
+        refused = await engine.exec(sb.id, curl + "http://blocked.example/ https://pypi.org/", cwd="/tmp")
+        assert refused.stdout_bytes.startswith(b"403"), refused
+        assert [(d.host, d.port) for d in refused.egress_denials] == [("blocked.example", 80), ("pypi.org", 443)]
+        assert "not in this sandbox's allowlist" in refused.egress_denials[0].reason
+        await engine.destroy(sb.id)
+    finally:
+        await engine.close(destroy_all=True)
+        await backend.close()
+        await proxy.close()
+        upstream.close()
+        await store.close()
+
+
+async def _answer_ok(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+    writer.close()
 
 
 # -- the fake itself, where the backend's tests rely on it ----------------------------------------------------------

@@ -275,11 +275,13 @@ class RemoteEgress(Protocol):
     backend's proxy Service), not one the engine runs for them on a Unix socket.
 
     The engine then attaches no local proxy (`egress_endpoint` is not called) and gives every command
-    `egress_env(record)` in place of its local proxy variables: the proxy URL, with the sandbox's credential in
-    it. Empty: no proxy is known, and the sandbox has no way out.
+    `egress_env(record, packages=...)` in place of its local proxy variables: the proxy URL, with the sandbox's
+    credential in it, and with `packages` (the policy grants `@packages`) the package mirror's variables. Empty:
+    no proxy is known, and the sandbox has no way out. The engine reads the refusals of such a proxy from
+    `Engine.remote_denials` (the proxy records them where the engine's caller can read them).
     """
 
-    def egress_env(self, record: BackendRecord) -> Mapping[str, str]: ...
+    def egress_env(self, record: BackendRecord, *, packages: bool = False) -> Mapping[str, str]: ...
 
 
 ROOT_LIMITATION = "root"  # the key of a backend that cannot give a sandbox root (`SandboxSpec.root`) safely

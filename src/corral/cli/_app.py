@@ -90,6 +90,8 @@ _COMMANDS: dict[str, _Command] = {
                                           "compare."),
     "k8s": _Command("_k8s", "k8s_app", "Kubernetes: print the reference deployment, or what the backend creates "
                                        "for one sandbox, as YAML."),
+    "egress-proxy": _Command("_egress_proxy", "egress_proxy_command", "Run the egress proxy for sandboxes on "
+                             "other machines (Kubernetes Pods), with the servers' database and secret."),
     "check": _Command("_check", "check_command", "Prove the sandbox checklist (items 1-36 and 43) against a "
                                                  "running deployment; exit 1 if any item fails."),
 }

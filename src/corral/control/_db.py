@@ -112,9 +112,14 @@ class Database:
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncSession]:
-        """A session for reads; its transaction (one consistent snapshot) is rolled back when it closes."""
-        async with self._sessions() as session:
-            yield session
+        """A session for reads; its transaction (one consistent snapshot) is rolled back when it closes. A database
+        that fails (unreachable, lost) is `ServerError`: the callers' callers (the API, the egress proxy) answer
+        that, not a driver's exception."""
+        try:
+            async with self._sessions() as session:
+                yield session
+        except (SQLAlchemyError, OSError) as exc:
+            raise ServerError(f"reading the control database {self.safe_url} failed: {exc}") from exc
 
     @asynccontextmanager
     async def write(self) -> AsyncIterator[AsyncSession]:

@@ -8,6 +8,7 @@ reports every attempt as an `EgressEvent`; `PackageMirrorProtocol` is the seam t
 from ._events import EgressEvent, MirrorResponse, PackageMirrorProtocol
 from ._mirror import PackageMirror
 from ._policy import EgressPolicy
-from ._proxy import EgressProxy
+from ._proxy import EgressProxy, Identify
 
-__all__ = ["EgressEvent", "EgressPolicy", "EgressProxy", "MirrorResponse", "PackageMirror", "PackageMirrorProtocol"]
+__all__ = ["EgressEvent", "EgressPolicy", "EgressProxy", "Identify", "MirrorResponse", "PackageMirror",
+           "PackageMirrorProtocol"]

@@ -521,4 +521,6 @@ def error_response(status: int, reason: str, *, marker: str | None = None, extra
             f"Content-Length: {len(body)}", "Connection: " + ("keep-alive" if keep_alive else "close")]
     if marker:
         head.append(f"X-Corral-Egress: {safe_text(marker, 600)}")
+    if status == 407:  # the challenge a 407 must carry (RFC 9110 15.5.8): clients then send their credentials
+        head.append('Proxy-Authenticate: Basic realm="corral-egress"')
     return ("\r\n".join(head) + "\r\n\r\n").encode("ascii") + body

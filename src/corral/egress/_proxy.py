@@ -4,11 +4,17 @@ Each sandbox gets its own Unix socket (bind-mounted into it; the agent bridges 1
 socket a connection arrives on says which sandbox, and which policy, it belongs to. Every request or tunnel is
 one attempt: policy check -> resolve once -> check every address -> connect to a checked address -> relay, and
 exactly one `EgressEvent` when it ends.
+
+Sandboxes on other machines (Pods: `corral egress-proxy`, docs/kubernetes-backend.md) reach one TCP listener
+instead (`listen`): there a connection says who it is with `Proxy-Authorization: Basic <sandbox id>:<credential>`,
+checked per request by an `Identify` callback that also gives the policy. Their refusals are reported (awaited)
+before the sandbox sees them, so the server that ran the command finds them in the shared audit trail.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import inspect
 import ipaddress
@@ -23,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._exceptions import CorralError, InvalidRequestError, NotFoundError, ServerError
+from .._exceptions import AuthenticationError, CorralError, InvalidRequestError, NotFoundError, ServerError
 from . import _reasons as reasons
 from ._addresses import AddressGuard, IPAddress, IPNetwork, embedded_ipv4
 from ._events import EgressEvent, EventKind, MirrorResponse, PackageMirrorProtocol
@@ -47,11 +53,14 @@ from ._http import (
 from ._policy import EgressPolicy, parse_host_port
 from ._reasons import Refusal
 
-__all__ = ["EgressProxy", "EventCallback"]
+__all__ = ["EgressProxy", "EventCallback", "Identify"]
 
 log = logging.getLogger("corral.egress")
 
 EventCallback = Callable[[EgressEvent], Awaitable[None] | None]
+Identify = Callable[[str, str], Awaitable[EgressPolicy]]
+"""(sandbox id, credential) -> the sandbox's policy now. Raises `AuthenticationError` when the credential is not
+that sandbox's (or the sandbox is gone): 407; any other `CorralError` when it cannot tell now: 503."""
 DENIALS_KEPT = 200  # per sandbox: enough for any one command's notice, bounded for a misbehaving one
 _SELF = ({"127.0.0.1", "localhost", "::1"}, 3128)  # the proxy as the sandbox sees it (the agent's bridge)
 
@@ -59,12 +68,17 @@ _SELF = ({"127.0.0.1", "localhost", "::1"}, 3128)  # the proxy as the sandbox se
 @dataclass
 class _Sandbox:
     id: str
-    path: Path
+    path: Path | None  # its socket; None for a sandbox known by its credential on the TCP listener
     policy: EgressPolicy
     server: asyncio.AbstractServer | None = None
     connections: set[asyncio.Task[Any]] = field(default_factory=set)
     denials: deque[EgressEvent] = field(default_factory=lambda: deque(maxlen=DENIALS_KEPT))
     detached: bool = False
+
+    @property
+    def remote(self) -> bool:
+        """Known by its credential: its command's server reads its refusals from the audit trail, not from us."""
+        return self.path is None
 
 
 class _Attempt:
@@ -83,6 +97,7 @@ class _Attempt:
         self.reason = ""
         self.up = 0
         self.down = 0
+        self.reported = False  # a remote sandbox's refusal is reported before it is answered
 
     def count_up(self, n: int) -> None:
         self.up += n
@@ -125,6 +140,8 @@ class EgressProxy:
         self.io_timeout = io_timeout
         self._sandboxes: dict[str, _Sandbox] = {}
         self._callbacks: set[asyncio.Future[Any]] = set()
+        self._listeners: list[asyncio.AbstractServer] = []
+        self._remote_connections: set[asyncio.Task[Any]] = set()
 
     async def start(self) -> None:
         self.guard.own()  # read the host's addresses now, so the first connection does not pay for it
@@ -133,6 +150,13 @@ class EgressProxy:
         """Stop every listener and tunnel; wait (briefly) for async event callbacks still running."""
         for sandbox_id in list(self._sandboxes):
             await self.detach(sandbox_id)
+        for server in self._listeners:
+            server.close()
+        self._listeners.clear()
+        for task in self._remote_connections:
+            task.cancel()
+        if self._remote_connections:
+            await asyncio.wait(self._remote_connections, timeout=5)
         if self._callbacks:
             await asyncio.wait(self._callbacks, timeout=5)
 
@@ -155,6 +179,20 @@ class EgressProxy:
                 sandbox.server.close()
             raise ServerError(f"egress proxy cannot listen on {socket_path}: {exc}") from exc
         self._sandboxes[sandbox_id] = sandbox
+
+    async def listen(self, host: str, port: int, identify: Identify) -> list[tuple[str, int]]:
+        """Serve sandboxes that reach this proxy over TCP (Pods: `corral egress-proxy`), each request as the
+        sandbox its `Proxy-Authorization` names, under the policy `identify` gives; the addresses bound."""
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await self._serve_remote(identify, reader, writer)
+
+        try:
+            server = await asyncio.start_server(serve, host, port, limit=MAX_HEAD)
+        except OSError as exc:
+            raise ServerError(f"egress proxy cannot listen on {host}:{port}: {exc}") from exc
+        self._listeners.append(server)
+        return [(str(sock.getsockname()[0]), int(sock.getsockname()[1])) for sock in server.sockets]
 
     def set_policy(self, sandbox_id: str, policy: EgressPolicy) -> None:
         """Replace the policy; it applies to new connections and requests, open tunnels keep running."""
@@ -180,8 +218,9 @@ class EgressProxy:
             task.cancel()
         if sandbox.connections:
             await asyncio.wait(sandbox.connections, timeout=5)
-        with contextlib.suppress(OSError):
-            sandbox.path.unlink()
+        if sandbox.path is not None:
+            with contextlib.suppress(OSError):
+                sandbox.path.unlink()
 
     def denials(self, sandbox_id: str, since: float) -> list[EgressEvent]:
         """Refused attempts at or after `since` (a `time.time()`), oldest first; the last 200 are kept."""
@@ -210,7 +249,24 @@ class EgressProxy:
             sandbox.connections.discard(task)
             writer.close()
 
-    def emit(self, sandbox: _Sandbox, attempt: _Attempt) -> None:
+    async def _serve_remote(self, identify: Identify, reader: asyncio.StreamReader,
+                            writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._remote_connections.add(task)
+        try:
+            await _Connection(self, None, reader, writer, identify).serve()
+        except asyncio.CancelledError:
+            pass  # close() cancels these
+        except Exception:
+            log.exception("egress connection from %s failed", writer.get_extra_info("peername"))
+        finally:
+            self._remote_connections.discard(task)
+            writer.close()
+
+    def emit(self, sandbox: _Sandbox | None, attempt: _Attempt) -> None:
+        if sandbox is None or attempt.reported:  # no sandbox: nobody to attribute it to (a 407)
+            return
         event = attempt.event(sandbox.id)
         if not event.allowed:
             sandbox.denials.append(event)
@@ -226,6 +282,21 @@ class EgressProxy:
             self._callbacks.add(future)
             future.add_done_callback(self._callback_done)
 
+    async def report_now(self, sandbox: _Sandbox, attempt: _Attempt) -> None:
+        """Report a refusal and wait for it to be recorded (bounded), before the sandbox is answered."""
+        attempt.reported = True
+        event = attempt.event(sandbox.id)
+        sandbox.denials.append(event)
+        if self.on_event is None:
+            return
+        try:
+            result = self.on_event(event)
+            if inspect.isawaitable(result):
+                async with asyncio.timeout(self.connect_timeout):
+                    await result
+        except Exception:
+            log.exception("egress event callback failed (a refusal of sandbox %s went unrecorded)", sandbox.id)
+
     def _callback_done(self, future: asyncio.Future[Any]) -> None:
         self._callbacks.discard(future)
         if not future.cancelled() and future.exception() is not None:
@@ -235,10 +306,12 @@ class EgressProxy:
 class _Connection:
     """One client connection from a sandbox: requests in turn (keep-alive) until one ends it."""
 
-    def __init__(self, proxy: EgressProxy, sandbox: _Sandbox, reader: asyncio.StreamReader,
-                 writer: asyncio.StreamWriter) -> None:
+    def __init__(self, proxy: EgressProxy, sandbox: _Sandbox | None, reader: asyncio.StreamReader,
+                 writer: asyncio.StreamWriter, identify: Identify | None = None) -> None:
         self.proxy = proxy
-        self.sandbox = sandbox
+        self.sandbox = sandbox  # None until a request on the TCP listener says whose it is
+        self.identify = identify
+        self.credentials: tuple[str, str] | None = None  # the last that were checked, for requests without
         self.reader = reader
         self.writer = writer
         self.responded = False  # whether the current request's response has started (too late for a status)
@@ -272,6 +345,8 @@ class _Connection:
             return False
         attempt.method = safe_text(head.start[0], 32)
         try:
+            if self.identify is not None:
+                await self._identify(head, self.identify)
             return await self._dispatch(head, attempt)
         except Refusal as refusal:
             await self._fail(attempt, refusal)
@@ -299,6 +374,8 @@ class _Connection:
             attempt.reason = refusal.reason
             return
         attempt.refuse(refusal)
+        if self.sandbox is not None and self.sandbox.remote:
+            await self.proxy.report_now(self.sandbox, attempt)
         kind = "denied" if refusal.status == 403 else "error"
         marker = f"{kind}; host={attempt.host}; port={attempt.port}; rule={refusal.rule}"
         self.writer.write(error_response(refusal.status, refusal.reason, marker=marker,
@@ -306,6 +383,32 @@ class _Connection:
         with contextlib.suppress(OSError, TimeoutError):
             async with asyncio.timeout(self.proxy.io_timeout):
                 await self.writer.drain()
+
+    async def _identify(self, head: Head, identify: Identify) -> None:
+        """Whose request this is, and the policy that applies now. Clients send the proxy's credentials with every
+        request; one without them goes on as the connection's earlier ones. The package mirror's requests are
+        origin-form, sent to the proxy as a server: those carry them as `Authorization` (PIP_INDEX_URL's)."""
+        header = head.get("proxy-authorization")
+        if header is None and head.start[1].startswith("/"):
+            header = head.get("authorization")
+        credentials = _basic_credentials(header) if header is not None else self.credentials
+        if credentials is None:
+            raise reasons.proxy_credentials_needed("no Proxy-Authorization" if header is None else
+                                                   "Proxy-Authorization is not Basic <sandbox id>:<credential>")
+        try:
+            policy = await identify(*credentials)
+        except AuthenticationError as exc:
+            raise reasons.proxy_credentials_needed(exc.message) from None
+        except CorralError as exc:
+            raise reasons.policy_unavailable(credentials[0], exc.message) from None
+        if self.sandbox is None or self.sandbox.id != credentials[0]:
+            self.sandbox = _Sandbox(credentials[0], None, policy)
+        self.sandbox.policy = policy
+        self.credentials = credentials
+
+    def _known(self) -> _Sandbox:
+        assert self.sandbox is not None, "a request is dispatched only once its sandbox is known"
+        return self.sandbox
 
     def _respond(self, data: bytes) -> None:
         self.responded = True
@@ -333,7 +436,7 @@ class _Connection:
 
     async def _open(self, host: str, port: int, attempt: _Attempt) -> socket.socket:
         attempt.host, attempt.port = host, port
-        policy = self.sandbox.policy  # one snapshot per attempt: set_policy() affects the next one
+        policy = self._known().policy  # one snapshot per attempt: set_policy() affects the next one
         decision = policy.check(host, port)
         if not decision.allowed:
             raise reasons.policy_denied(host, port, policy, decision.rule)
@@ -563,7 +666,7 @@ class _Connection:
     async def _mirror(self, mirror: PackageMirrorProtocol, head: Head, keep: bool, path: str,
                       attempt: _Attempt) -> bool:
         attempt.kind, attempt.host, attempt.path = "mirror", "mirror", safe_text(path, 2000)
-        policy = self.sandbox.policy
+        policy = self._known().policy
         if not policy.grants_preset("packages"):
             raise reasons.mirror_denied(policy)
         attempt.allowed, attempt.rule = True, "preset @packages"
@@ -664,6 +767,18 @@ def _close_backlog(server: asyncio.AbstractServer) -> None:
             with contextlib.suppress(OSError):
                 while True:
                     sock.accept()[0].close()
+
+
+def _basic_credentials(header: str) -> tuple[str, str] | None:
+    """`Basic base64(<sandbox id>:<credential>)` -> (id, credential); None for anything else."""
+    scheme, _, value = header.strip().partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        user, colon, password = base64.b64decode(value.strip(), validate=True).decode().partition(":")
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return (urllib.parse.unquote(user), urllib.parse.unquote(password)) if colon and user else None
 
 
 def _private_allows(policy: EgressPolicy, ip: IPAddress, port: int) -> bool:

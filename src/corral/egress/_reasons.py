@@ -74,6 +74,16 @@ def https_in_the_clear() -> Refusal:
                    "bad request")
 
 
+def proxy_credentials_needed(why: str) -> Refusal:
+    return Refusal(407, f"Corral egress proxy: proxy credentials refused: {why}; use the proxy URL Corral gives "
+                        "each command (HTTP_PROXY, with the sandbox's id and credential in it)", "proxy credentials")
+
+
+def policy_unavailable(sandbox_id: str, why: str) -> Refusal:
+    return Refusal(503, f"Corral egress: cannot read the network policy of sandbox {sandbox_id} now ({why}); "
+                        "try again", "policy unavailable")
+
+
 def bad_request(why: str) -> Refusal:
     return Refusal(400, f"Corral egress proxy: bad request: {why}", "bad request")
 

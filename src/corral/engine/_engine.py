@@ -26,7 +26,7 @@ import re
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -70,9 +70,11 @@ from ._models import (
 )
 
 if TYPE_CHECKING:
-    from ..egress import EgressProxy
+    from ..egress import EgressEvent, EgressProxy
 
 logger = logging.getLogger("corral.engine")
+
+DenialSource = Callable[[str, float], Awaitable[Sequence["EgressEvent"]]]  # (sandbox id, since) -> refusals
 
 REAP_INTERVAL = 1.0
 TOMBSTONES_KEPT = 1000
@@ -185,6 +187,8 @@ class Engine:
         self.pool_spec = pool_spec or SandboxSpec()
         self.capacity = capacity or Capacity()
         self.egress = egress
+        # Where a `RemoteEgress` backend's refusals are found (the service: the shared audit trail).
+        self.remote_denials: DenialSource | None = None
         self._state_dir = self.home / STATE_DIR
         self._creating: dict[str, int] = {}  # sandbox id -> memory limit, while the backend creates it
         self._sandboxes: dict[str, _Sandbox] = {}
@@ -575,7 +579,7 @@ class Engine:
             result = await agent.exec(cmd, cwd=cwd, env=self._env(sb, None), cmd_env=env or None, stdin=stdin,
                                          timeout=timeout, max_output=max_output, on_stdout=on_stdout,
                                          on_stderr=on_stderr, on_start=on_start, tag=tag)
-        return self._with_denials(sb, await self._with_oom(sb, result, before), started)
+        return await self._with_denials(sb, await self._with_oom(sb, result, before), started)
 
     async def run_code(self, sandbox_id: str, code: str, *, language: str = "python",
                        session: str | None = None, context: str | None = None, timeout: float | None = None,
@@ -636,11 +640,23 @@ class Engine:
     async def close_code(self, sandbox_id: str, session: str = "default") -> None:
         await self._running(sandbox_id).agent.close_code(session)
 
-    def _with_denials(self, sb: _Sandbox, result: ExecResult, since: float) -> ExecResult:
-        if self.egress is None:
+    async def _with_denials(self, sb: _Sandbox, result: ExecResult, since: float) -> ExecResult:
+        if self._remote_egress is not None:  # refused by a proxy of another process: it recorded them first
+            denials = await self._remote_denials(sb.id, since)
+        elif self.egress is not None:
+            denials = self.egress.denials(sb.id, since)
+        else:
             return result
-        denials = self.egress.denials(sb.id, since)
         return replace(result, egress_denials=tuple(denials)) if denials else result
+
+    async def _remote_denials(self, sandbox_id: str, since: float) -> Sequence[EgressEvent]:
+        if self.remote_denials is None:
+            return ()
+        try:
+            return await self.remote_denials(sandbox_id, since)
+        except CorralError as exc:  # the command ran; only the notice of its refusals is lost
+            logger.warning("egress refusals of sandbox %s unavailable: %s", sandbox_id, exc.message)
+            return ()
 
     def set_network(self, sandbox_id: str, network: str | builtins.list[str],
                     private: builtins.list[str] | None = None) -> SandboxSpec:
@@ -726,11 +742,11 @@ class Engine:
     # -- internals ---------------------------------------------------------------------------------
 
     def _env(self, sb: _Sandbox, extra: dict[str, str] | None) -> dict[str, str]:
+        packages = _grants_packages(sb.spec.network, sb.spec.network_private)
         if self._remote_egress is not None:
-            proxy, mirror = dict(self._remote_egress.egress_env(sb.record)), {}
+            proxy, mirror = dict(self._remote_egress.egress_env(sb.record, packages=packages)), {}
         else:
-            proxy = EGRESS_ENV
-            mirror = MIRROR_ENV if _grants_packages(sb.spec.network, sb.spec.network_private) else {}
+            proxy, mirror = EGRESS_ENV, MIRROR_ENV if packages else {}
         env = {**proxy, **mirror, **sb.template_env, **sb.spec.env}
         if extra:
             env.update(extra)

@@ -6,6 +6,7 @@ from ._audit import AuditFilter, AuditTrail
 from ._audited import Audited
 from ._code import Cell, Code, CodeStream, ResultCallback
 from ._commands import Command, Commands, CommandStream, StartCallback, exec_outcome
+from ._egress_directory import EgressDirectory
 from ._files import Files
 from ._info import Info, ServerInfo
 from ._metrics import MetricsSampler, SandboxMetric
@@ -40,6 +41,7 @@ __all__ = [
     "CommandStream",
     "Commands",
     "CreateSandbox",
+    "EgressDirectory",
     "Files",
     "ForkSandbox",
     "Info",

@@ -3,20 +3,30 @@
 The ceiling bounds every sandbox's `network` policy (admins set it); `private` lists the exact private
 `ip:port` pairs the tenant's sandboxes may reach (operators of the tenant may set it, for their own databases
 and services). A change reaches the tenant's live sandboxes at once, for new connections.
+
+Every attempt is one audit record (`egress_audit_event`). A proxy of another process (`corral egress-proxy`, for
+Pods) records its refusals before it answers them, so `denials` finds them in the shared trail for the command
+that caused them, on whichever server ran it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, cast
 
 from .._exceptions import CorralError, NotFoundError
-from ..control import Action, AuditEvent, Principal, Tenant, TenantEgress, authorize
+from ..control import Action, AuditEntry, AuditEvent, ControlStore, Principal, Tenant, TenantEgress, authorize
 from ..egress import EgressEvent, EgressPolicy
+from ..egress._events import EventKind
 
 if TYPE_CHECKING:
     from ._service import Service
 
-__all__ = ["TenantEgressSettings"]
+__all__ = ["DENIALS_SCANNED", "TenantEgressSettings", "egress_audit_event", "egress_event_from_audit",
+           "recorded_denials"]
+
+DENIALS_SCANNED = 5000  # audit records of one command's egress read for its refusals: bounded, like the proxy's 200
+DENIALS_KEPT = 200
 
 
 class TenantEgressSettings:
@@ -66,19 +76,49 @@ class TenantEgressSettings:
 
     async def record_event(self, event: EgressEvent) -> None:
         """The proxy's `on_event`: one audit record per egress attempt, attributed to the sandbox's tenant and key."""
-        try:
-            sandbox = await self._svc.store.get_sandbox(event.sandbox_id)
-        except NotFoundError:
-            sandbox = None
-        params = {"host": event.host, "port": event.port, "method": event.method}
-        outcome = {"allowed": event.allowed, "rule": event.rule, "bytes_up": event.bytes_up,
-                   "bytes_down": event.bytes_down, "duration": round(event.duration, 6)}
-        if not event.allowed:
-            outcome["reason"] = event.reason
-        await self._svc.store.audit.append(AuditEvent(
-            action=f"egress.{event.kind}", target=event.sandbox_id,
-            tenant_id=sandbox.tenant_id if sandbox else None, key_id=sandbox.key_id if sandbox else None,
-            role=None, params=params, outcome=outcome))
+        await egress_audit_event(self._svc.store, event)
+
+    async def denials(self, sandbox_id: str, since: float) -> list[EgressEvent]:
+        """The engine's `remote_denials`: `recorded_denials` in this service's store."""
+        return await recorded_denials(self._svc.store, sandbox_id, since)
+
+
+async def recorded_denials(store: ControlStore, sandbox_id: str, since: float) -> list[EgressEvent]:
+    """Refusals of the sandbox recorded at or after `since` (a `time.time()`), oldest first, the last 200: what
+    a proxy of another process refused (it records them before answering)."""
+    entries = await store.audit.query(sandbox=sandbox_id, since=datetime.fromtimestamp(since, UTC),
+                                      limit=DENIALS_SCANNED)
+    refused = [egress_event_from_audit(e) for e in entries
+               if e.action.startswith("egress.") and e.outcome.get("allowed") is False]
+    return refused[-DENIALS_KEPT:]
+
+
+async def egress_audit_event(store: ControlStore, event: EgressEvent) -> None:
+    """One audit record for one egress attempt, attributed to the sandbox's tenant and key."""
+    try:
+        sandbox = await store.get_sandbox(event.sandbox_id)
+    except NotFoundError:
+        sandbox = None
+    params = {"host": event.host, "port": event.port, "method": event.method}
+    outcome: dict[str, Any] = {"allowed": event.allowed, "rule": event.rule, "bytes_up": event.bytes_up,
+                               "bytes_down": event.bytes_down, "duration": round(event.duration, 6)}
+    if not event.allowed:
+        outcome["reason"] = event.reason
+    await store.audit.append(AuditEvent(
+        action=f"egress.{event.kind}", target=event.sandbox_id,
+        tenant_id=sandbox.tenant_id if sandbox else None, key_id=sandbox.key_id if sandbox else None,
+        role=None, params=params, outcome=outcome))
+
+
+def egress_event_from_audit(entry: AuditEntry) -> EgressEvent:
+    """The attempt an `egress.*` audit record tells of (its time: when it was recorded)."""
+    params, outcome = entry.params, entry.outcome
+    return EgressEvent(time=entry.time.timestamp(), sandbox_id=entry.target or "",
+                       kind=cast(EventKind, entry.action.removeprefix("egress.")), method=str(params.get("method", "")),
+                       host=str(params.get("host", "")), port=int(params.get("port", 0)),
+                       allowed=bool(outcome.get("allowed")), rule=str(outcome.get("rule", "")),
+                       reason=str(outcome.get("reason", "")), bytes_up=int(outcome.get("bytes_up", 0)),
+                       bytes_down=int(outcome.get("bytes_down", 0)), duration=float(outcome.get("duration", 0.0)))
 
 
 def _wire(network: str | tuple[str, ...]) -> str | list[str]:

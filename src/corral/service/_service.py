@@ -78,6 +78,7 @@ class Service:
         self.ports = Ports(self, domain)  # `domain`: where sandboxes' ports are served (docs/ports.md)
         self.code = Code(self)
         self.egress = TenantEgressSettings(self)
+        engine.remote_denials = self.egress.denials  # a proxy of another process records them
         self.tenants = Tenants(self)
         self.keys = Keys(self)
         self.audit = AuditTrail(self)

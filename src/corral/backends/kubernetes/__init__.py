@@ -16,13 +16,16 @@ from ._deployment import (
     write_kustomization,
 )
 from ._objects import ClusterSettings, SandboxObjects, hardening_problems, sandbox_objects
+from ._tokens import KEY_FILE, TokenKey
 from ._yaml import dump_all
 
 __all__ = [
     "DEFAULT_IMAGE",
     "EGRESS_COMMAND",
+    "KEY_FILE",
     "ClusterSettings",
     "SandboxObjects",
+    "TokenKey",
     "dump_all",
     "hardening_problems",
     "reference_deployment",

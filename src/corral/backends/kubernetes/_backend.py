@@ -213,16 +213,20 @@ class KubernetesBackend:
         raise RuntimeUnavailableError("the Kubernetes backend has no local egress socket: its sandboxes reach the "
                                       "egress proxy Service (`egress_env`)")
 
-    def egress_env(self, record: BackendRecord) -> Mapping[str, str]:
+    def egress_env(self, record: BackendRecord, *, packages: bool = False) -> Mapping[str, str]:
         """`RemoteEgress`: the proxy variables of every command, with the sandbox's credential in the URL;
-        none when no proxy is known (the NetworkPolicy lets nothing else out)."""
+        none when no proxy is known (the NetworkPolicy lets nothing else out). With `packages`, pip's index is
+        the proxy's package mirror, asked directly (the proxy is in NO_PROXY), with the same credential."""
         rec = _k8s(record)
         if not rec.proxy:
             return {}
         credential = self._tokens().egress_credential(rec.sandbox_id)  # derived: never stored
         url = f"http://{rec.sandbox_id}:{credential}@{rec.proxy}"
-        no_proxy = "localhost,127.0.0.1,::1"
-        return {**dict.fromkeys(_PROXY_VARS, url), "NO_PROXY": no_proxy, "no_proxy": no_proxy}
+        no_proxy = ",".join(["localhost", "127.0.0.1", "::1", rec.proxy.rpartition(":")[0]])
+        env = {**dict.fromkeys(_PROXY_VARS, url), "NO_PROXY": no_proxy, "no_proxy": no_proxy}
+        if packages:  # npm's tarball URLs are absolute and carry no credential: npm goes through the proxy
+            env["PIP_INDEX_URL"] = f"{url}/pypi/simple/"
+        return env
 
     async def diagnostics(self, record: BackendRecord) -> str:
         rec = _k8s(record)

@@ -1,0 +1,96 @@
+"""`corral egress-proxy`: the egress proxy as a process of its own, for sandboxes on other machines (Pods).
+
+On one host the server runs the proxy itself, a Unix socket per sandbox. On Kubernetes sandboxes are Pods, and
+their one way out is this process, a Deployment behind a Service (docs/kubernetes-backend.md): it knows each
+sandbox by the `<sandbox id>:<credential>` in its proxy URL (checked with the key the servers derive it from,
+`CORRAL_ACCESS_SECRET`), reads its policy from the servers' database (`CORRAL_DB_URL`), enforces it exactly as the
+server's own proxy does (same rules, refusals, package mirror) and writes the same audit records, refusals
+before it answers them so that the server that ran the command reports them with its result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .._exceptions import InvalidRequestError
+
+__all__ = ["egress_proxy_command"]
+
+log = logging.getLogger("corral.egress")
+
+
+def egress_proxy_command(
+    host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0 in a Pod).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 3128,
+    db: Annotated[str | None, typer.Option("--db", help="The servers' database URL (default $CORRAL_DB_URL).",
+                                           show_default=False)] = None,
+    home: Annotated[Path | None, typer.Option("--home", help="State directory: the package mirror's cache "
+                                              "(default $CORRAL_HOME).", show_default=False)] = None,
+    cache_ttl: Annotated[float, typer.Option("--cache-ttl", min=0.0, help="Seconds a sandbox's policy is reused: "
+                                             "a policy change reaches this proxy within this time.")] = 2.0,
+    mirror: Annotated[bool, typer.Option("--mirror/--no-mirror", help="Serve the package mirror (pip) to "
+                                         "sandboxes granted @packages.")] = True,
+) -> None:
+    """Run the egress proxy for sandboxes on other machines (Kubernetes Pods), with the servers' database and secret.
+
+    Each request names its sandbox and credential (Proxy-Authorization) and gets that sandbox's policy from the
+    servers' database. Needs CORRAL_ACCESS_SECRET (the servers' value) and CORRAL_DB_URL (their database).
+    """
+    from .._settings import access_secret, corral_home, database_url
+    from ..backends.kubernetes import KEY_FILE
+
+    url = db or database_url()
+    if not url:
+        raise typer.BadParameter("the servers' database is needed: set CORRAL_DB_URL or pass --db", param_hint="--db")
+    state = corral_home(home)
+    if access_secret() is None and not (state / KEY_FILE).exists():
+        raise InvalidRequestError("CORRAL_ACCESS_SECRET is not set (nor is there a key a server on this machine made "
+                                  f"in {state}): set it to the servers' value, which sandboxes' egress credentials "
+                                  "derive from")
+    asyncio.run(_run(host, port, url, state, cache_ttl, mirror))
+
+
+async def _run(host: str, port: int, url: str, home: Path, cache_ttl: float, with_mirror: bool) -> None:
+    from ..backends.kubernetes import TokenKey
+    from ..control import ControlStore
+    from ..egress import EgressProxy, PackageMirror
+    from ..service import EgressDirectory
+
+    store = ControlStore(url, home=home)
+    directory = EgressDirectory(store, TokenKey.load(home).verify_egress, cache_ttl=cache_ttl)
+    mirror = PackageMirror(home / "cache" / "packages") if with_mirror else None
+    proxy = EgressProxy(on_event=directory.record, mirror=mirror)
+    await store.start()
+    try:
+        await proxy.start()
+        bound = await proxy.listen(host, port, directory.policy)
+        where = ", ".join(f"{h}:{p}" for h, p in bound)
+        typer.echo(f"corral egress-proxy: listening on {where}", err=True)
+        log.info("egress proxy listening", extra={"addresses": where})
+        await _until_stopped()
+    finally:
+        await proxy.close()
+        if mirror is not None:
+            await mirror.close()
+        await store.close()
+
+
+async def _until_stopped() -> None:
+    """Until SIGTERM (a Pod's end) or SIGINT."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(RuntimeError):
+                loop.remove_signal_handler(sig)
