@@ -6,6 +6,9 @@ The backend drives the official client against the in-process fake, whose kubele
 - cold: `create` (Pod, NetworkPolicy, Secret, a watch until the Pod runs) + the agent's first answer (an exec)
 - warm: `create` served from a ready warm Pod (a conditional merge patch) + the agent's first answer
 - exec: one `echo` round trip over TCP to a running agent
+- egress: one HTTP request (a new connection each) through `corral egress-proxy`'s listener (TCP, the sandbox's
+  credential, its policy from the database: cached, and with `--cache-ttl 0` read every request) against the
+  same request through the one-host proxy's Unix socket (the baseline), to an origin on loopback
 
 What this measures is the backend's own path and the agent over TCP, with an API server that answers at once
 and a "kubelet" that starts a process, not a container: on a real cluster a cold Pod costs scheduling, a
@@ -15,7 +18,10 @@ sandbox and an image check (seconds under gVisor), which a warm Pod has already 
 from __future__ import annotations
 
 import asyncio
+import base64
+import functools
 import os
+import secrets
 import shutil
 import statistics
 import sys
@@ -28,8 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from corral.backends import SandboxSpec
+from corral.backends.kubernetes import TokenKey
 from corral.backends.kubernetes._backend import KubernetesBackend, KubernetesRecord
+from corral.control import ControlStore, Role, TenantEgress
+from corral.egress import EgressPolicy, EgressProxy
 from corral.engine._agent_client import AgentClient
+from corral.service import EgressDirectory
 from corral.templates import Template
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the fake lives with the tests
@@ -113,7 +123,79 @@ async def run(*, home: Path, template_home: Path, progress: Progress, n: int = 3
                     await backend.close()
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    egress = await _egress(home, n * 10, progress)
     cold_s, warm_s = summary(cold_samples), summary(warm_samples)
     return {"cold_create": cold_s, "warm_create": warm_s, "exec_tcp": summary(execs),
-            "cold_over_warm_p50": round(cold_s["p50_ms"] / warm_s["p50_ms"], 2),
+            "cold_over_warm_p50": round(cold_s["p50_ms"] / warm_s["p50_ms"], 2), **egress,
             "note": "fake API server and fake kubelet (a process, not a container): the backend's path only"}
+
+
+async def _origin(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+        await writer.drain()
+    except (ConnectionError, asyncio.IncompleteReadError):
+        pass
+    finally:
+        writer.close()
+
+
+async def _requests(open_connection: Callable[[], Any], request: bytes, n: int, what: str,
+                    progress: Progress) -> list[float]:
+    samples: list[float] = []
+    for i in range(n):
+        started = time.perf_counter()
+        reader, writer = await open_connection()
+        writer.write(request)
+        answer = await reader.read()
+        writer.close()
+        samples.append(time.perf_counter() - started)
+        if not answer.startswith(b"HTTP/1.1 200 OK"):
+            raise RuntimeError(f"{what}: {answer[:200]!r}")
+        progress(what, i + 1, n)
+    return samples
+
+
+async def _egress(home: Path, n: int, progress: Progress) -> dict[str, Any]:
+    """The standalone proxy's request latency (cached and uncached policy) against the one-host proxy's."""
+    origin = await asyncio.start_server(_origin, "127.0.0.1", 0)
+    port = origin.sockets[0].getsockname()[1]
+    store = ControlStore(f"sqlite+aiosqlite:///{home / 'bench-egress.db'}", home=home)
+    await store.start()
+    proxies: list[EgressProxy] = []
+    try:
+        tenant = await store.create_tenant(f"bench-{secrets.token_hex(4)}")
+        await store.set_tenant_egress(tenant.id, TenantEgress(private=[f"127.0.0.1:{port}"]))
+        principal = await store.key_principal((await store.create_key(tenant.id, Role.OPERATOR)).info.id)
+        sandbox = f"sb-{secrets.token_hex(8)}"
+        await store.reserve_sandbox(principal, SandboxSpec(network=("127.0.0.1",)), sandbox_id=sandbox)
+        key = TokenKey(secrets.token_bytes(32))
+        credential = base64.b64encode(f"{sandbox}:{key.egress_credential(sandbox)}".encode()).decode()
+        request = (f"GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                   f"Proxy-Authorization: Basic {credential}\r\n\r\n").encode()
+        # Both write the same audit record per attempt (after it ends), as the server's own proxy does.
+        local = EgressProxy(on_event=EgressDirectory(store, key.verify_egress).record)
+        proxies.append(local)
+        socket_path = home / "bench-egress.sock"
+        await local.attach(sandbox, socket_path, EgressPolicy.parse(["127.0.0.1"], private=[f"127.0.0.1:{port}"]))
+        figures: dict[str, Any] = {}
+        base = await _requests(lambda: asyncio.open_unix_connection(str(socket_path)), request, n,
+                               "egress: one-host proxy (Unix socket)", progress)
+        figures["egress_local"] = summary(base)
+        for name, ttl in (("egress_standalone", 2.0), ("egress_standalone_uncached", 0.0)):
+            directory = EgressDirectory(store, key.verify_egress, cache_ttl=ttl)
+            remote = EgressProxy(on_event=directory.record)
+            proxies.append(remote)
+            (_, remote_port), *_ = await remote.listen("127.0.0.1", 0, directory.policy)
+            samples = await _requests(functools.partial(asyncio.open_connection, "127.0.0.1", remote_port), request, n,
+                                      f"egress: standalone proxy (TCP, cache TTL {ttl:g} s)", progress)
+            figures[name] = summary(samples)
+            figures[f"{name}_over_local_p50"] = round(figures[name]["p50_ms"] / figures["egress_local"]["p50_ms"], 2)
+        return figures
+    finally:
+        for proxy in proxies:
+            await proxy.close()
+        origin.close()
+        await store.close()
+        (home / "bench-egress.db").unlink(missing_ok=True)
