@@ -236,9 +236,11 @@ class Pair:
         return asyncio.run(read())
 
 
-def _server(home: Path, url: str, name: str, admin_key: str | None) -> ServerProcess:
+def _server(home: Path, url: str, name: str, admin_key: str | None, secret: str) -> ServerProcess:
     port = free_port()
+    # Replicas share the access secret (docs/replicas.md): E2B's tokens and signed URLs hold on any of them.
     return ServerProcess(home, template_home=TEMPLATE_HOME, port=port, admin_key=admin_key,
+                         env={"CORRAL_ACCESS_SECRET": secret},
                          args=["--db", url, "--replica-id", name, "--advertise-url", f"http://127.0.0.1:{port}",
                                "--replica-ttl", str(REPLICA_TTL), "--cache-ttl", str(SERVER_CACHE_TTL)])
 
@@ -251,8 +253,9 @@ def pair(postgres: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     tag = os.urandom(4).hex()
     url = postgres.create_database(f"replicas_{tag}")
     with contextlib.ExitStack() as stack:
-        a = stack.enter_context(_server(TEST_HOME / f"replica-a-{tag}", url, "a", None))
-        b = stack.enter_context(_server(TEST_HOME / f"replica-b-{tag}", url, "b", a.admin_key))
+        secret = os.urandom(16).hex()
+        a = stack.enter_context(_server(TEST_HOME / f"replica-a-{tag}", url, "a", None, secret))
+        b = stack.enter_context(_server(TEST_HOME / f"replica-b-{tag}", url, "b", a.admin_key, secret))
         with Admin(api_key=a.admin_key, base_url=a.url) as admin:
             keys = {}
             for tenant in ("acme", "other"):
@@ -357,6 +360,15 @@ def test_e2b_sdk_data_plane_through_the_other_replica(pair: Pair, monkeypatch: p
         assert result.exit_code == 0 and result.stdout.startswith("from-")
         sandbox.files.write("/home/user/x.bin", b"\x00\x01\xfe\xff")
         assert sandbox.files.read("/home/user/x.bin", format="bytes") == b"\x00\x01\xfe\xff"
+        # Signed URLs name no sandbox but by their signature: B finds A's sandbox by it and forwards them.
+        download = sandbox.download_url("/home/user/x.bin")
+        assert download.startswith(pair.b.url) and "signature=" in download
+        assert httpx.get(download, timeout=30).content == b"\x00\x01\xfe\xff"
+        upload = sandbox.upload_url("/home/user/up.txt")
+        assert httpx.post(upload, files={"file": ("up.txt", b"signed")}, timeout=30).status_code == 200
+        assert sandbox.files.read("/home/user/up.txt") == "signed"
+        forged = download.replace("signature=v1_", "signature=v1_x")
+        assert httpx.get(forged, timeout=30).status_code == 401  # no sandbox's token made it: refused, not sent on
     finally:
         sandbox.kill()
 
@@ -429,7 +441,7 @@ def test_the_kill_switch_through_one_replica_stops_the_others_sandboxes(pair: Pa
 def test_a_second_server_under_a_live_replicas_id_refuses_to_start(pair: Pair) -> None:
     from .conftest import TEST_HOME
 
-    clash = _server(TEST_HOME / f"replica-clash-{os.urandom(4).hex()}", pair.url, "a", pair.a.admin_key)
+    clash = _server(TEST_HOME / f"replica-clash-{os.urandom(4).hex()}", pair.url, "a", pair.a.admin_key, "s")
     clash.startup_timeout = WAIT
     try:
         with pytest.raises(ServerError, match="replica id 'a' is in use by a live replica"):

@@ -18,7 +18,7 @@ import hashlib
 import time
 import urllib.parse
 import zlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from starlette.datastructures import UploadFile
@@ -170,8 +170,24 @@ async def _authorized(request: Request, operation: str, *,
 
 
 def _signer(request: Request, operation: str, path: str) -> Callable[[str], str]:
+    return url_signer(request.query_params, operation, path)
+
+
+def signed_url_signer(method: str, params: Mapping[str, str]) -> Callable[[str], str] | None:
+    """For a signed `/files` URL (its method and query): what a sandbox's token makes of it; None if the URL is
+    not one (no signature, another method, a malformed expiry). The replicas' middleware finds the sandbox of
+    such a URL with it, among other replicas' sandboxes."""
+    operation = {"GET": "read", "POST": "write"}.get(method)
+    if operation is None or "signature" not in params:
+        return None
+    try:
+        return url_signer(params, operation, params.get("path") or "")
+    except InvalidRequestError:
+        return None
+
+
+def url_signer(params: Mapping[str, str], operation: str, path: str) -> Callable[[str], str]:
     """What a sandbox's token makes of this URL: `v1_` + base64(sha256("path:operation:user:token[:expiry]"))."""
-    params = request.query_params
     user = params.get("username") or ""
     expiry = params.get("signature_expiration")
     if expiry is not None and not expiry.lstrip("-").isdigit():

@@ -21,7 +21,7 @@ import logging
 import re
 import socket
 from collections.abc import AsyncIterator
-from urllib.parse import unquote
+from urllib.parse import parse_qsl, unquote
 
 import httpx
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -29,6 +29,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from .._exceptions import AuthenticationError, CorralError, ServerError
+from ..e2b import signed_url_signer
 from ..service import Service
 from ._errors import error_response
 from ._ports import port_target
@@ -82,6 +83,8 @@ class ReplicaMiddleware:
             await _refuse(scope, receive, send, exc)
             return
         sandbox_id = None if forwarded else _sandbox_of(scope, self.service.ports.domain)
+        if sandbox_id is None and not forwarded and scope["type"] == "http" and scope["path"] == "/files":
+            sandbox_id = await self._signed_elsewhere(scope)
         url = await self.service.replica.route(sandbox_id) if sandbox_id is not None else None
         if url is None:
             await self.app(scope, receive, send)  # never forwarded twice: the owner serves what it is sent
@@ -89,6 +92,15 @@ class ReplicaMiddleware:
             await _WebSocketExchange(self, scope, receive, send, url).run()
         else:
             await _Exchange(self, scope, receive, send, url).run()
+
+    async def _signed_elsewhere(self, scope: Scope) -> str | None:
+        """E2B's signed `/files` URLs name their sandbox by the signature alone: another replica's, if its token
+        made it (checked with the shared secret; the owner checks it again)."""
+        params = dict(parse_qsl(bytes(scope.get("query_string") or b"").decode("latin-1")))
+        sign = signed_url_signer(scope.get("method", "GET"), params)
+        if sign is None:
+            return None
+        return await self.service.access.signer_elsewhere(sign, params["signature"])
 
     def _trusted(self, scope: Scope) -> tuple[Scope, bool]:
         """The scope with the replica headers verified and removed; True if another replica forwarded it (its

@@ -99,6 +99,19 @@ class SandboxAccess:
             await self._svc.record_denial(client, exc, None)
             raise
 
+    async def signer_elsewhere(self, sign: Callable[[str], str], signature: str) -> str | None:
+        """The live sandbox of another replica whose token made `signature`, if one did and none of this node's
+        did (one hash per sandbox): the replicas' middleware forwards such a signed URL to its owner."""
+        if any(hmac.compare_digest(sign(self.token(info.id)).encode(), signature.encode())
+               for info in self._svc.engine.list()):
+            return None  # this node's own: served here
+        mine = self._svc.replica.id
+        for record in await self._svc.store.list_sandboxes(None):
+            if record.owner not in (None, mine) and \
+                    hmac.compare_digest(sign(self.token(record.id)).encode(), signature.encode()):
+                return record.id
+        return None
+
     async def creator(self, record: SandboxRecord) -> Principal:
         """The principal of the key that created `record`'s sandbox (`AuthenticationError` once revoked)."""
         return await self._svc.store.key_principal(record.key_id)
