@@ -459,6 +459,13 @@ def test_serve_settings_come_from_the_environment(tmp_path: Path, monkeypatch: p
     assert made.pool_sizes == {"default": 3, "python": 1}
     assert made.images == {"default": "r.example/d@sha256:00"}
     assert KubernetesBackend(tmp_path, namespace="explicit", runtime_class="kata").settings.runtime_class == "kata"
+    assert not made.settings.user_namespace
+    monkeypatch.setenv("CORRAL_K8S_USER_NAMESPACE", "1")
+    assert KubernetesBackend(tmp_path).settings.user_namespace
+    assert not KubernetesBackend(tmp_path, user_namespace=False).settings.user_namespace  # an option wins
+    monkeypatch.setenv("CORRAL_K8S_USER_NAMESPACE", "maybe")
+    with pytest.raises(InvalidRequestError, match="CORRAL_K8S_USER_NAMESPACE must be 1 or 0"):
+        KubernetesBackend(tmp_path)
 
 
 async def test_two_creates_racing_for_one_warm_pod_both_succeed(cluster: Cluster) -> None:

@@ -63,6 +63,7 @@ CASES: dict[str, Callable[[], SandboxObjects]] = {
     "pull-secrets-ports": lambda: build(settings=ClusterSettings(image_pull_secrets=("regcred",), agent_port=9000,
                                                                  egress_port=8080)),
     "warm-no-deadline": lambda: build(labels={"corral.dev/pool": "default"}, deadline_seconds=None),
+    "user-namespace": lambda: build(settings=ClusterSettings(user_namespace=True)),
 }
 
 
@@ -97,6 +98,13 @@ def test_strict_validation_refuses_what_kubernetes_does_not_know() -> None:
 
 
 # --- what the objects say ----------------------------------------------------------------------------------------
+
+
+def test_a_user_namespace_per_pod_is_asked_for_only_when_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert "hostUsers" not in build().pod["spec"]  # the cluster's default (the host's users) unless asked
+    pod = build(settings=ClusterSettings(user_namespace=True)).pod
+    assert pod["spec"]["hostUsers"] is False
+    assert hardening_problems(pod) == []
 
 
 def test_pod_resources_and_tmpfs_come_from_the_limits() -> None:

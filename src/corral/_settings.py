@@ -66,9 +66,11 @@ def k8s_images() -> str | None:
 def k8s_backend() -> dict[str, str]:
     """The Kubernetes backend's settings from the environment (`corral serve --backend kubernetes` passes no
     options): `CORRAL_K8S_NAMESPACE`, `CORRAL_K8S_CONTROL_NAMESPACE`, `CORRAL_K8S_RUNTIME_CLASS` (`none`: the
-    cluster's default runtime) and `CORRAL_K8S_POOL` (`template=size,...`), those that are set."""
+    cluster's default runtime), `CORRAL_K8S_POOL` (`template=size,...`) and `CORRAL_K8S_USER_NAMESPACE` (`1`:
+    each Pod with `hostUsers: false`), those that are set."""
     names = {"namespace": "CORRAL_K8S_NAMESPACE", "control_namespace": "CORRAL_K8S_CONTROL_NAMESPACE",
-             "runtime_class": "CORRAL_K8S_RUNTIME_CLASS", "pool": "CORRAL_K8S_POOL"}
+             "runtime_class": "CORRAL_K8S_RUNTIME_CLASS", "pool": "CORRAL_K8S_POOL",
+             "user_namespace": "CORRAL_K8S_USER_NAMESPACE"}
     return {key: os.environ[name] for key, name in names.items() if os.environ.get(name)}
 
 

@@ -85,12 +85,15 @@ def sandbox_manifest(
     control_namespace: str = typer.Option("corral", "--control-namespace", help="The control plane's namespace."),
     runtime_class: str = typer.Option("gvisor", "--runtime-class", help="RuntimeClass of the Pod ('none': the "
                                       "cluster's default)."),
+    user_namespace: bool = typer.Option(False, "--user-namespace", help="The Pod in a user namespace of its own "
+                                        "(hostUsers: false; CORRAL_K8S_USER_NAMESPACE=1 for the backend)."),
 ) -> None:
     """Print the Secret, NetworkPolicy and Pod the Kubernetes backend would create for one sandbox."""
     spec = _spec(template, memory=memory, network=network, cpus=cpus, disk=disk, timeout=timeout)
     try:
         settings = ClusterSettings(namespace=namespace, control_namespace=control_namespace,
-                                   runtime_class=None if runtime_class == "none" else runtime_class)
+                                   runtime_class=None if runtime_class == "none" else runtime_class,
+                                   user_namespace=user_namespace)
     except InvalidRequestError as exc:
         _bad(exc, "--namespace/--control-namespace/--runtime-class")
     try:

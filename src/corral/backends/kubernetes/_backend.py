@@ -87,7 +87,8 @@ LIMITATIONS: dict[str, str] = {
         "capabilities), which is what keeps a Pod from reaching its node"),
     "user_namespace": (
         "no per-sandbox user namespace of Corral's own: isolation is the RuntimeClass's (gVisor by default, "
-        "its own kernel) and Pod Security `restricted`"),
+        "its own kernel) and Pod Security `restricted`; CORRAL_K8S_USER_NAMESPACE=1 asks Kubernetes for one per "
+        "Pod (hostUsers: false) where the runtime supports it"),
     "agent_tcp": (
         "the agent listens on TCP at the Pod's IP (a Unix socket cannot leave the Pod), the one non-loopback "
         "listener of a sandbox: each request carries a per-sandbox token (an HMAC of the sandbox and the Pod), and "
@@ -158,7 +159,7 @@ class KubernetesBackend:
                  agent_port: int = 7771, control_namespace: str = "corral", images: Mapping[str, str] | None = None,
                  pool: Mapping[str, int] | None = None, kubeconfig: str | Path | None = None,
                  context: str | None = None, egress_proxy: str | None = None, instance: str = "default",
-                 owner: str = "", ready_timeout: float = READY_TIMEOUT,
+                 owner: str = "", ready_timeout: float = READY_TIMEOUT, user_namespace: bool | None = None,
                  settings: ClusterSettings | None = None) -> None:
         self.home = Path(home)
         env = k8s_backend()  # what `corral serve` cannot pass as options; an option given wins
@@ -170,7 +171,8 @@ class KubernetesBackend:
             namespace=namespace or env.get("namespace", "corral-sandboxes"),
             control_namespace=env.get("control_namespace", control_namespace) if control_namespace == "corral"
             else control_namespace,
-            runtime_class=runtime_class, agent_port=agent_port)
+            runtime_class=runtime_class, agent_port=agent_port,
+            user_namespace=_flag(env.get("user_namespace", "0")) if user_namespace is None else user_namespace)
         self.api = KubeAPI(self.settings.namespace, kubeconfig=kubeconfig, context=context)
         self.images = dict(images) if images is not None else _load_images(self.home)
         self.pool_sizes = {name: size for name, size in (pool or {}).items() if size > 0}
@@ -603,6 +605,14 @@ def _quantity(text: object) -> float:
         return float(value)
     except ValueError:
         return 0.0
+
+
+def _flag(text: str) -> bool:
+    """`CORRAL_K8S_USER_NAMESPACE`'s value: 1/true/yes or 0/false/no."""
+    value = text.strip().lower()
+    if value not in ("1", "true", "yes", "0", "false", "no"):
+        raise InvalidRequestError(f"CORRAL_K8S_USER_NAMESPACE must be 1 or 0 (true/false), not {text!r}")
+    return value in ("1", "true", "yes")
 
 
 def _parse_pool(text: str) -> dict[str, int]:

@@ -100,6 +100,9 @@ class ClusterSettings:
     server_labels: Mapping[str, str] = field(default_factory=_server_labels)  # the control plane's Pods
     egress_labels: Mapping[str, str] = field(default_factory=_egress_labels)  # the egress proxy's Pods
     egress_port: int = 3128
+    # `hostUsers: false`: each Pod in a user namespace of its own (Kubernetes 1.33+, where it is on by default;
+    # needs a runtime that supports it: runc/crun with idmapped mounts; check your RuntimeClass).
+    user_namespace: bool = False
 
     def __post_init__(self) -> None:
         validate_name(self.namespace, "namespace")
@@ -301,6 +304,8 @@ def _pod(meta: Mapping[str, Any], spec: SandboxSpec, *, image: str, settings: Cl
     }
     if settings.runtime_class is not None:
         pod_spec["runtimeClassName"] = settings.runtime_class
+    if settings.user_namespace:
+        pod_spec["hostUsers"] = False  # root in the Pod (none runs as root: runAsNonRoot) maps to no host uid
     if deadline_seconds is not None:
         if isinstance(deadline_seconds, bool) or not isinstance(deadline_seconds, int) or deadline_seconds < 1:
             raise InvalidRequestError(f"the deadline must be a positive number of seconds, not {deadline_seconds!r}")
