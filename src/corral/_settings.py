@@ -10,6 +10,7 @@
 default each server keeps one in `CORRAL_HOME/access.key`.
 `CORRAL_REGISTRY_CREDS` (`USER:PASSWORD`) is what `corral templates push` logs in to a registry with, when no
 `--creds` is given (without either, skopeo reads the standard auth files).
+`KUBECONFIG` is read by the Kubernetes client itself; Corral reads it only to say where it looked.
 `CORRAL_REPLICA_ID`, `CORRAL_ADVERTISE_URL`: this server's replica id and the URL other replicas reach it at
 (docs/replicas.md); `CORRAL_REPLICA_SECRET` the secret replicas sign forwarded requests with (default: one kept in
 the shared database).
@@ -72,6 +73,11 @@ def k8s_backend() -> dict[str, str]:
              "runtime_class": "CORRAL_K8S_RUNTIME_CLASS", "pool": "CORRAL_K8S_POOL",
              "user_namespace": "CORRAL_K8S_USER_NAMESPACE"}
     return {key: os.environ[name] for key, name in names.items() if os.environ.get(name)}
+
+
+def kubeconfig() -> str | None:
+    """`$KUBECONFIG`, if set: the Kubernetes client reads it itself; Corral names it when no cluster answers."""
+    return os.environ.get("KUBECONFIG") or None
 
 
 def registry_creds() -> str | None:

@@ -93,7 +93,8 @@ _COMMANDS: dict[str, _Command] = {
     "egress-proxy": _Command("_egress_proxy", "egress_proxy_command", "Run the egress proxy for sandboxes on "
                              "other machines (Kubernetes Pods), with the servers' database and secret."),
     "check": _Command("_check", "check_command", "Prove the sandbox checklist (items 1-36 and 43) against a "
-                                                 "running deployment; exit 1 if any item fails."),
+                                                 "running deployment, or a private server on --backend; exit 1 "
+                                                 "if any item fails, 3 if it was skipped."),
 }
 
 

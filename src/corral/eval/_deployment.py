@@ -14,12 +14,9 @@ otherwise charge that to whichever tasks come first, and report them as hanging.
 from __future__ import annotations
 
 import secrets
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 import httpx
@@ -81,22 +78,12 @@ async def eval_tenant(*, base_url: str | None, admin_key: str | None, loopback: 
 
 @contextmanager
 def local_server(*, backend: str = "local", args: list[str] | None = None) -> Iterator[tuple[str, str]]:
-    """A private `corral serve --backend <backend>` on this machine: yields (base_url, admin_key); stopped, and
-    every sandbox it left destroyed, afterwards."""
-    from ..server import ServerProcess
+    """A private `corral serve --backend <backend>` on this machine (`corral.server.private_server`): yields
+    (base_url, admin_key); stopped, and every sandbox it left destroyed, afterwards."""
+    from ..server import private_server  # FastAPI and uvicorn load only for a local run
 
-    home = Path(tempfile.mkdtemp(prefix="corral-eval-", dir="/var/tmp"))
-    home.chmod(0o755)  # sandboxes' users must traverse it
-    # Share this machine's package mirror cache (verified by digest, written atomically): without it every
-    # run downloads every wheel again and the package tasks take minutes instead of seconds.
-    shared_cache = corral_home() / "cache"
-    shared_cache.mkdir(parents=True, exist_ok=True)
-    (home / "cache").symlink_to(shared_cache)
-    try:
-        with ServerProcess(home, template_home=corral_home(), args=args or [], backend=backend) as server:
-            yield server.url, server.admin_key
-    finally:
-        shutil.rmtree(home, ignore_errors=True)
+    with private_server(backend, args=args, prefix="corral-eval-") as server:
+        yield server.url, server.admin_key
 
 
 def local_capabilities() -> frozenset[str]:

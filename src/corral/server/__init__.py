@@ -18,9 +18,9 @@ from ..egress import EgressProxy, PackageMirror
 from ..engine import Capacity, Engine
 from ..service import DEFAULT_DOMAIN, STATUS_BY_CODE, ReplicaConfig, status_for
 from ._app import create_app
-from ._process import ServerProcess
+from ._process import ServerProcess, private_server
 
-__all__ = ["STATUS_BY_CODE", "ServerProcess", "create_app", "serve", "status_for"]
+__all__ = ["STATUS_BY_CODE", "ServerProcess", "create_app", "private_server", "serve", "status_for"]
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7770

@@ -9,19 +9,29 @@ ServerProcess(home, backend="docker")      # `corral serve --backend docker`
 ```
 
 Sandboxes outlive their server by design, so `destroy_leftovers()` (called on leaving the block) opens the
-state directory with an in-process engine on the server's backend once the server is gone and destroys what is
-still there.
+state directory with an engine on the server's backend once the server is gone and destroys what is still there:
+in this process, or, when the server was given environment variables of its own (a Kubernetes namespace, a replica
+id), in a child with the same environment, so that it looks where the server made them.
+
+`private_server()` is the whole of it for a command that needs a deployment of its own for a while
+(`corral eval run --local`, `corral check --backend`): a fresh state directory, this machine's templates, and
+nothing shared with another deployment.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -29,9 +39,10 @@ from typing import Self
 import httpx
 
 from .._exceptions import ServerError
+from .._settings import corral_home
 from ..control import generate_key
 
-__all__ = ["ServerProcess"]
+__all__ = ["ServerProcess", "private_server"]
 
 _LOG_TAIL = 4000
 _SANDBOX_DIRS = {"local": "sandboxes", "docker": "docker"}  # backend -> where in its home its sandboxes live
@@ -170,8 +181,22 @@ class ServerProcess:
             raise RuntimeError("stop the server before destroying its leftovers")
         # Without the backend's directory of sandboxes nothing was ever created: no engine needs to start.
         where = _SANDBOX_DIRS.get(self.backend)
-        if where is None or (self.home / where).is_dir():
+        if where is not None and not (self.home / where).is_dir():
+            return
+        if self._extra_env:
+            self._destroy_in_child()
+        else:
             asyncio.run(_destroy_all(self.home, self.backend))
+
+    def _destroy_in_child(self) -> None:
+        """`_destroy_all` in a child with the server's environment: the backend reads its settings (namespace,
+        owner) from there, and this process's own environment is not the server's."""
+        env = {**os.environ, **self._extra_env, "CORRAL_HOME": str(self.home)}
+        done = subprocess.run([sys.executable, "-c", _DESTROY_ALL, str(self.home), self.backend], env=env,
+                              stdin=subprocess.DEVNULL, capture_output=True, check=False)
+        if done.returncode:
+            raise ServerError(f"destroying the sandboxes left in {self.home} failed (status {done.returncode}): "
+                              f"{done.stderr.decode(errors='replace')[-_LOG_TAIL:]}")
 
     def __enter__(self) -> Self:
         self.start()
@@ -189,9 +214,39 @@ class ServerProcess:
         return f"ServerProcess({self.url}, home={str(self.home)!r}, backend={self.backend}, {state})"
 
 
+_DESTROY_ALL = ("import asyncio, sys; from pathlib import Path; from corral.server._process import _destroy_all; "
+                "asyncio.run(_destroy_all(Path(sys.argv[1]), sys.argv[2]))")
+
+
 async def _destroy_all(home: Path, backend: str) -> None:
     from ..engine import Engine  # the engine (and its backend) load only when there is something to clean
 
     engine = Engine(home, backend)
     await engine.start()
     await engine.close(destroy_all=True)
+
+
+@contextmanager
+def private_server(backend: str = "local", *, args: list[str] | None = None, env: dict[str, str] | None = None,
+                   prefix: str = "corral-private-") -> Iterator[ServerProcess]:
+    """A private `corral serve --backend <backend>` on this machine, started and healthy; afterwards stopped,
+    every sandbox it left destroyed and its state directory removed.
+
+    Its state is a fresh directory under /var/tmp (traversable: sandboxes' users reach their bundles through it)
+    with embedded SQLite and a generated admin key; templates and the package mirror's cache are this machine's
+    (`$CORRAL_HOME`: building a template takes minutes, and without the cache every run downloads every wheel
+    again). Nothing is shared with another deployment that the environment may name: no `CORRAL_DB_URL`, no
+    advertised URL, no warm Pods (nothing would remove them), and a replica id of its own, so that a backend whose
+    objects live beyond this machine (Kubernetes) sweeps only what this server made. `env` adds to that."""
+    home = Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
+    home.chmod(0o755)
+    shared_cache = corral_home() / "cache"
+    shared_cache.mkdir(parents=True, exist_ok=True)
+    (home / "cache").symlink_to(shared_cache)
+    own = {"CORRAL_DB_URL": "", "CORRAL_ADVERTISE_URL": "", "CORRAL_K8S_POOL": "",
+           "CORRAL_REPLICA_ID": f"{prefix}{secrets.token_hex(4)}".strip("-"), **(env or {})}
+    try:
+        with ServerProcess(home, template_home=corral_home(), args=args, backend=backend, env=own) as server:
+            yield server
+    finally:
+        shutil.rmtree(home, ignore_errors=True)

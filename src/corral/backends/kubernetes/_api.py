@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -35,6 +36,7 @@ from ..._exceptions import (
     RuntimeUnavailableError,
     ServerError,
 )
+from ..._settings import kubeconfig
 
 __all__ = ["GONE", "KubeAPI", "api_message", "k8s_errors"]
 
@@ -115,12 +117,49 @@ class KubeAPI:
             if self._kubeconfig is None and _in_cluster():
                 config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
             else:
-                await config.load_kube_config(config_file=None if self._kubeconfig is None else str(self._kubeconfig),
-                                              context=self._context, client_configuration=configuration)
+                await config.load_kube_config(config_file=str(self._config_file()), context=self._context,
+                                              client_configuration=configuration)
         except (config.ConfigException, OSError, ValueError, TypeError) as exc:
-            raise RuntimeUnavailableError(f"no Kubernetes configuration: {exc} (set KUBECONFIG, or run in a Pod "
-                                          "with a service account)") from exc
+            raise RuntimeUnavailableError(f"no Kubernetes configuration ({self.source()}): {exc}") from exc
         return client.ApiClient(configuration=configuration)
+
+    def _config_file(self) -> str | Path:
+        """The kubeconfig to load: the client's own default (`$KUBECONFIG`, else `~/.kube/config`), read now,
+        where the client reads `$KUBECONFIG` once, when it is first imported."""
+        found = self._kubeconfig or kubeconfig() or Path.home() / ".kube" / "config"
+        # A missing file is said here: the client would log "Config not found" and complain of an empty config.
+        if os.pathsep not in str(found) and not Path(found).exists():
+            raise config.ConfigException(f"{found} does not exist")
+        return found
+
+    def source(self) -> str:
+        """Where the client's configuration comes from, as an operator would go and look."""
+        if self._kubeconfig is not None:
+            return f"kubeconfig {self._kubeconfig}"
+        if _in_cluster():
+            return "this Pod's service account"
+        if (named := kubeconfig()) is not None:
+            return f"KUBECONFIG={named}"
+        return "KUBECONFIG is not set and this is not a Pod"
+
+    async def version(self, timeout: float) -> str:
+        """The cluster's Kubernetes version (`GET /version`, which every account may read): proof that its API
+        server answers. `RuntimeUnavailableError` with no `kubernetes_status` in its details when nothing does
+        (no configuration, or no answer within `timeout` seconds; the message names the server and where its
+        address came from); what the API server answers is mapped as for every other call (`k8s_errors`)."""
+        api = await self._client()
+        server = str(api.configuration.host)
+        try:
+            async with asyncio.timeout(timeout):
+                found = await client.VersionApi(api).get_code()
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            why = f": {exc}" if str(exc) else ""
+            raise RuntimeUnavailableError(f"no Kubernetes API server answers at {server} ({self.source()}) within "
+                                          f"{timeout:g} s{why}", details={"server": server}) from exc
+        except ApiException:
+            with k8s_errors("get", "version", None):
+                raise
+        return str(found.git_version)
 
     async def close(self) -> None:
         if self._api is not None:
