@@ -3,7 +3,8 @@
 Enough of the REST API for the Kubernetes backend, spoken over a real socket so that the official client
 (`kubernetes_asyncio`, configured from a kubeconfig file the normal way) is what drives it:
 
-* core/v1 pods, secrets and services, networking.k8s.io/v1 networkpolicies (namespaced CRUD), nodes (list);
+* core/v1 pods, secrets and services, networking.k8s.io/v1 networkpolicies (namespaced CRUD), nodes (list),
+  `/version`;
 * every write bumps one global `resourceVersion`; objects get a `uid` and `creationTimestamp`;
 * `labelSelector` (`=`, `==`, `!=`, `in (...)`, `notin (...)`, `key`, `!key`) and `fieldSelector=metadata.name=`;
 * `?watch=true` streams JSON lines from a `resourceVersion`, and an `ERROR` event with a 410 Status when that
@@ -233,6 +234,7 @@ class FakeKube:
             app.router.add_route("*", prefix + "/namespaces/{ns}/{plural}", self._collection)
             app.router.add_route("*", prefix + "/namespaces/{ns}/{plural}/{name}", self._item)
         app.router.add_get("/api/v1/nodes", self._nodes)
+        app.router.add_get("/version/", self._version)  # the path the client asks, slash and all
         return app
 
     def pods(self, namespace: str | None = None) -> list[Obj]:
@@ -374,6 +376,13 @@ class FakeKube:
             return denied
         return web.json_response({"kind": "NodeList", "apiVersion": "v1",
                                   "metadata": {"resourceVersion": str(self.version)}, "items": self.nodes})
+
+    async def _version(self, request: web.Request) -> web.Response:
+        if denied := self._denied("get", "version", None):  # a real API server lets everyone read it
+            return denied
+        return web.json_response({"major": "1", "minor": "33", "gitVersion": "v1.33.0-fake", "gitCommit": "fake",
+                                  "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.24",
+                                  "compiler": "gc", "platform": "linux/amd64"})
 
     async def _watch(self, request: web.Request, ns: str, plural: str) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
