@@ -174,21 +174,33 @@ def corral(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 @needs_kubelet
 async def test_check_backend_kubernetes_runs_items_on_pods_and_removes_them(tmp_path: Path,
                                                                             kubelet: Kubelet) -> None:
+    # Items that need no /workspace: the fake kubelet runs each agent on this machine's own root filesystem,
+    # which has none (a Pod has its image's), so the in-sandbox tasks of the other items cannot run here.
     fake = FakeKube(kubelet=kubelet)
     fake.objects[("services", "corral", "corral-egress")] = {
         "metadata": {"name": "corral-egress", "namespace": "corral", "resourceVersion": "1",
                      "labels": {"app.kubernetes.io/name": "corral-egress"}},
         "spec": {"clusterIP": "10.96.0.30", "ports": [{"port": 3128}]}}
+    # A sandbox of a deployment sharing the namespace: the check's private server has a replica id of its own, so
+    # neither its start (sweep) nor its clean-up touches this Pod.
+    theirs = {"app.kubernetes.io/managed-by": "corral", "corral.dev/instance": "default",
+              "corral.dev/owner": "corral-server-0", "corral.dev/sandbox": "sb-theirs"}
+    fake.objects[("pods", NAMESPACE, "corral-sb-theirs")] = {
+        "metadata": {"name": "corral-sb-theirs", "namespace": NAMESPACE, "resourceVersion": "2", "uid": "theirs",
+                     "labels": theirs},
+        "spec": {"containers": [{"name": "sandbox", "image": IMAGE}]}, "status": {"phase": "Running"}}
     home = template_home(tmp_path / "home")
     async with serve(fake, tmp_path) as kubeconfig:
         env = {**os.environ, "KUBECONFIG": str(kubeconfig), "CORRAL_HOME": str(home),
                "CORRAL_K8S_IMAGES": json.dumps({"default": IMAGE}), "CORRAL_K8S_RUNTIME_CLASS": "none"}
         done = await asyncio.to_thread(corral, "check", "--backend", "kubernetes", "--namespace", NAMESPACE,
-                                       "-i", "15", "-i", "32", "--json", env=env)
+                                       "-i", "33", "-i", "43", "-i", "36", "--json", env=env)
         assert done.returncode == 0, done.stdout + done.stderr
         doc = json.loads(done.stdout)
         assert doc["backend"] == "kubernetes" and doc["ok"] is True and doc["cleanup_problems"] == []
-        assert [(i["number"], i["status"]) for i in doc["items"]] == [(15, "PASS"), (32, "PASS")]
-        made = {key for key in fake.objects if key[1] == NAMESPACE}
-        assert ("create", "pods") in fake.requests and made == set(), made  # Pods were made, and none is left
+        assert [(i["number"], i["status"]) for i in doc["items"]] == [(33, "PASS"), (36, "N/A"), (43, "PASS")]
+        assert "the server runs the kubernetes backend" in doc["items"][1]["detail"]
+        left = {key for key in fake.objects if key[1] == NAMESPACE}
+        assert ("create", "pods") in fake.requests  # its sandboxes were Pods
+        assert left == {("pods", NAMESPACE, "corral-sb-theirs")}, left  # and none of them is left
     assert not kubelet.running, "an agent outlived its Pod"
