@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import Result
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 pytest.importorskip("kubernetes_asyncio", reason="the Kubernetes backend needs corral[kubernetes]")
 

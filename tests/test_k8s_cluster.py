@@ -8,7 +8,9 @@ REGISTRY/REPO`); otherwise every test skips, saying which of these was missing. 
 to reach Pod IPs (run it in the cluster, or on a node).
 
 What only this tier proves: admission of the Pods as built (Pod Security `restricted`, the RuntimeClass), image
-pulls by digest, the agent's TCP port reachable at the Pod's IP, gVisor's kernel under the agent.
+pulls by digest, the agent's TCP port reachable at the Pod's IP, gVisor's kernel under the agent; and, through
+`corral check --backend kubernetes`, the whole checklist on that cluster (the private server it starts reads the
+`default` template's name from `$CORRAL_HOME`, its image from `CORRAL_K8S_IMAGES`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -26,10 +30,12 @@ import pytest
 
 pytest.importorskip("kubernetes_asyncio", reason="the Kubernetes backend needs corral[kubernetes]")
 
+from corral._settings import corral_home
 from corral.backends import SandboxSpec
 from corral.backends.kubernetes._backend import KubernetesBackend
+from corral.check import SKIPPED, cluster_missing
 from corral.engine._agent_client import AgentClient
-from corral.templates import Template
+from corral.templates import Template, TemplateStore
 
 pytestmark = [pytest.mark.anyio, pytest.mark.k8s]
 
@@ -49,6 +55,8 @@ def _skip_reason() -> str | None:
     if not os.environ.get("CORRAL_K8S_IMAGES"):
         return ("CORRAL_K8S_IMAGES is not set: map the default template to its image "
                 "(`corral templates push default REGISTRY/REPO`)")
+    if (missing := cluster_missing()) is not None:  # what `corral check --backend kubernetes` asks first
+        return f"no real cluster: {missing}"
     return None
 
 
@@ -114,3 +122,21 @@ async def test_a_warm_pod_serves_a_create(tmp_path: Path) -> None:
         for pod in await backend.warm_pods("default"):
             await backend.api.delete("Pod", pod["metadata"]["name"])
         await backend.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+async def test_corral_check_backend_kubernetes_passes_on_the_cluster() -> None:
+    if not TemplateStore(corral_home()).exists("default"):
+        pytest.skip(f"the check's private server finds templates by name in $CORRAL_HOME ({corral_home()}): "
+                    "build or import `default` there")
+    command = [sys.executable, "-c", "from corral.cli import main; main()", "check", "--backend", "kubernetes",
+               "--namespace", os.environ.get("CORRAL_K8S_NAMESPACE", "corral-sandboxes"), "--json"]
+    done = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=3500,
+                                   check=False)
+    assert done.returncode != SKIPPED, f"the cluster answered this tier but not the check: {done.stdout}"
+    doc = json.loads(done.stdout)
+    failed = [f"{i['number']} {i['title']}: {i['detail']} (fix: {i['fix']})" for i in doc["items"]
+              if i["status"] == "FAIL"]
+    assert failed == [] and doc["cleanup_problems"] == [], "\n".join(failed + doc["cleanup_problems"])
+    assert doc["backend"] == "kubernetes" and done.returncode == 0
