@@ -81,7 +81,7 @@ def check_command(
     as_json: JsonOption = False,
 ) -> None:
     """Prove the sandbox checklist (items 1-36 and 43) against a running deployment, or a private server on
-    `--backend`; exit 1 if any item fails, 3 if the check was skipped.
+    --backend; exit 1 if any item fails, 3 if it was skipped.
 
     Needs an admin's key for a deployment: the check runs in throwaway tenants (`corral-check-<hex>`) that are
     disabled, emptied and stripped of their keys at the end. With `--backend` it makes its own.
