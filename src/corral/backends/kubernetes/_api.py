@@ -11,6 +11,10 @@ manifests are data. `k8s_errors` maps what the client raises:
     422, 400          -> InvalidRequestError with the API server's own message
     410               -> left to the watch, which lists again (a resourceVersion too old)
     5xx, 0, transport -> RuntimeUnavailableError (the API server cannot be reached or fails)
+
+`KubeAPI.version` asks whether a cluster is there at all (`corral check --backend kubernetes` does, before it
+starts anything): no configuration, or no answer in time, is a `RuntimeUnavailableError` without a
+`kubernetes_status`, naming the server and where its address came from.
 """
 
 from __future__ import annotations
