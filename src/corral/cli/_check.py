@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -142,7 +142,7 @@ def _check_private(backend: str, namespace: str | None, template: str, options: 
         _check_deployment(target, options, as_json)
 
 
-def _skipped(backend: str, reason: str, as_json: bool) -> None:
+def _skipped(backend: str, reason: str, as_json: bool) -> NoReturn:
     """The one line (or JSON document) of a check that did not run, and its own exit status."""
     if as_json:
         typer.echo(json.dumps({"ok": False, "skipped": True, "backend": backend, "reason": reason}))
