@@ -5,6 +5,7 @@ Any replica serves any sandbox (requests go to the replica whose backend runs it
 key revocation reaches the other replica within the store's cache TTL, the audit chain stays one chain with both
 writing, and a replica killed with SIGKILL mid-create or mid-upload leaves nothing half-made: the other one keeps
 serving, and marks the dead one's sandboxes `lost` (or failed, for the create it never finished) with the reason.
+The eval's seeded sample passes with every sandbox created on one replica and used through the other.
 
 Store-level parts (leases, heartbeats, failover marking, signatures) are tested first, without servers.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import shutil
 import statistics
@@ -28,12 +30,23 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from corral import Admin, AuthenticationError, NotFoundError, ReplicaUnavailableError, Sandbox, ServerError
+from corral import (
+    Admin,
+    AsyncSandbox,
+    AuthenticationError,
+    NotFoundError,
+    ReplicaUnavailableError,
+    Sandbox,
+    ServerError,
+)
 from corral._sdk._pty import Pty
 from corral.backends import SandboxState
 from corral.control import ControlStore, Role
 from corral.control._store import CACHE_TTL
 from corral.engine import SandboxSpec
+from corral.eval import Adapter, CorralAdapter, RunResults, Task, load_corpus, run_on_corral, select
+from corral.eval._corral import CorralSession
+from corral.eval._deployment import local_capabilities
 from corral.server import ServerProcess
 from corral.server._process import free_port
 
@@ -538,6 +551,81 @@ def test_both_replicas_writing_keep_one_audit_chain(pair: Pair) -> None:
     finally:
         on_a.kill()
         on_b.kill()
+
+
+# -- the seeded eval sample -----------------------------------------------------------------------------------------
+
+# `corral eval run --sample 20 --seed 0`, every task must pass; a larger sample (up to the whole corpus) by hand:
+# CORRAL_REPLICA_EVAL_SAMPLE=150 CORRAL_REPLICA_EVAL_SEED=20261130 (the CI sample of tests/test_eval_live.py).
+EVAL_SAMPLE = int(os.environ.get("CORRAL_REPLICA_EVAL_SAMPLE", "20"))
+EVAL_SEED = int(os.environ.get("CORRAL_REPLICA_EVAL_SEED", "0"))
+
+
+class _CreateHereOperateThere(CorralAdapter):
+    """The eval's own adapter, with each task's sandbox created through `base_url` (the replica that runs it) and
+    everything after the create (the task's files, every step, the kill) sent through `through`: the other
+    replica, which forwards it to the owner."""
+
+    def __init__(self, *, through: str, base_url: str, api_key: str, capabilities: frozenset[str]) -> None:
+        super().__init__(base_url=base_url, api_key=api_key, capabilities=capabilities)
+        self.through = through
+
+    async def open(self, task: Task) -> CorralSession:
+        bare = dataclasses.replace(task, setup=dataclasses.replace(task.setup, files=()))
+        session = await super().open(bare)  # created through base_url, nothing uploaded yet
+        created = session.sandbox
+        try:
+            session.sandbox = await AsyncSandbox.connect(created.id, api_key=self.api_key, base_url=self.through,
+                                                         request_timeout=self.request_timeout)
+            await created.close()
+            for path, blob in task.setup.files:
+                await session.sandbox.files.write(path, blob.bytes())
+        except BaseException:
+            await session.close()  # killed through whichever replica it reached last
+            raise
+        return session
+
+
+def _eval_report(run: RunResults) -> str:
+    """What `corral eval run` prints at the end, and every failure with its step's output: a failing run explains
+    itself."""
+    counts = run.counts()
+    lines = [f"{len(run.results)} tasks: {counts['pass']} passed, {counts['fail']} failed, {counts['skip']} "
+             f"skipped; pass rate {run.pass_rate():.1%}; {(run.end or {}).get('wall_seconds')} s"]
+    for r in run.results:
+        if r.status == "fail":
+            lines += [f"FAIL {r.id}: {r.mode}: " + "; ".join(f.detail for f in r.failures)]
+            lines += [f"    {s.kind}: {s.summary}\n    {s.output}" for s in r.steps if s.output]
+        elif r.status == "skip":
+            lines += [f"skip {r.id}: {r.skip_reason}"]
+    return "\n".join(lines)
+
+
+@servers
+@pytest.mark.slow
+@pytest.mark.timeout(300 + 5 * EVAL_SAMPLE)  # 20 tasks took 7 to 12 s here
+@pytest.mark.parametrize("created_on", ["a", "b"])
+def test_the_seeded_eval_sample_through_the_other_replica(pair: Pair, created_on: str) -> None:
+    """The eval harness's seeded sample, each task's sandbox created on one replica and used through the other
+    (docs/replicas.md): 100% of the tasks pass, both ways round."""
+    owner, through = (pair.a, pair.b) if created_on == "a" else (pair.b, pair.a)
+    tasks = select(load_corpus(), sample=EVAL_SAMPLE, seed=EVAL_SEED)
+
+    def adapter(*, base_url: str, api_key: str, capabilities: frozenset[str]) -> Adapter:
+        return _CreateHereOperateThere(through=through.url, base_url=base_url, api_key=api_key,
+                                       capabilities=capabilities)
+
+    before = {r.id for r in pair.records()}
+    run = asyncio.run(run_on_corral(tasks, base_url=owner.url, admin_key=owner.admin_key, adapter_type=adapter,
+                                    capabilities=local_capabilities()))
+    report = _eval_report(run)
+    print(f"eval sample {EVAL_SAMPLE} (seed {EVAL_SEED}), created on {created_on}, used through the other: {report}")
+    assert run.complete and [r.id for r in run.results] == [t.id for t in tasks], report
+    assert not [r for r in run.results if r.status == "fail"], report
+    assert all("polyglot" in r.skip_reason for r in run.results if r.status == "skip"), report
+    made = [r for r in pair.records() if r.id not in before and "eval" in r.metadata]
+    assert sorted(r.metadata["eval"] for r in made) == sorted(t.id for t in tasks)  # one sandbox per task,
+    assert {r.owner for r in made} == {created_on} and not [r for r in made if r.live]  # on its replica, ended
 
 
 # -- SIGKILL ---------------------------------------------------------------------------------------------------------
