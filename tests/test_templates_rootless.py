@@ -9,9 +9,11 @@ import os
 import pwd
 import secrets
 import shutil
+import signal
 import stat
 import subprocess
 import sys
+import tarfile
 import tempfile
 import textwrap
 import time
@@ -23,10 +25,14 @@ import pytest
 from typer.testing import CliRunner
 
 from corral import TemplateBuildError
+from corral.backends.local._agent_files import install_agent
 from corral.cli import app
-from corral.templates import TemplateSpec, TemplateStore, build_template
+from corral.templates import AgentFiles, Template, TemplateSpec, TemplateStore, build_template, push_template
 from corral.templates import _userns as userns_module
 from corral.templates._fs import mounts_under, remove_tree
+
+from .fakes import silent_server
+from .test_image_push import Registry, needs_registry, pull, registry  # noqa: F401 - registry: a fixture
 
 _SBIN_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 needs_root_tools = pytest.mark.skipif(
@@ -42,6 +48,7 @@ SPEC = TemplateSpec(
     files={"/etc/corral-test": "hello\n", "/home/user/.config/app/settings": "x=1\n", "/workspace/README": "hi"},
 )
 
+CLI_SCRIPT = "import sys; from corral.cli import main; sys.argv[0] = 'corral'; main()"
 BUILD_SCRIPT = textwrap.dedent(
     """
     import sys
@@ -73,12 +80,14 @@ class BuildUser:
         assert self.subid_start <= host_id < self.subid_start + userns_module.NAMESPACE_IDS, host_id
         return host_id - self.subid_start + 1
 
-    def run(self, *cmd: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    def run(self, *cmd: str, timeout: float = 900, env: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["runuser", "-u", self.name, "--", *cmd], capture_output=True, text=True,
-                              timeout=timeout, check=False, env=_user_env(), cwd=self.home)
+                              timeout=timeout, check=False, env={**_user_env(), **(env or {})}, cwd=self.home)
 
-    def python(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-        return self.run(_python_for(self.name), *args, timeout=timeout)
+    def python(self, *args: str, timeout: float = 900, env: dict[str, str] | None = None
+               ) -> subprocess.CompletedProcess[str]:
+        return self.run(_python_for(self.name), *args, timeout=timeout, env=env)
 
 
 def _user_env() -> dict[str, str]:
@@ -208,27 +217,42 @@ def _inside(user: BuildUser, rootfs: Path, script: str) -> str:
     return result.stdout
 
 
+@dataclass(frozen=True)
+class Builds:
+    """One spec built twice: rootless by `user` (the store in its home) and by root."""
+
+    user: BuildUser
+    lines: list[str]  # the rootless build's progress, with the script's DIGEST line last
+    seconds: float
+    rootfs: Path  # the rootless template's
+    root_built: Template
+    root_store: TemplateStore
+
+
+@pytest.fixture(scope="module")
+def builds(ranged_user: BuildUser, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Builds]:
+    lines, rootless_s = _build_as(ranged_user, SPEC, ranged_user.home / "corral")
+    print(f"rootless build: {rootless_s:.1f} s")
+    root_store = TemplateStore(tmp_path_factory.mktemp("root-build") / "home")
+    try:
+        started = time.monotonic()
+        root_built = build_template(SPEC, root_store, rootless=False)
+        print(f"root build: {time.monotonic() - started:.1f} s")
+        yield Builds(ranged_user, lines, rootless_s, Path(lines[-1].split()[-1]), root_built, root_store)
+    finally:
+        remove_tree(root_store.home)  # pytest keeps tmp_path: no rootfs is left in it
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1500)  # two builds with pip: 1-5 minutes each, depending on the mirror and the machine
 @needs_root_tools
-def test_rootless_build_gives_the_root_builds_files_and_owners(
-    ranged_user: BuildUser, tmp_path: Path, request: pytest.FixtureRequest
-) -> None:
-    user = ranged_user
-    lines, rootless_s = _build_as(user, SPEC, user.home / "corral")
-    print(f"rootless build: {rootless_s:.1f} s")
+def test_rootless_build_gives_the_root_builds_files_and_owners(builds: Builds) -> None:
+    user, lines, rootfs = builds.user, builds.lines, builds.rootfs
     assert lines[0].startswith("==> rootless build: uid 0 is ")
     assert "==> creating user user (1000:1000)" in lines and "==> pip install six==1.16.0" in lines
-    digest, name, source, rootfs_text = lines[-1].split()[1:]
+    digest, name, source = lines[-1].split()[1:4]
     assert (digest, name, source) == (SPEC.digest(), "rootless", "mmdebstrap")
-    rootfs = Path(rootfs_text)
-
-    started = time.monotonic()
-    root_store = TemplateStore(tmp_path / "root-home")
-    request.addfinalizer(lambda: remove_tree(root_store.home))  # pytest keeps tmp_path: no rootfs left in it
-    root_built = build_template(SPEC, root_store, rootless=False)
-    print(f"root build: {time.monotonic() - started:.1f} s")
-    assert root_built.digest == digest  # one spec, one digest, whoever builds it
+    assert builds.root_built.digest == digest  # one spec, one digest, whoever builds it
 
     # On the host: the namespace's root is the user, the sandbox user one of its subordinate ids.
     assert os.lstat(rootfs / "etc" / "passwd").st_uid == user.uid
@@ -236,7 +260,7 @@ def test_rootless_build_gives_the_root_builds_files_and_owners(
     assert os.lstat(rootfs / "home" / "user").st_uid == user.subid_start + 999
     # Inside: the same files, modes, owners, contents and links as the root build (mtimes are the builds').
     rootless = manifest(rootfs, lambda i, group: user.host_to_inside(i, user.gid if group else user.uid))
-    assert _differences(manifest(root_built.rootfs, lambda i, _group: i), rootless) == []
+    assert _differences(manifest(builds.root_built.rootfs, lambda i, _group: i), rootless) == []
     assert rootless["home/user/.config/app/settings"][1:3] == (1000, 1000)
     assert rootless["usr/local/lib/python3.11/dist-packages/six.py"][1:3] == (0, 0)
 
@@ -257,6 +281,40 @@ def test_rootless_build_gives_the_root_builds_files_and_owners(
     assert f"==> template 'rootless' is up to date ({digest[:12]})" in again and again_s < 10
 
 
+def _layer_entries(layer: Path) -> dict[str, tuple[int, int, int, int, str, int]]:
+    """A layer's entries without their mtimes: type, mode, owner, group, link target, size."""
+    with tarfile.open(layer, "r:*") as tar:
+        return {m.name.rstrip("/"): (int.from_bytes(m.type, "big"), m.mode, m.uid, m.gid, m.linkname, m.size)
+                for m in tar.getmembers()}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@needs_root_tools
+@needs_registry
+def test_rootless_push_carries_the_owners_a_sandbox_sees(
+    builds: Builds, registry: Registry, tmp_path: Path  # noqa: F811 - the fixture imported above
+) -> None:
+    user = builds.user
+    started = time.monotonic()
+    # As the user, by the CLI: `push` runs itself again in the build's user namespace.
+    result = user.python("-c", CLI_SCRIPT, "templates", "push", "rootless", f"{registry}/corral/rootless",
+                         "--insecure", timeout=600, env={"CORRAL_HOME": str(user.home / "corral")})
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    print(f"rootless push: {time.monotonic() - started:.1f} s")
+    reference = result.stdout.split()[-1]
+    assert reference.startswith(f"{registry}/corral/rootless@sha256:")
+    root_push = push_template(builds.root_built, f"{registry}/corral/root", builds.root_store, insecure=True,
+                              agent=AgentFiles(install_agent(builds.root_store.home)))
+
+    _, _, rootless_layers = pull(reference, tmp_path / "rootless")
+    _, _, root_layers = pull(root_push.reference, tmp_path / "root")
+    rootless = _layer_entries(rootless_layers[0])
+    assert rootless == _layer_entries(root_layers[0])  # the rootfs layers differ only in their mtimes
+    assert rootless["home/user"][2:4] == (1000, 1000) and rootless["etc/passwd"][2:4] == (0, 0)
+    assert _processes_of(user.uid) == []
+
+
 @needs_root_tools
 def test_failed_rootless_build_reports_the_inside_error_and_leaves_nothing(ranged_user: BuildUser) -> None:
     home = ranged_user.home / "failing"
@@ -270,6 +328,45 @@ def test_failed_rootless_build_reports_the_inside_error_and_leaves_nothing(range
     assert "rootless build failed" not in result.stdout  # the report line is not shown as progress
     assert sorted(p.name for p in (home / "templates").iterdir()) == [".lock"]
     assert _processes_of(ranged_user.uid) == []
+
+
+def _children(pid: int) -> list[int]:
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _wait_until(predicate: Callable[[], bool], timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return predicate()
+
+
+@needs_root_tools
+def test_killed_rootless_builder_takes_the_inside_build_with_it(ranged_user: BuildUser) -> None:
+    home = ranged_user.home / "killed"
+    with silent_server() as address:
+        spec = TemplateSpec(name="t", mirror=f"http://{address}/debian")
+        proc = subprocess.Popen(["runuser", "-u", ranged_user.name, "--", _python_for(ranged_user.name), "-c",
+                                 BUILD_SCRIPT, str(home), spec.model_dump_json()],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_user_env())
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("I: running apt-get update..."):  # mmdebstrap waits on the silent mirror
+                break
+        (builder,) = _children(proc.pid)  # runuser's child: the builder itself
+        os.kill(builder, signal.SIGKILL)  # no cleanup runs: the parent-death signals must do it
+        proc.wait(timeout=30)
+        proc.stdout.close()
+        assert _wait_until(lambda: _processes_of(ranged_user.uid) == []), _processes_of(ranged_user.uid)
+    assert mounts_under(home) == []
+    # Its build directory is left, as a root build's would be; the next build reaps it.
+    assert len([p for p in (home / "templates").iterdir() if p.name.startswith(".build-")]) == 1
+    result = ranged_user.python("-c", BUILD_SCRIPT, str(home),
+                                TemplateSpec(name="t", mirror="http://127.0.0.1:9/debian").model_dump_json())
+    assert result.returncode == 3
+    assert sorted(p.name for p in (home / "templates").iterdir()) == [".lock"]
 
 
 # -- prerequisites -----------------------------------------------------------------------------------------

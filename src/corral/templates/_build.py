@@ -51,7 +51,7 @@ from ._rootfs import (
 )
 from ._spec import TemplateSpec
 from ._store import Template, TemplateStore
-from ._userns import NAMESPACE_IDS, check_rootless_host
+from ._userns import NAMESPACE_IDS, rootless_namespace
 
 __all__ = ["INSIDE_ERROR", "build_template"]
 
@@ -182,7 +182,7 @@ def _build_rootless(spec: TemplateSpec, store: TemplateStore, emit: Progress, *,
     the store belongs to the caller's subordinate ids, which only the namespace's root may change.
     """
     _check_tools()
-    prefix = check_rootless_host(store.root)
+    prefix = rootless_namespace(store.root)
     emit(f"==> rootless build: uid 0 is {os.getuid()} and uids 1-{NAMESPACE_IDS} are subordinate ids")
     with tempfile.NamedTemporaryFile("w", prefix="corral-spec-", suffix=".json") as spec_file:
         # A file, not an argument: a spec's files may be larger than one argument can be (128 KiB).
@@ -196,7 +196,10 @@ def _build_rootless(spec: TemplateSpec, store: TemplateStore, emit: Progress, *,
         try:
             run_streamed(cmd, emit=_hide_errors(emit), what="the rootless build", env=env)
         except TemplateBuildError as exc:
-            raise _inside_error(exc) from exc
+            reported = _inside_error(exc)
+            if reported is None:  # it died without a word (killed, say): the output's tail says what it can
+                raise
+            raise reported from exc
     return store.link(spec.name, spec.digest())
 
 
@@ -208,11 +211,11 @@ def _hide_errors(emit: Progress) -> Progress:
     return forward
 
 
-def _inside_error(exc: TemplateBuildError) -> TemplateBuildError:
-    """The error the inside build reported (its last line), or `exc` itself if it died without one."""
+def _inside_error(exc: TemplateBuildError) -> TemplateBuildError | None:
+    """The error the inside build reported (its last line), if it did."""
     tail = exc.details.get("output_tail") or [""]
     if not tail[-1].startswith(INSIDE_ERROR):
-        return exc
+        return None
     reported = json.loads(tail[-1].removeprefix(INSIDE_ERROR))
     return TemplateBuildError(str(reported["message"]), details=dict(reported["details"]))
 

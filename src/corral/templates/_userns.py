@@ -31,7 +31,7 @@ from pathlib import Path
 
 from .._exceptions import TemplateBuildError
 
-__all__ = ["IdRange", "check_rootless_host", "rootless_namespace", "subordinate_range", "user_namespace"]
+__all__ = ["IdRange", "rootless_namespace", "subordinate_range", "user_namespace"]
 
 # Debian's ids go up to 65534 (nobody): the namespace needs ids 1..65534 besides root, and maps 65535 of them
 # so that it spans 0..65535, as a sandbox's own user namespace does.
@@ -155,9 +155,12 @@ def _probe(prefix: list[str]) -> None:
                                  f"{message}")
 
 
-def check_rootless_host(store_root: Path) -> list[str]:
-    """Check everything a rootless build needs; return the namespace's command prefix.
+def rootless_namespace(store_root: Path) -> list[str]:
+    """Check everything a rootless build needs; return the command prefix that runs a command as root of its
+    user namespace.
 
+    What a non-root user does with its templates' files (build, push, delete them) runs there: only there do
+    the files have the owners a sandbox sees, and only there may all of them be read and deleted.
     `TemplateBuildError` naming the fix for the first thing missing; nothing is written either way.
     """
     uid = os.getuid()
@@ -176,12 +179,3 @@ def check_rootless_host(store_root: Path) -> list[str]:
     _probe(prefix)
     return prefix
 
-
-def rootless_namespace(store_root: Path) -> list[str]:
-    """The command prefix that runs a command as root of the user namespace rootless builds run in.
-
-    What a non-root user does with its templates' files (push them, delete them) must run there too: only
-    there do the files have the owners a sandbox sees, and only there may all of them be read and deleted.
-    The same checks as a rootless build's come first (`TemplateBuildError` naming the fix).
-    """
-    return check_rootless_host(store_root)
