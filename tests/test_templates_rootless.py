@@ -343,26 +343,37 @@ def _wait_until(predicate: Callable[[], bool], timeout: float = 20.0) -> bool:
     return predicate()
 
 
+def _start_stuck_build(user: BuildUser, home: Path, mirror: str) -> tuple[subprocess.Popen[str], int]:
+    """A rootless build waiting on `mirror`, and the builder's pid (runuser's child)."""
+    spec = TemplateSpec(name="t", mirror=mirror)
+    proc = subprocess.Popen(["runuser", "-u", user.name, "--", _python_for(user.name), "-c", BUILD_SCRIPT,
+                             str(home), spec.model_dump_json()],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_user_env())
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("I: running apt-get update..."):  # mmdebstrap waits on the silent mirror
+            break
+    (builder,) = _children(proc.pid)
+    return proc, builder
+
+
 @needs_root_tools
-def test_killed_rootless_builder_takes_the_inside_build_with_it(ranged_user: BuildUser) -> None:
-    home = ranged_user.home / "killed"
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_stopped_rootless_builder_takes_the_inside_build_with_it(ranged_user: BuildUser, signum: int) -> None:
+    home = ranged_user.home / f"stopped-{signum}"
     with silent_server() as address:
-        spec = TemplateSpec(name="t", mirror=f"http://{address}/debian")
-        proc = subprocess.Popen(["runuser", "-u", ranged_user.name, "--", _python_for(ranged_user.name), "-c",
-                                 BUILD_SCRIPT, str(home), spec.model_dump_json()],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_user_env())
+        proc, builder = _start_stuck_build(ranged_user, home, f"http://{address}/debian")
+        # SIGTERM: the builder stops the inside build, which cleans up as a root build does. SIGKILL: no cleanup
+        # runs anywhere, and the parent-death signals must end the inside build and its commands.
+        os.kill(builder, signum)
+        proc.wait(timeout=60)
         assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.startswith("I: running apt-get update..."):  # mmdebstrap waits on the silent mirror
-                break
-        (builder,) = _children(proc.pid)  # runuser's child: the builder itself
-        os.kill(builder, signal.SIGKILL)  # no cleanup runs: the parent-death signals must do it
-        proc.wait(timeout=30)
         proc.stdout.close()
         assert _wait_until(lambda: _processes_of(ranged_user.uid) == []), _processes_of(ranged_user.uid)
     assert mounts_under(home) == []
-    # Its build directory is left, as a root build's would be; the next build reaps it.
-    assert len([p for p in (home / "templates").iterdir() if p.name.startswith(".build-")]) == 1
+    leftovers = [p for p in (home / "templates").iterdir() if p.name.startswith(".build-")]
+    assert len(leftovers) == (1 if signum == signal.SIGKILL else 0)
+    # A build directory left by SIGKILL (as a root build's would be) is reaped by the next build.
     result = ranged_user.python("-c", BUILD_SCRIPT, str(home),
                                 TemplateSpec(name="t", mirror="http://127.0.0.1:9/debian").model_dump_json())
     assert result.returncode == 3

@@ -188,19 +188,30 @@ def _build_rootless(spec: TemplateSpec, store: TemplateStore, emit: Progress, *,
         # A file, not an argument: a spec's files may be larger than one argument can be (128 KiB).
         spec_file.write(spec.model_dump_json())
         spec_file.flush()
-        inside = [sys.executable, "-m", _INSIDE_MODULE, spec_file.name, str(store.home.absolute())]
-        # setpriv inside the namespace: unshare's change of credentials clears the parent-death signal that
-        # run_streamed set outside, and the inside build must die with this process as any build command does.
-        cmd = [*prefix, "setpriv", "--pdeathsig", "KILL", "--", *inside, *(["--force"] if force else [])]
-        env = {**_command_env(), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        try:
-            run_streamed(cmd, emit=_hide_errors(emit), what="the rootless build", env=env)
-        except TemplateBuildError as exc:
-            reported = _inside_error(exc)
-            if reported is None:  # it died without a word (killed, say): the output's tail says what it can
-                raise
-            raise reported from exc
+        _run_inside([*prefix, *_inside_command(Path(spec_file.name), store, force=force)], emit)
     return store.link(spec.name, spec.digest())
+
+
+def _inside_command(spec_file: Path, store: TemplateStore, *, force: bool) -> list[str]:
+    # setpriv inside the namespace: unshare's change of credentials clears the parent-death signal that
+    # run_streamed set outside, and the inside build must die with this process as any build command does.
+    return ["setpriv", "--pdeathsig", "KILL", "--", sys.executable, "-m", _INSIDE_MODULE, str(spec_file),
+            str(store.home.absolute()), *(["--force"] if force else [])]
+
+
+def _run_inside(cmd: list[str], emit: Progress) -> None:
+    # The inside build imports Corral as this process does, whatever its environment (a venv, PYTHONPATH).
+    env = {**_command_env(), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    try:
+        # SIGTERM here must reach the inside build as SIGTERM (run_streamed stops it so), which then cleans up as
+        # any build does; by default it would end this process at once, and the inside with SIGKILL.
+        with sigterm_raises():
+            run_streamed(cmd, emit=_hide_errors(emit), what="the rootless build", env=env)
+    except TemplateBuildError as exc:
+        reported = _inside_error(exc)
+        if reported is None:  # it died without a word (killed, say): the output's tail says what it can
+            raise
+        raise reported from exc
 
 
 def _hide_errors(emit: Progress) -> Progress:
