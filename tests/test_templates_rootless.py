@@ -312,6 +312,13 @@ def test_rootless_push_carries_the_owners_a_sandbox_sees(
     rootless = _layer_entries(rootless_layers[0])
     assert rootless == _layer_entries(root_layers[0])  # the rootfs layers differ only in their mtimes
     assert rootless["home/user"][2:4] == (1000, 1000) and rootless["etc/passwd"][2:4] == (0, 0)
+
+    # `rm` too runs in the namespace: the user could not delete the sandbox user's files outside it.
+    home = {"CORRAL_HOME": str(user.home / "corral")}
+    removed = user.python("-c", CLI_SCRIPT, "templates", "rm", "rootless", timeout=120, env=home)
+    assert removed.returncode == 0, removed.stderr
+    store_root = user.home / "corral" / "templates"
+    assert not (store_root / builds.root_built.digest).exists() and list((store_root / "names").iterdir()) == []
     assert _processes_of(user.uid) == []
 
 
@@ -371,6 +378,7 @@ def test_stopped_rootless_builder_takes_the_inside_build_with_it(ranged_user: Bu
         proc.stdout.close()
         assert _wait_until(lambda: _processes_of(ranged_user.uid) == []), _processes_of(ranged_user.uid)
     assert mounts_under(home) == []
+    assert [p for p in Path(tempfile.gettempdir()).glob("corral-spec-*") if p.stat().st_uid == ranged_user.uid] == []
     leftovers = [p for p in (home / "templates").iterdir() if p.name.startswith(".build-")]
     assert len(leftovers) == (1 if signum == signal.SIGKILL else 0)
     # A build directory left by SIGKILL (as a root build's would be) is reaped by the next build.

@@ -13,10 +13,11 @@ Steps, all inside a locked `.build-*` directory that only a final rename makes v
 5. `template.json`, a filesystem sync, and the rename
 
 mmdebstrap is required (scripts/install installs it); there is no debootstrap fallback, because two builders
-would give one spec digest two different root filesystems. It runs in `--mode=root` since the builder is root
-anyway (the store's files belong to root and the sandbox user); its `unshare` mode builds without root, which
-a build Job in a cluster needs, but yields files owned by the caller's subordinate ids, which a template on
-this machine must not have.
+would give one spec digest two different root filesystems. It runs in `--mode=root`: the builder is root, or,
+for a rootless build (a user without root, a build Job in a cluster), root of a user namespace of the caller's
+subordinate ids that the whole build runs in (`_userns.py`, `_build_rootless`). One code path either way, and
+the same files with the same owners as seen inside; mmdebstrap's own `unshare` mode would map root to a
+subordinate id and need a namespace per later step.
 
 Every command runs under `unshare --mount --pid --fork --kill-child`: what it mounts (mmdebstrap mounts /dev,
 /proc and /sys in its target; the chroot steps mount /proc) lives in a private mount namespace, and what it
@@ -184,11 +185,15 @@ def _build_rootless(spec: TemplateSpec, store: TemplateStore, emit: Progress, *,
     _check_tools()
     prefix = rootless_namespace(store.root)
     emit(f"==> rootless build: uid 0 is {os.getuid()} and uids 1-{NAMESPACE_IDS} are subordinate ids")
-    with tempfile.NamedTemporaryFile("w", prefix="corral-spec-", suffix=".json") as spec_file:
-        # A file, not an argument: a spec's files may be larger than one argument can be (128 KiB).
-        spec_file.write(spec.model_dump_json())
-        spec_file.flush()
-        _run_inside([*prefix, *_inside_command(Path(spec_file.name), store, force=force)], emit)
+    # A file, not an argument: a spec's files may be larger than one argument can be (128 KiB). The inside
+    # build deletes it once read, so that not even a SIGKILL of this process can leave it behind.
+    fd, spec_file = tempfile.mkstemp(prefix="corral-spec-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(spec.model_dump_json())
+        _run_inside([*prefix, *_inside_command(Path(spec_file), store, force=force)], emit)
+    finally:
+        Path(spec_file).unlink(missing_ok=True)
     return store.link(spec.name, spec.digest())
 
 

@@ -27,7 +27,9 @@ def main(argv: list[str]) -> int:
     """Build the spec in `argv[0]` into the store at `argv[1]`; 0 on success, 1 after reporting the error."""
     spec_file, home, *options = argv
     try:
-        spec = TemplateSpec.model_validate_json(Path(spec_file).read_bytes())
+        text = Path(spec_file).read_bytes()
+        Path(spec_file).unlink()  # the outside half's temporary file: read once, and gone even if it is killed
+        spec = TemplateSpec.model_validate_json(text)
         build_template(spec, TemplateStore(home), progress=_print, force="--force" in options, rootless=False)
     except CorralError as exc:
         _print(INSIDE_ERROR + json.dumps({"message": exc.message, "details": exc.details}, default=str))
