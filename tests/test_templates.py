@@ -756,7 +756,7 @@ def test_reaping_unmounts_first_and_never_deletes_through_a_mount(tmp_path: Path
 def test_build_needs_root(monkeypatch: pytest.MonkeyPatch, store: TemplateStore) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(TemplateBuildError, match="needs root"):
-        build_template(TemplateSpec(name="t"), store)
+        build_template(TemplateSpec(name="t"), store, rootless=False)  # (rootless: test_templates_rootless.py)
     assert build_dirs(store) == []
 
 

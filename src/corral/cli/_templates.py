@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from ..templates import (
     import_image,
     load_spec,
     push_template,
+    rootless_namespace,
 )
 
 templates_app = typer.Typer(help="Build, import, list and push sandbox templates.", no_args_is_help=True)
@@ -40,16 +43,36 @@ class _Progress:
         self.status.update(f"[{elapsed:4.0f}s] {line[:100]}")  # type: ignore[attr-defined]
 
 
+# Run again by `_as_namespace_root`: the same command line, whichever way this process was started.
+_RERUN = "import sys; from corral.cli import main; sys.argv[0] = 'corral'; main()"
+
+
+def _as_namespace_root(store: TemplateStore) -> None:
+    """Without root, run this command again as root of the user namespace rootless builds run in.
+
+    A non-root user's templates were built there (docs/templates.md): only there do their files have the
+    owners a sandbox sees, which an image must carry, and only there may all of them be read and deleted.
+    """
+    if os.geteuid() == 0:
+        return
+    prefix = rootless_namespace(store.root)
+    os.execvp(prefix[0], [*prefix, sys.executable, "-c", _RERUN, *sys.argv[1:]])  # noqa: S606 - no shell involved
+
+
 @templates_app.command("build")
 def build(
     name: str = typer.Argument("default", help="A built-in template (default, polyglot...) or a spec file."),
     force: bool = typer.Option(False, help="Rebuild even if an identical template exists."),
+    rootless: bool | None = typer.Option(
+        None, "--rootless/--no-rootless", show_default="rootless unless run as root",
+        help="Build in a user namespace of your subordinate ids (/etc/subuid, /etc/subgid), without root.",
+    ),
 ) -> None:
     """Build a template with mmdebstrap (cached by content: an unchanged spec is instant)."""
     spec = load_spec(name) if Path(name).is_file() else builtin_spec(name)
     store = TemplateStore()
     with console.status(f"building {spec.name}") as status:
-        template = build_template(spec, store, progress=_Progress(status), force=force)
+        template = build_template(spec, store, progress=_Progress(status), force=force, rootless=rootless)
     typer.echo(template.digest)
 
 
@@ -97,6 +120,7 @@ def push(
     """Publish a template as an OCI image (rootfs + agent) and print its reference pinned by digest."""
     store = TemplateStore()
     template = store.get(name)
+    _as_namespace_root(store)
     with console.status(f"pushing {name}") as status:
         agent = AgentFiles(install_agent(store.home))
         result = push_template(template, destination, store, agent=agent, creds=creds, insecure=insecure,
@@ -107,4 +131,6 @@ def push(
 @templates_app.command("rm")
 def rm(name: str) -> None:
     """Remove a template name (and its files when no other name points at them)."""
-    TemplateStore().remove(name)
+    store = TemplateStore()
+    _as_namespace_root(store)
+    store.remove(name)

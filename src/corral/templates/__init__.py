@@ -30,6 +30,7 @@ from ._spec import (
     load_spec,
 )
 from ._store import PushedImage, Template, TemplateSource, TemplateStore
+from ._userns import rootless_namespace
 
 __all__ = [
     "AGENT_ENTRYPOINT",
@@ -53,5 +54,6 @@ __all__ = [
     "load_spec",
     "parse_reference",
     "push_template",
+    "rootless_namespace",
     "write_image",
 ]

@@ -13,10 +13,11 @@ Steps, all inside a locked `.build-*` directory that only a final rename makes v
 5. `template.json`, a filesystem sync, and the rename
 
 mmdebstrap is required (scripts/install installs it); there is no debootstrap fallback, because two builders
-would give one spec digest two different root filesystems. It runs in `--mode=root` since the builder is root
-anyway (the store's files belong to root and the sandbox user); its `unshare` mode builds without root, which
-a build Job in a cluster needs, but yields files owned by the caller's subordinate ids, which a template on
-this machine must not have.
+would give one spec digest two different root filesystems. It runs in `--mode=root`: the builder is root, or,
+for a rootless build (a user without root, a build Job in a cluster), root of a user namespace of the caller's
+subordinate ids that the whole build runs in (`_userns.py`, `_build_rootless`). One code path either way, and
+the same files with the same owners as seen inside; mmdebstrap's own `unshare` mode would map root to a
+subordinate id and need a namespace per later step.
 
 Every command runs under `unshare --mount --pid --fork --kill-child`: what it mounts (mmdebstrap mounts /dev,
 /proc and /sys in its target; the chroot steps mount /proc) lives in a private mount namespace, and what it
@@ -27,8 +28,11 @@ builder) can leave a mount on the host or a download or a maintainer script's da
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
+import sys
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -36,11 +40,25 @@ from urllib.parse import unquote, urlsplit
 from .._exceptions import TemplateBuildError
 from ._fs import resolve_in_root
 from ._process import Progress, discard, run_streamed, sigterm_raises
-from ._rootfs import USER_GID, USER_HOME, USER_NAME, USER_UID, finish_rootfs, write_file, write_spec_files
+from ._rootfs import (
+    USER_GID,
+    USER_HOME,
+    USER_NAME,
+    USER_UID,
+    ensure_dir,
+    finish_rootfs,
+    write_file,
+    write_spec_files,
+)
 from ._spec import TemplateSpec
 from ._store import Template, TemplateStore
+from ._userns import NAMESPACE_IDS, rootless_namespace
 
-__all__ = ["build_template"]
+__all__ = ["INSIDE_ERROR", "build_template"]
+
+# How the inside half of a rootless build (`_userns_build.py`) reports its error: a last line of JSON.
+INSIDE_ERROR = "==> rootless build failed: "
+_INSIDE_MODULE = f"{__package__}._userns_build"
 
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # A build host behind a proxy or with its own package index needs these passed to mmdebstrap (apt) and pip;
@@ -75,8 +93,18 @@ _MMDEBSTRAP_OPTIONS = (
     # package that bookworm's init-system-helpers would pull in (with perl and three perl libraries: 50 MB).
     "--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr",
 )
+# With SOURCE_DATE_EPOCH set, Python compiles the bytecode of what pip installs with a hash of each source file
+# (PEP 552) instead of its mtime, which is the time of the install: two builds of a spec then write the same .pyc
+# bytes (Debian's own .pyc files embed the mtimes of the packaged sources, which are fixed). The value only
+# matters to a package built from an sdist on the way (wheel dates its zip entries with it; zip starts in 1980).
+_PIP_ENV = {"SOURCE_DATE_EPOCH": "315532800"}
 # Makes a file:// mirror's directory visible inside the chroot, where apt installs the --include packages.
 _FILE_MIRROR_HOOKS = "/usr/share/mmdebstrap/hooks/file-mirror-automount"
+
+# mmdebstrap's own list (`@devfiles`), less the device nodes: what its root mode leaves in /dev.
+_DEV_LINKS = (("fd", "/proc/self/fd"), ("stderr", "/proc/self/fd/2"), ("stdin", "/proc/self/fd/0"),
+              ("stdout", "/proc/self/fd/1"))
+_DEV_DIRS = ("pts", "shm")
 
 _RESOLV_CONF = b"# Corral sandboxes reach the network only through the egress proxy (see HTTPS_PROXY).\n"
 _HOSTNAME = b"corral\n"
@@ -88,15 +116,22 @@ def build_template(
     *,
     progress: Progress | None = None,
     force: bool = False,
+    rootless: bool | None = None,
 ) -> Template:
     """Build `spec` into `store` and name it `spec.name`; return the template.
 
     A spec whose digest is already built returns at once (only the name is pointed at it) unless `force`.
     `progress` receives one line at a time: Corral's own steps start with `==> `, the rest is the output of
-    mmdebstrap (apt's and dpkg's included) and pip. Needs root. Raises `TemplateBuildError` when a step fails;
-    whatever the failure or interruption (exception, Ctrl-C, SIGTERM), no partial template ever becomes visible.
+    mmdebstrap (apt's and dpkg's included) and pip. `rootless` (the default when not run as root) runs the whole
+    build in a user namespace of the caller's subordinate ids (`_userns.py`); otherwise it needs root. Raises
+    `TemplateBuildError` when a step fails or a prerequisite is missing; whatever the failure or interruption
+    (exception, Ctrl-C, SIGTERM), no partial template ever becomes visible.
     """
     emit = progress or discard
+    if rootless is None:
+        rootless = os.geteuid() != 0
+    if rootless:
+        return _build_rootless(spec, store, emit, force=force)
     digest = spec.digest()
     if not force and store.lookup_digest(digest) is not None:
         emit(f"==> template {spec.name!r} is up to date ({digest[:12]})")
@@ -107,6 +142,7 @@ def build_template(
     with sigterm_raises(), store.staging(digest) as staging:
         try:
             _mmdebstrap(spec, staging.rootfs, emit)
+            _keep_dev_entries(staging.rootfs)
             _add_user(staging.rootfs, emit)
             if spec.pip_packages:
                 _pip_install(staging.rootfs, spec.pip_packages, emit)
@@ -129,10 +165,75 @@ def build_template(
 
 def _check_host() -> None:
     if os.geteuid() != 0:
-        raise TemplateBuildError("building a template needs root (mmdebstrap --mode=root and chroot)")
+        raise TemplateBuildError("building a template needs root (mmdebstrap --mode=root and chroot), or a rootless "
+                                 "build (`corral templates build --rootless`) in a user namespace")
+    _check_tools()
+
+
+def _check_tools() -> None:
     for tool in ("mmdebstrap", "chroot", "unshare", "setpriv", "mount"):
         if shutil.which(tool, path=_PATH) is None:
             raise TemplateBuildError(f"{tool} is not installed; on Debian: apt-get install mmdebstrap util-linux")
+
+
+def _build_rootless(spec: TemplateSpec, store: TemplateStore, emit: Progress, *, force: bool) -> Template:
+    """Run `build_template` again as root of a user namespace (`_userns.py`), and return what it built.
+
+    Everything that touches the store happens inside (the build, reaping, publishing): on the host, part of
+    the store belongs to the caller's subordinate ids, which only the namespace's root may change.
+    """
+    _check_tools()
+    prefix = rootless_namespace(store.root)
+    emit(f"==> rootless build: uid 0 is {os.getuid()} and uids 1-{NAMESPACE_IDS} are subordinate ids")
+    # A file, not an argument: a spec's files may be larger than one argument can be (128 KiB). The inside
+    # build deletes it once read, so that not even a SIGKILL of this process can leave it behind.
+    fd, spec_file = tempfile.mkstemp(prefix="corral-spec-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(spec.model_dump_json())
+        _run_inside([*prefix, *_inside_command(Path(spec_file), store, force=force)], emit)
+    finally:
+        Path(spec_file).unlink(missing_ok=True)
+    return store.link(spec.name, spec.digest())
+
+
+def _inside_command(spec_file: Path, store: TemplateStore, *, force: bool) -> list[str]:
+    # setpriv inside the namespace: unshare's change of credentials clears the parent-death signal that
+    # run_streamed set outside, and the inside build must die with this process as any build command does.
+    return ["setpriv", "--pdeathsig", "KILL", "--", sys.executable, "-m", _INSIDE_MODULE, str(spec_file),
+            str(store.home.absolute()), *(["--force"] if force else [])]
+
+
+def _run_inside(cmd: list[str], emit: Progress) -> None:
+    # The inside build imports Corral as this process does, whatever its environment (a venv, PYTHONPATH).
+    env = {**_command_env(), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    try:
+        # SIGTERM here must reach the inside build as SIGTERM (run_streamed stops it so), which then cleans up as
+        # any build does; by default it would end this process at once, and the inside with SIGKILL.
+        with sigterm_raises():
+            run_streamed(cmd, emit=_hide_errors(emit), what="the rootless build", env=env)
+    except TemplateBuildError as exc:
+        reported = _inside_error(exc)
+        if reported is None:  # it died without a word (killed, say): the output's tail says what it can
+            raise
+        raise reported from exc
+
+
+def _hide_errors(emit: Progress) -> Progress:
+    def forward(line: str) -> None:
+        if not line.startswith(INSIDE_ERROR):
+            emit(line)
+
+    return forward
+
+
+def _inside_error(exc: TemplateBuildError) -> TemplateBuildError | None:
+    """The error the inside build reported (its last line), if it did."""
+    tail = exc.details.get("output_tail") or [""]
+    if not tail[-1].startswith(INSIDE_ERROR):
+        return None
+    reported = json.loads(tail[-1].removeprefix(INSIDE_ERROR))
+    return TemplateBuildError(str(reported["message"]), details=dict(reported["details"]))
 
 
 def _command_env() -> dict[str, str]:
@@ -141,8 +242,9 @@ def _command_env() -> dict[str, str]:
     return env
 
 
-def _run(cmd: Sequence[str], *, emit: Progress, what: str, log: Path | None = None) -> None:
-    run_streamed(cmd, emit=emit, what=what, env=_command_env(), log=log)
+def _run(cmd: Sequence[str], *, emit: Progress, what: str, log: Path | None = None,
+         env: dict[str, str] | None = None) -> None:
+    run_streamed(cmd, emit=emit, what=what, env={**_command_env(), **(env or {})}, log=log)
 
 
 def _isolated(*cmd: str, proc: str = "/proc") -> list[str]:
@@ -170,6 +272,21 @@ def _mmdebstrap(spec: TemplateSpec, rootfs: Path, emit: Progress) -> None:
         cmd.append(f'--aptopt=Acquire::https::CAInfo "{ca_bundle}"')
     cmd += ["--", spec.suite, str(rootfs), spec.mirror]
     _run(_isolated(*cmd), emit=emit, what="mmdebstrap")
+
+
+def _keep_dev_entries(rootfs: Path) -> None:
+    """Give /dev the links and directories mmdebstrap leaves there when it can create device nodes.
+
+    As real root mmdebstrap makes its /dev entries for good (the device nodes are dropped later, by
+    `finish_rootfs`); as root of a user namespace it cannot mknod, so it makes them for the build only and takes
+    them away. Both builds of a spec must give the same files, so the links and directories are made here.
+    """
+    for name, target in _DEV_LINKS:
+        path = resolve_in_root(rootfs, f"/dev/{name}", follow_last=False)
+        if not os.path.lexists(path):
+            os.symlink(target, path)
+    for name in _DEV_DIRS:
+        ensure_dir(rootfs, f"/dev/{name}")
 
 
 def _local_mirror(mirror: str) -> Path | None:
@@ -241,7 +358,7 @@ def _pip_install(rootfs: Path, packages: Sequence[str], emit: Progress) -> None:
             "--",
             *packages,
         ]
-        _run(_in_chroot(rootfs, *pip), emit=emit, what="pip install")
+        _run(_in_chroot(rootfs, *pip), emit=emit, what="pip install", env=_PIP_ENV)
 
 
 def _host_ca_bundle() -> Path | None:
