@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -25,6 +26,7 @@ from corral.backends import BACKEND_NAMES, Backend, BackendRecord, SandboxSpec, 
 from corral.backends.local import LocalBackend
 from corral.engine import AgentClient
 from corral.templates import Template
+from corral.templates._build import _isolated
 
 from .conftest import CGROUP_PARENT, TEMPLATE, TEST_HOME, leaks, template_store
 
@@ -209,6 +211,19 @@ async def test_the_last_writes_survive_a_stop_while_another_namespace_holds_the_
         if holder.returncode is None:
             holder.kill()
             await holder.wait()
+
+
+async def test_a_template_builds_namespace_lets_go_of_running_sandboxes(lab: Lab) -> None:
+    """The root cause of the test above, in template builds (whose every step runs in a new mount namespace):
+    the build's namespace holds none of a running sandbox's mounts, where a plain new namespace holds them all."""
+    record = await lab.create()
+
+    def mounts(argv: list[str]) -> str:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout
+
+    assert record.sandbox_id in mounts(["unshare", "--mount", "cat", "/proc/self/mountinfo"])  # the copies
+    assert record.sandbox_id not in mounts(_isolated("cat", "/proc/self/mountinfo"))
+    await lab.backend.stop(record)  # nothing held: Docker's stop too goes through at once
 
 
 # -- fork: a snapshot of a running sandbox, then sandboxes from it -------------------------------------------------

@@ -247,9 +247,19 @@ def _run(cmd: Sequence[str], *, emit: Progress, what: str, log: Path | None = No
     run_streamed(cmd, emit=emit, what=what, env={**_command_env(), **(env or {})}, log=log)
 
 
+# A new mount namespace starts with a copy of every mount, running sandboxes' among them: a copy of a sandbox's
+# disk keeps that filesystem mounted after its backend unmounts it (its last writes then wait for the build) and
+# makes Docker's stop find the disk "still held". So a build first lets go (lazily, in its own namespace only) of
+# every mount under a sandbox's directory (a path component `sb-<id>`) and of Docker's.
+_SANDBOX_MOUNTS = r"$5 ~ /\/sb-[0-9a-z-]+(\/|$)/ || $5 ~ /^\/var\/lib\/docker\//"
+_LET_GO = (f"awk '{_SANDBOX_MOUNTS} {{print $5}}' /proc/self/mountinfo | sort -r | "
+           'while read -r m; do umount -l "$m" 2>/dev/null; done; exec "$@"')
+
+
 def _isolated(*cmd: str, proc: str = "/proc") -> list[str]:
     # --kill-child: if unshare dies, the namespace's first process gets SIGKILL, and with it all the others.
-    return ["unshare", "--mount", "--pid", "--fork", "--kill-child", f"--mount-proc={proc}", *cmd]
+    return ["unshare", "--mount", "--pid", "--fork", "--kill-child", f"--mount-proc={proc}",
+            "sh", "-c", _LET_GO, "sh", *cmd]
 
 
 def _in_chroot(rootfs: Path, *cmd: str) -> list[str]:
