@@ -102,8 +102,12 @@ def code_result(outcome: CodeResult) -> types.CallToolResult:
     return result(_code_text(outcome, len(images)), structured, *images)
 
 
+def _image_types(rich: RichResult) -> list[str]:
+    return [mime for mime in _IMAGE_TYPES if mime in rich.data]
+
+
 def _images(rich: RichResult) -> list[types.ImageContent]:
-    return [types.ImageContent(data=rich.data[mime], mime_type=mime) for mime in _IMAGE_TYPES if mime in rich.data]
+    return [types.ImageContent(data=rich.data[mime], mime_type=mime) for mime in _image_types(rich)]
 
 
 def _text_of(rich: RichResult) -> str | None:
@@ -119,12 +123,14 @@ def _rich_json(rich: RichResult) -> dict[str, Any]:
     """A displayed object's text forms (images go as image content, not twice)."""
     return {"is_main_result": rich.is_main_result,
             "data": {mime: value for mime, value in rich.data.items() if mime not in _IMAGE_TYPES},
-            "image_types": [mime for mime in _IMAGE_TYPES if mime in rich.data]}
+            "image_types": _image_types(rich)}
 
 
 def _code_text(outcome: CodeResult, images: int) -> str:
     parts = _section("stdout", outcome.stdout) + _section("stderr", outcome.stderr)
-    shown = [t for r in outcome.results if (t := _text_of(r)) is not None and not r.is_main_result]
+    # A figure's text/plain ("<Figure size 640x480 ...>") says nothing its image does not.
+    shown = [t for r in outcome.results if not r.is_main_result and not _image_types(r) and
+             (t := _text_of(r)) is not None]
     parts += [f"[display] {t}" for t in shown]
     if (main := _main_text(outcome)) is not None:
         parts.append(f"Out: {main}")
