@@ -139,7 +139,17 @@ async def test_a_client_of_the_handshake_era_gets_the_same_tools(mcp_server: MCP
     """Clients that still speak the initialize handshake (most desktop clients today) are served too."""
     async with connect(mcp_server, transport, mode="legacy") as client:
         assert {tool.name for tool in (await client.list_tools()).tools} == TOOL_NAMES
-        assert isinstance((await call_ok(client, "list_sandboxes"))["sandboxes"], list)
+        sandbox_id = await create(mcp_server, client)
+        messages: list[str] = []
+
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            messages.append(message or "")
+
+        ran = await client.call_tool("run_command", {"sandbox_id": sandbox_id, "command": "echo streamed"},
+                                     progress_callback=on_progress)
+        assert ran.structured_content is not None and ran.structured_content["stdout"] == "streamed\n"
+        assert messages == ["streamed\n"]
+        await call_ok(client, "kill_sandbox", sandbox_id=sandbox_id)
 
 
 # -- a session with a real sandbox -------------------------------------------------------------------------------
@@ -185,6 +195,11 @@ async def _commands(client: Client, sandbox_id: str) -> None:
     assert failed.structured_content is not None and failed.structured_content["exit_code"] == 3
     assert text(failed).startswith("exit code 3") and "no" in text(failed)
 
+    big = await call(client, "run_command", sandbox_id=sandbox_id, command="head -c 300000 /dev/zero | tr '\\0' a")
+    assert big.structured_content is not None and big.structured_content["truncated"]
+    assert big.structured_content["stdout_size"] == 300_000 and len(big.structured_content["stdout"]) <= 128 * 1024
+    assert "[output truncated: 300000 bytes of stdout" in text(big)
+
     slow = await call_ok(client, "run_command", sandbox_id=sandbox_id, command="sleep 30", timeout=1)
     assert slow["timed_out"] and slow["duration"] < 15 and not slow["oom_killed"]
 
@@ -219,7 +234,7 @@ async def _files(client: Client, sandbox_id: str) -> None:
     missing = await call(client, "read_file", sandbox_id=sandbox_id, path="nope.txt")
     assert_tool_error(missing, "not_found")
     outside = await call(client, "write_file", sandbox_id=sandbox_id, path="/etc/passwd", content="x")
-    assert outside.is_error and "/etc/passwd" in text(outside)
+    assert_tool_error(outside, "permission_denied", "/etc/passwd is outside", "under /workspace")
 
 
 async def _code(client: Client, sandbox_id: str) -> None:
@@ -270,7 +285,7 @@ async def test_an_auditor_may_not_create_or_run(mcp_server: MCPServer, transport
         async with connect(mcp_server, transport, "a_aud") as auditor:
             assert_tool_error(await call(auditor, "create_sandbox"), "permission_denied")
             assert_tool_error(await call(auditor, "run_command", sandbox_id=sandbox_id, command="id"),
-                              "permission_denied", "role")
+                              "permission_denied", "role 'auditor'", "configure a developer's key")
             assert_tool_error(await call(auditor, "kill_sandbox", sandbox_id=sandbox_id), "permission_denied")
         await call_ok(owner, "kill_sandbox", sandbox_id=sandbox_id)
 

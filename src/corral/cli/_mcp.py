@@ -6,9 +6,10 @@ back as they are. So the tools exist once, in the server's `corral.mcp`, next to
 tenancy, roles, quotas and audit are the server's; this process holds no state and no server code (the `mcp`
 extra: the official SDK, and the SDK's client).
 
-Each relayed request opens its own connection to the server (a round trip more, on a call that runs a sandbox
-anyway): a server that restarts, or that was down when the client started, costs the calls made meanwhile and
-nothing after, and each failure is answered where it happened, as a tool error naming the fix.
+Each relayed request is its own MCP connection to the server (over pooled HTTP connections; `/mcp` is stateless,
+so one costs no extra round trip once the server's protocol is known): a server that restarts, or that was down
+when the client started, costs the calls made meanwhile and nothing after, and each failure is answered where it
+happened, as a tool error naming the fix.
 """
 
 from __future__ import annotations
@@ -46,21 +47,34 @@ def mcp_command(url: UrlOption = None, api_key: ApiKeyOption = None) -> None:
 
 async def serve_stdio(upstream: Upstream) -> None:
     server = relay_server(upstream)
-    async with stdio_server() as (read, write):
+    async with upstream, stdio_server() as (read, write):
         await server.run(read, write, server.create_initialization_options())
 
 
 class Upstream:
-    """The server's `/mcp`, called with the key; each use is one connection."""
+    """The server's `/mcp`, called with the key: one HTTP client (its connections pooled) for the relay's life,
+    one MCP connection per use. The server's discovery answer is kept from the first use, so that later ones
+    skip the probe (a round trip); a server of the handshake era is probed every time."""
 
     def __init__(self, url: str, api_key: str) -> None:
         self.url = url
-        self._headers = {"Authorization": f"Bearer {api_key}"}
+        self._http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {api_key}"}, timeout=_TIMEOUT)
+        self._discovered: types.DiscoverResult | None = None
+        self._version = "auto"
+
+    async def __aenter__(self) -> Upstream:
+        await self._http.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self._http.__aexit__(*exc_info)
 
     @contextlib.asynccontextmanager
     async def connect(self) -> AsyncIterator[Client]:
-        http = httpx2.AsyncClient(headers=self._headers, timeout=_TIMEOUT)
-        async with http, Client(streamable_http_client(self.url, http_client=http)) as client:
+        transport = streamable_http_client(self.url, http_client=self._http)
+        async with Client(transport, mode=self._version, prior_discover=self._discovered) as client:
+            if self._discovered is None and client.session.discover_result is not None:
+                self._discovered, self._version = client.session.discover_result, client.protocol_version
             yield client
 
     def problem(self, exc: BaseException) -> str:

@@ -26,8 +26,7 @@ logger = logging.getLogger("corral.mcp")
 # What to do next, by error code: the message says what went wrong, this says how a model gets on with its task.
 _FIXES: dict[str, str] = {
     "not_found": "list_sandboxes shows the sandboxes this API key can use; list_files shows what a directory holds",
-    "permission_denied": "this API key's role may not do this (an auditor only reads the audit log); use a "
-                         "developer key, or a path the sandbox user may write (under /workspace or /tmp)",
+    "permission_denied": "use a path the sandbox user may use: under /workspace, /home/user or /tmp",
     "invalid_request": "correct the arguments as the message says and call the tool again",
     "conflict": "the sandbox is not in a state for this (paused, say); create a new one with create_sandbox",
     "quota_exceeded": "kill sandboxes you no longer need (list_sandboxes, kill_sandbox) and try again",
@@ -38,13 +37,21 @@ _FIXES: dict[str, str] = {
     "unauthenticated": "the API key is missing or was revoked: configure a valid CORRAL_API_KEY",
     "replica_unavailable": "the server that runs this sandbox does not answer: try again shortly",
 }
+_ROLE_FIX = ("this API key's role may not do this (developers create and use sandboxes, auditors only read the "
+             "audit log): configure a developer's key")
 _DEFAULT_FIX = "this is Corral's failure, not the call's: try again, and tell the operator if it persists"
 
 
 def tool_error(exc: CorralError) -> types.CallToolResult:
-    fix = _FIXES.get(exc.code, _DEFAULT_FIX if isinstance(exc, ServerError) else "")
+    fix = _fix(exc)
     text = f"{exc.code}: {exc.message}" + (f"\nWhat to do: {fix}." if fix else "")
     return _error(text, exc.to_dict())
+
+
+def _fix(exc: CorralError) -> str:
+    if exc.code == "permission_denied" and "role" in exc.details:  # the role's refusal, not a file's
+        return _ROLE_FIX
+    return _FIXES.get(exc.code, _DEFAULT_FIX if isinstance(exc, ServerError) else "")
 
 
 def invalid_arguments(tool: str, problems: list[dict[str, str]]) -> types.CallToolResult:

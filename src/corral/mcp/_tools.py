@@ -35,7 +35,9 @@ __all__ = ["MAX_OUTPUT", "MAX_READ", "TOOLS", "Call", "Tool", "tool_named"]
 Args = TypeVar("Args", bound=BaseModel)
 WORKSPACE = "/workspace"
 MAX_READ = 8 * 2**20  # bytes read_file returns: a model cannot use more, and the answer is held in memory
-MAX_OUTPUT = 2**20  # bytes of each output stream a command keeps (the middle of more is left out, and said so)
+# Bytes of each output stream a command keeps (the middle of more is left out, and said so): about 30k tokens,
+# what a model can still read; a command with more output should write it to a file.
+MAX_OUTPUT = 128 * 2**10
 
 
 @dataclass(frozen=True)
