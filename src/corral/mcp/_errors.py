@@ -40,18 +40,18 @@ _FIXES: dict[str, str] = {
 _ROLE_FIX = ("this API key's role may not do this (developers create and use sandboxes, auditors only read the "
              "audit log): configure a developer's key")
 _DEFAULT_FIX = "this is Corral's failure, not the call's: try again, and tell the operator if it persists"
+_OTHER_FIX = "change what the message names and call the tool again"
 
 
 def tool_error(exc: CorralError) -> types.CallToolResult:
-    fix = _fix(exc)
-    text = f"{exc.code}: {exc.message}" + (f"\nWhat to do: {fix}." if fix else "")
+    text = f"{exc.code}: {exc.message}\nWhat to do: {_fix(exc)}."
     return _error(text, exc.to_dict())
 
 
 def _fix(exc: CorralError) -> str:
     if exc.code == "permission_denied" and "role" in exc.details:  # the role's refusal, not a file's
         return _ROLE_FIX
-    return _FIXES.get(exc.code, _DEFAULT_FIX if isinstance(exc, ServerError) else "")
+    return _FIXES.get(exc.code, _DEFAULT_FIX if isinstance(exc, ServerError) else _OTHER_FIX)
 
 
 def invalid_arguments(tool: str, problems: list[dict[str, str]]) -> types.CallToolResult:
