@@ -163,6 +163,8 @@ FORBIDDEN = {
     # another front end; the REST server composes it, not the reverse.
     "corral.e2b": {"corral.server", "corral.cli", "corral._sdk", "corral.backends", "corral.templates",
                    "corral.egress", "corral.agent"},
+    "corral.mcp": {"corral.server", "corral.cli", "corral._sdk", "corral.backends", "corral.templates",
+                   "corral.egress", "corral.agent", "corral.e2b"},
 }
 
 

@@ -71,6 +71,26 @@ def test_cli_client_commands_load_no_server_code(argv: list[str]) -> None:
     assert "corral.cli._templates" not in loaded and "corral.cli._bench" not in loaded
 
 
+def test_corral_mcp_is_a_client_too() -> None:
+    """The stdio relay loads the `mcp` SDK (which brings starlette and uvicorn along) and none of Corral's server
+    side: the tools run on the server it relays to."""
+    run = ("from corral.cli import app\nimport typer.main\n"
+           "try:\n    typer.main.get_command(app).main(['mcp', '--help'], prog_name='corral', standalone_mode=False)\n"
+           "except SystemExit:\n    pass\n")
+    loaded = _loaded_after(run)
+    assert "corral.cli._mcp" in loaded and "mcp.server.stdio" in loaded
+    ours = [p for p in SERVER_SIDE if p.startswith("corral.")]
+    server_side = (*ours, "corral.service", "corral.mcp", "fastapi", "sqlalchemy", "aiosqlite", "asyncpg")
+    assert not [m for m in loaded if _within(m, server_side)]
+
+
+def test_corral_mcp_without_the_mcp_extra_says_which_to_install() -> None:
+    proc = _corral(["mcp"], missing=("mcp",))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip() == ("error: `corral mcp` needs the mcp extra (module 'mcp' is not installed): "
+                                   "install corral[mcp] (pip install 'corral[mcp]')")
+
+
 def _corral(argv: list[str], *, missing: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
     """`corral ARGV` in a fresh interpreter where the modules `missing` cannot be imported."""
     block = "".join(f"sys.modules[{name!r}] = None\n" for name in missing)

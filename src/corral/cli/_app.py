@@ -36,6 +36,7 @@ _EXTRA_OF_MODULE: dict[str, str] = {
                      "pydantic", "pydantic_core", "idna", "httptools", "python_multipart", "multipart", "zstandard"),
                    "server"),
     "docker": "docker",
+    **dict.fromkeys(("mcp", "mcp_types", "httpx2", "httpcore2", "sse_starlette"), "mcp"),
     **dict.fromkeys(("kubernetes_asyncio", "aiohttp"), "kubernetes"),
 }
 
@@ -92,6 +93,8 @@ _COMMANDS: dict[str, _Command] = {
                                        "for one sandbox, as YAML."),
     "egress-proxy": _Command("_egress_proxy", "egress_proxy_command", "Run the egress proxy for sandboxes on "
                              "other machines (Kubernetes Pods), with the servers' database and secret."),
+    "mcp": _Command("_mcp", "mcp_command", "Serve Corral's sandbox tools to an MCP client over stdio (a relay to "
+                                           "the server's /mcp)."),
     "check": _Command("_check", "check_command", "Prove the sandbox checklist (items 1-36 and 43) against a "
                                                  "running deployment, or a private server on --backend; exit 1 "
                                                  "if any item fails, 3 if it was skipped."),

@@ -11,10 +11,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI
+from starlette.routing import Route
 
 from ..control import ControlStore
 from ..e2b import E2BConfig, E2BMiddleware
 from ..engine import Engine
+from ..mcp import MCPFront
 from ..service import DEFAULT_DOMAIN, ReplicaConfig, Service, StartupHook
 from . import (
     _admin,
@@ -42,15 +44,17 @@ def create_app(engine: Engine, store: ControlStore, *, on_startup: StartupHook |
                replica: ReplicaConfig | None = None) -> FastAPI:
     """The API app over `engine` and `store`; the lifespan starts and stops both (through the service).
     Requests to `<port>-<sandbox id>.<domain>` hosts go to that port in the sandbox instead (docs/ports.md);
-    E2B's API is served beside /v1, at the root (docs/e2b.md; `e2b`: its settings). `replica`: this server
-    among several on one database; requests for another replica's sandboxes go there (docs/replicas.md)."""
+    E2B's API is served beside /v1, at the root (docs/e2b.md; `e2b`: its settings), and MCP at /mcp
+    (docs/mcp.md). `replica`: this server among several on one database; requests for another replica's
+    sandboxes go there (docs/replicas.md)."""
     service = Service(engine, store, on_startup=on_startup, domain=domain, replica=replica)
     forwarder = Forwarder()
+    mcp = MCPFront(service)  # `/mcp`: MCP's streamable HTTP (docs/mcp.md)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         try:
-            async with service:
+            async with service, mcp.run():
                 yield
         finally:
             await forwarder.aclose()
@@ -68,6 +72,7 @@ def create_app(engine: Engine, store: ControlStore, *, on_startup: StartupHook |
     async def health() -> dict[str, Any]:
         return {"ok": True}
 
+    app.router.routes.append(Route("/mcp", mcp))  # an ASGI app, not an endpoint: MCP's transport owns the methods
     for module in (_sandboxes, _snapshots, _egress, _exec, _code, _files, _admin, _killswitch, _processes,
                    _pty, _info, _volumes):
         app.include_router(module.router)
