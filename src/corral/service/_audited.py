@@ -54,7 +54,7 @@ class Audited:
         outcome = outcome_of(exc, self.status, self.outcome)
         request = current_request()
         if request is not None:
-            request.operation(action, self.target, outcome.get("error"))
+            request.operation(action, self.target, outcome.get("error"), self.principal)
         if self.telemetry is not None:
             self.telemetry.operation(action, self.principal.tenant_id, time.perf_counter() - self._started,
                                      exc if isinstance(exc, CorralError) else None, self.params, outcome)

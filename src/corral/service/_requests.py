@@ -54,7 +54,11 @@ class RequestInfo:
     def authenticated(self, principal: Principal) -> None:
         self.tenant_id, self.key_id = principal.tenant_id, principal.key_id
 
-    def operation(self, action: str, target: str | None, error: str | None) -> None:
+    def operation(self, action: str, target: str | None, error: str | None,
+                  principal: Principal | None = None) -> None:
+        """An operation was recorded (by `principal`: the caller, also one a sandbox's access token stands for)."""
+        if principal is not None and self.key_id is None:
+            self.authenticated(principal)
         if self.action is None:
             self.action, self.target = action, target
         if self.error is None:

@@ -167,7 +167,7 @@ class Service:
                   "problems": [{k: v[:_MAX_TEXT] for k, v in p.items()} for p in problems[:_MAX_PROBLEMS]]}
         request = current_request()
         if request is not None:
-            request.operation(REQUEST_INVALID, target, "invalid_request")
+            request.operation(REQUEST_INVALID, target, "invalid_request", principal)
         await self.store.audit.append(AuditEvent.by(principal, REQUEST_INVALID, target[:256] if target else None,
                                                     params=params,
                                                     outcome={"status": 400, "error": "invalid_request"},
