@@ -50,6 +50,7 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
     ("text", or "json": one JSON object per line, a line per request), counting Prometheus `metrics` (served to
     admins at /metrics, and to anyone at `metrics_port` if given; docs/operations.md)."""
     import uvicorn
+    from uvicorn.config import LOGGING_CONFIG
 
     if log_format not in LOG_FORMATS:
         raise ValueError(f"log format {log_format!r}: choose one of {', '.join(LOG_FORMATS)}")
@@ -79,18 +80,20 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
     # server that closes first races a client reusing the connection at that instant (a failed request, seen).
     # JSON logs: uvicorn configures no loggers of its own (its records reach the JSON root handler), and its
     # access log gives way to the request log (`_request_log`), which says more.
-    logs = {"log_config": None, "access_log": False} if log_format == "json" else {}
+    text = log_format == "text"
     config = uvicorn.Config(app, host=host, port=port, lifespan="on", log_level="info",
-                            timeout_keep_alive=KEEP_ALIVE, **logs)  # type: ignore[arg-type]
+                            timeout_keep_alive=KEEP_ALIVE, log_config=LOGGING_CONFIG if text else None,
+                            access_log=text)
     main = uvicorn.Server(config)
     if metrics_port is None:
         asyncio.run(main.serve())
     else:
-        serve_with_metrics_port(main, app.state.corral, metrics_port, json_logs=log_format == "json")
+        serve_with_metrics_port(main, app.state.corral, metrics_port, json_logs=not text)
 
 
 def _announcer(log_format: str) -> Callable[[str], None]:
-    """How startup notices reach the operator: printed, or a log record where every line must be JSON."""
+    """How startup notices reach the operator: printed, or a log record where every line must be JSON (a warning:
+    where the admin key is must show whatever level the logs are filtered at)."""
     if log_format == "json":
         return logger.warning
     return lambda text: print(text, flush=True)

@@ -13,6 +13,7 @@ from collections.abc import Generator
 from dataclasses import dataclass
 
 import uvicorn
+from uvicorn.config import LOGGING_CONFIG
 
 from ..service import Service
 from ._prometheus import metrics_app
@@ -43,9 +44,8 @@ class _Sidecar(uvicorn.Server):
 def serve_with_metrics_port(main: uvicorn.Server, service: Service, where: MetricsPort, *,
                             json_logs: bool) -> None:
     """Run the API server `main` and the metrics port until the API server stops."""
-    logs = {"log_config": None} if json_logs else {}
     config = uvicorn.Config(metrics_app(service), lifespan="off", log_level="warning", access_log=False,
-                            **logs)  # type: ignore[arg-type]
+                            log_config=None if json_logs else LOGGING_CONFIG)
     with _bound(where) as sock:
         asyncio.run(_serve_both(main, _Sidecar(config), sock))
 
