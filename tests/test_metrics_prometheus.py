@@ -117,7 +117,9 @@ async def test_only_an_admin_key_reads_the_metrics_on_the_api_port(served: Serve
         async with served.client(who) as client:
             r = await client.get("/metrics")
             assert r.status_code == 403 and r.json()["error"]["code"] == "permission_denied", who
-    assert value(await served.scrape(), "corral_pool_size") == 0
+    samples = await served.scrape()
+    assert value(samples, "corral_pool_size") == 0
+    assert value(samples, "corral_operations_total", action="auth.denied", outcome="unauthenticated") == 1
 
 
 async def test_the_metrics_port_app_serves_them_without_a_key(served: Served) -> None:
@@ -164,6 +166,7 @@ async def test_creates_count_by_tenant_and_outcome_with_their_latency_and_the_sa
     assert value(samples, "corral_sandbox_create_duration_seconds_count") == 1
     assert 0 < value(samples, "corral_sandbox_create_duration_seconds_sum") < 30
     assert value(samples, "corral_operations_total", action="sandbox.create", outcome="ok") == 1
+    assert value(samples, "corral_operations_total", action="request.invalid", outcome="invalid_request") == 1
     assert value(samples, "corral_sandboxes", tenant=a, state="running") == 1
     assert value(samples, "corral_machine_sandboxes") == 1
     assert value(samples, "corral_capacity_max_sandboxes") == 3

@@ -156,6 +156,8 @@ class Service:
         request = current_request()
         if request is not None:
             request.refused(exc)
+        if self.telemetry is not None:
+            self.telemetry.refusal("auth.denied", exc.code)
         await self.store.auth_denials.record(Denial(client=client.client, method=client.method, path=client.path,
                                                     key_prefix=_key_prefix(key), reason=exc.message))
 
@@ -168,6 +170,8 @@ class Service:
         request = current_request()
         if request is not None:
             request.operation(REQUEST_INVALID, target, "invalid_request", principal)
+        if self.telemetry is not None:
+            self.telemetry.refusal(REQUEST_INVALID, "invalid_request")
         await self.store.audit.append(AuditEvent.by(principal, REQUEST_INVALID, target[:256] if target else None,
                                                     params=params,
                                                     outcome={"status": 400, "error": "invalid_request"},

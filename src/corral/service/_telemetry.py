@@ -104,6 +104,10 @@ class Telemetry:
         if isinstance(exc, CorralError):
             self._refused(tenant, exc)
 
+    def refusal(self, action: str, code: str) -> None:
+        """A request refused before any operation ran (`auth.denied`, `request.invalid`)."""
+        self.operations.labels(action, code).inc()
+
     def egress(self, tenant: str | None, event: EgressEvent) -> None:
         """One attempt through the egress proxy ended."""
         tenant = tenant or _UNKNOWN_TENANT
