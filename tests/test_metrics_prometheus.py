@@ -20,7 +20,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from corral import Admin, Sandbox
+from corral import Admin, QuotaExceededError, Sandbox
 from corral.backends import BackendCapacity
 from corral.control import ControlStore, Quotas, Role
 from corral.egress import RULE_CLASSES, EgressEvent, rule_class
@@ -287,27 +287,29 @@ def test_a_real_server_counts_a_create_an_exec_and_files_and_serves_its_metrics_
     with ServerProcess(test_home / f"metrics-{unique}", template_home=TEMPLATE_HOME,
                        args=["--metrics-port", str(port)]) as server:
         with Admin(api_key=server.admin_key, base_url=server.url) as admin:
-            admin.tenants.create(f"m-{unique}")
+            tenant = admin.tenants.create(f"m-{unique}").id
+            admin.tenants.update(tenant, quotas={"max_sandboxes": 1})
             key = admin.keys.create(f"m-{unique}", "developer").key
         with Sandbox.create(template=TEMPLATE, api_key=key, base_url=server.url) as sb:
             assert sb.commands.run("echo hi").stdout == "hi\n"
+            denied = sb.commands.run("curl -sS --max-time 10 http://blocked.example/ ; true")  # network "none"
+            assert denied.egress_denials, denied
             sb.files.write("/workspace/data.bin", b"\x00" * 4096)
             assert sb.files.read("/workspace/data.bin") == b"\x00" * 4096
+            with pytest.raises(QuotaExceededError):
+                Sandbox.create(template=TEMPLATE, api_key=key, base_url=server.url)
             r = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {server.admin_key}"})
             assert r.status_code == 200
             on_api = parse(r.text)
             assert httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {key}"}).status_code == 403
             on_port = parse(httpx.get(f"http://127.0.0.1:{port}/metrics").text)  # no key there
         for samples in (on_api, on_port):
-            assert value(samples, "corral_exec_duration_seconds_count") == 1
-            assert value(samples, "corral_sandbox_create_duration_seconds_count") == 1
-            assert value(samples, "corral_file_bytes_total", tenant=_tenant_of(samples), direction="up") == 4096
-            assert value(samples, "corral_file_bytes_total", tenant=_tenant_of(samples), direction="down") == 4096
-            assert sum(v for (name, labels), v in samples.items()
-                       if name == "corral_sandboxes" and ("state", "running") in labels) == 1
-
-
-def _tenant_of(samples: Samples) -> str:
-    tenants = {dict(labels)["tenant"] for name, labels in samples if name == "corral_sandbox_creates_total"}
-    assert len(tenants) == 1
-    return tenants.pop()
+            assert value(samples, "corral_exec_duration_seconds_count") == 2
+            assert value(samples, "corral_sandbox_creates_total", tenant=tenant, outcome="ok") == 1
+            assert value(samples, "corral_sandbox_create_duration_seconds_count") == 2
+            assert value(samples, "corral_quota_refusals_total", tenant=tenant, limit="max_sandboxes") == 1
+            assert value(samples, "corral_egress_requests_total", tenant=tenant, decision="denied",
+                         rule="policy_none") >= 1
+            assert value(samples, "corral_file_bytes_total", tenant=tenant, direction="up") == 4096
+            assert value(samples, "corral_file_bytes_total", tenant=tenant, direction="down") == 4096
+            assert value(samples, "corral_sandboxes", tenant=tenant, state="running") == 1
