@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import io
 import itertools
 import json
@@ -116,10 +117,14 @@ async def test_hash_covers_every_field(store: ControlStore) -> None:
     changes: list[tuple[str, Any]] = [
         ("seq", 2), ("time", T0 + timedelta(microseconds=1)), ("tenant_id", "tn_x"), ("key_id", "key_x"),
         ("role", "admin"), ("action", "sandbox.kill"), ("target", "sb_x"), ("params", {"cmd": "echo 2"}),
-        ("outcome", {"exit_code": 1}), ("prev_hash", "1" * 64),
+        ("outcome", {"exit_code": 1}), ("prev_hash", "1" * 64), ("request_id", "req-1"),
     ]
     for name, value in changes:
         assert dataclasses.replace(entry, **{name: value}).computed_hash() != entry.hash, name
+    with_id = await store.audit.append(dataclasses.replace(event(2), request_id="req-1"))
+    assert with_id.request_id == "req-1" and with_id.computed_hash() == with_id.hash
+    for changed in ("req-2", None):  # edited, or removed: both break the hash
+        assert dataclasses.replace(with_id, request_id=changed).computed_hash() != with_id.hash
 
 
 async def test_records_keep_commands_verbatim_and_file_digests(store: ControlStore) -> None:
@@ -356,3 +361,40 @@ async def test_records_deleted_behind_the_logs_back_leave_a_visible_gap(chain: C
     await chain.audit.append(event(0))  # chained to the in-memory head, record N, which is gone
     result = await chain.audit.verify()
     assert result.problem is not None and result.problem.kind == "deleted"
+
+
+# -- records from before request ids -------------------------------------------------------------------------------
+
+
+def _hash_before_request_ids(entry: AuditEntry) -> str:
+    """The hash as Corral computed it before records had a request id, written out independently."""
+    fields = {"seq": entry.seq, "time": entry.time.astimezone(UTC).isoformat(timespec="microseconds"),
+              "tenant_id": entry.tenant_id, "key_id": entry.key_id, "role": entry.role, "action": entry.action,
+              "target": entry.target, "params": entry.params, "outcome": entry.outcome, "prev_hash": entry.prev_hash}
+    text = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
+
+
+async def test_a_chain_from_before_request_ids_still_verifies_and_goes_on_with_them(tmp_path: Path) -> None:
+    """A database of the old schema (no request_id column), its records hashed the old way: the new server adds
+    the column, verifies the old records, appends records with ids after them, and the whole chain verifies
+    (in the database, and exported)."""
+    async with ControlStore(home=tmp_path, clock=Clock()) as old:
+        for i in range(5):
+            await old.audit.append(event(i))
+        old_entries = await old.audit.query(limit=None)
+    with sqlite3.connect(tmp_path / "corral.db") as con:
+        con.execute("ALTER TABLE audit DROP COLUMN request_id")  # the table as older versions made it
+    assert all(e.hash == _hash_before_request_ids(e) for e in old_entries)
+
+    async with ControlStore(home=tmp_path) as new:
+        assert await new.audit.query(limit=None) == old_entries  # read back with no request id
+        await new.audit.append(dataclasses.replace(event(5), request_id="req-after-upgrade"))
+        await new.audit.append(event(6))  # one no request caused (the reconciler's, say)
+        result = await new.audit.verify()
+        assert result.ok and result.checked == 7, result.problem
+        stream = io.StringIO()
+        await new.audit.export_jsonl(stream)
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert ["request_id" in line for line in lines] == [False] * 5 + [True, False]  # absent, not null, if unset
+    assert verify_chain(AuditEntry.from_dict(line) for line in lines).ok

@@ -150,6 +150,7 @@ class AuditRecord:
     outcome: dict[str, Any] = field(default_factory=dict)
     prev_hash: str = ""
     hash: str = ""
+    request_id: str | None = None  # the HTTP request that caused it (its `X-Request-Id`), if one did
 
     @classmethod
     def from_wire(cls, data: Any) -> AuditRecord:
@@ -159,13 +160,17 @@ class AuditRecord:
                          tenant_id=d.get("tenant_id"), key_id=d.get("key_id"), role=d.get("role"),
                          target=d.get("target"), params=dict(d.get("params") or {}),
                          outcome=dict(d.get("outcome") or {}), prev_hash=str(d.get("prev_hash") or ""),
-                         hash=str(d.get("hash") or ""))
+                         hash=str(d.get("hash") or ""), request_id=d.get("request_id"))
         return record
 
     def to_dict(self) -> dict[str, Any]:
-        return {"seq": self.seq, "time": self.time, "tenant_id": self.tenant_id, "key_id": self.key_id,
-                "role": self.role, "action": self.action, "target": self.target, "params": self.params,
-                "outcome": self.outcome, "prev_hash": self.prev_hash, "hash": self.hash}
+        """The record as the server sent it (a request id only where it has one: the hash covers it only then)."""
+        out = {"seq": self.seq, "time": self.time, "tenant_id": self.tenant_id, "key_id": self.key_id,
+               "role": self.role, "action": self.action, "target": self.target, "params": self.params,
+               "outcome": self.outcome, "prev_hash": self.prev_hash, "hash": self.hash}
+        if self.request_id is not None:
+            out["request_id"] = self.request_id
+        return out
 
 
 @dataclass(frozen=True)

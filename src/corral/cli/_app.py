@@ -14,10 +14,7 @@ install.
 from __future__ import annotations
 
 import importlib
-import json
-import logging
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,13 +24,15 @@ from typer.core import TyperCommand, TyperGroup
 
 from .. import __version__
 from .._exceptions import CorralError
+from .._logging import LOG_FORMATS, log_as_json
 from ._common import error_line
 
 # The import names of what each extra installs (pyproject.toml's optional-dependencies, and what they bring;
 # tests/test_client_standalone.py checks the two agree): a command that fails to import one names the extra.
 _EXTRA_OF_MODULE: dict[str, str] = {
     **dict.fromkeys(("fastapi", "starlette", "uvicorn", "h11", "sqlalchemy", "greenlet", "aiosqlite", "asyncpg",
-                     "pydantic", "pydantic_core", "idna", "httptools", "python_multipart", "multipart", "zstandard"),
+                     "pydantic", "pydantic_core", "idna", "httptools", "python_multipart", "multipart", "zstandard",
+                     "prometheus_client"),
                    "server"),
     "docker": "docker",
     **dict.fromkeys(("mcp", "mcp_types", "httpx2", "httpcore2", "sse_starlette"), "mcp"),
@@ -152,9 +151,7 @@ app = typer.Typer(name="corral", help="Corral: isolated sandboxes for AI agents,
 @app.callback()
 def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Structured (JSON) logs on stderr.")) -> None:
     if verbose:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(JSONFormatter())
-        logging.basicConfig(level=logging.INFO, handlers=[handler])
+        log_as_json()
 
 
 @app.command()
@@ -187,17 +184,32 @@ def serve(
     cache_ttl: float = typer.Option(5.0, "--cache-ttl", min=0.0, help="Seconds API keys and sandbox records are "
                                     "served from memory: a key revoked through another replica still works here "
                                     "for at most this long (0: read the database every request)."),
+    log_format: str = typer.Option("text", "--log-format", help="text (for people), or json: one JSON object "
+                                   "per line, one line per request (request id, tenant, key, action, sandbox, "
+                                   "outcome, status, duration). See docs/operations.md."),
+    metrics: bool = typer.Option(True, "--metrics/--no-metrics", help="Count Prometheus metrics and serve them at "
+                                 "/metrics to admin keys. See docs/operations.md."),
+    metrics_port: int | None = typer.Option(None, "--metrics-port", min=1, max=65535, help="Also serve /metrics "
+                                            "on this port, without authentication (for a scraper)."),
+    metrics_host: str = typer.Option("127.0.0.1", "--metrics-host", help="Address of the --metrics-port "
+                                     "listener; anyone who reaches it reads every tenant's counts."),
 ) -> None:
     """Run the API server (state, templates and sandboxes in $CORRAL_HOME, default /var/lib/corral)."""
     from .. import _settings as settings
     from ..backends import BACKEND_NAMES
     from ..e2b import DEFAULT_ALIASES, E2BConfig, parse_alias
     from ..engine import Capacity
+    from ..server import MetricsPort
     from ..server import serve as run_server
     from ..service import ReplicaConfig  # FastAPI and uvicorn load only for this command
 
     if backend not in BACKEND_NAMES:
         raise typer.BadParameter(f"choose one of {', '.join(BACKEND_NAMES)}", param_hint="--backend")
+    if log_format not in LOG_FORMATS:
+        raise typer.BadParameter(f"choose one of {', '.join(LOG_FORMATS)}", param_hint="--log-format")
+    if metrics_port is not None and not metrics:
+        raise typer.BadParameter("--metrics-port serves the metrics that --no-metrics turns off",
+                                 param_hint="--metrics-port")
     try:
         aliases = {**DEFAULT_ALIASES, **dict(parse_alias(text) for text in e2b_alias)}
     except ValueError as exc:
@@ -210,31 +222,15 @@ def serve(
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--replica-id") from None
     run_server(host, port, db_url=db, capacity=capacity, backend=backend, domain=domain,
-               e2b=E2BConfig(aliases=aliases, root=e2b_root), replica=replica, cache_ttl=cache_ttl)
+               e2b=E2BConfig(aliases=aliases, root=e2b_root), replica=replica, cache_ttl=cache_ttl,
+               log_format=log_format, metrics=metrics,
+               metrics_port=None if metrics_port is None else MetricsPort(metrics_port, metrics_host))
 
 
 @app.command()
 def version() -> None:
     """Print Corral's version."""
     typer.echo(__version__)
-
-
-class JSONFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, event, and every `extra` field."""
-
-    _SKIP = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
-
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "event": record.getMessage(),
-        }
-        out.update({k: v for k, v in vars(record).items() if k not in self._SKIP})
-        if record.exc_info:
-            out["exception"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
 
 
 def _validation_problems(exc: Exception) -> str | None:

@@ -96,6 +96,18 @@ def api(
     _run("api", out, template=template, n=n, clients=clients, steps=steps, size_mib=size_mib, rounds=rounds)
 
 
+@bench_app.command("metrics")
+def metrics(
+    n: int = typer.Option(300, help="Exec round trips per server."),
+    creates: int = typer.Option(30, help="Sandbox creates per server."),
+    template: str = typer.Option("default"),
+    out: Path = typer.Option(Path("bench-results/metrics.json"), help="Where to write the JSON figures."),
+) -> None:
+    """What counting Prometheus metrics costs: exec and create latency of a server with metrics against one with
+    --no-metrics, alternating in the same run; and the cost of a scrape."""
+    _run("metrics", out, template=template, n=n, creates=creates)
+
+
 @bench_app.command("net")
 def net(
     n: int = typer.Option(300, help="Samples per latency measurement."),

@@ -1,7 +1,9 @@
 """The tamper-evident audit trail: a hash chain of records in the `audit` table.
 
 Each record's `hash` is SHA-256 over the canonical JSON of its fields (seq, time, tenant, key, role, action,
-target, params, outcome) and the previous record's hash; the first record chains to 64 zeros. Editing a
+target, params, outcome, and the request id when it has one) and the previous record's hash; the first record
+chains to 64 zeros. The request id joined the record later: a record without one hashes exactly as before it
+existed, so chains written by older versions verify unchanged. Editing a
 record breaks its hash; deleting or inserting one breaks the links around it; deleting the newest records is
 caught by comparing with a head (seq, hash) exported earlier. The hash is not keyed: someone who can rewrite
 the database can also recompute every hash after the record they edit, so export the head regularly to a
@@ -35,8 +37,9 @@ from ._rbac import Principal
 GENESIS_HASH = "0" * 64
 _APPEND_ATTEMPTS = 20
 _BATCH = 1000
-_ACTION_MAX = 64  # column widths of audit.action and audit.target
+_ACTION_MAX = 64  # column widths of audit.action, audit.target and audit.request_id
 _TARGET_MAX = 256
+_REQUEST_ID_MAX = 128
 _AUDIT_TABLE = AuditRow.metadata.tables[AuditRow.__tablename__]
 _APPEND_LOCK = 0x636F7272616C + 1  # the PostgreSQL advisory lock appenders take (any constant of our own)
 
@@ -56,13 +59,15 @@ class AuditEvent:
     role: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
     outcome: dict[str, Any] = field(default_factory=dict)
+    request_id: str | None = None  # the HTTP request that caused it (`X-Request-Id`), if one did
 
     @classmethod
     def by(cls, principal: Principal, action: str, target: str | None = None, *,
-           params: dict[str, Any] | None = None, outcome: dict[str, Any] | None = None) -> AuditEvent:
+           params: dict[str, Any] | None = None, outcome: dict[str, Any] | None = None,
+           request_id: str | None = None) -> AuditEvent:
         """An event attributed to the caller `principal`."""
         return cls(action=str(action), target=target, tenant_id=principal.tenant_id, key_id=principal.key_id,
-                   role=principal.role.value, params=params or {}, outcome=outcome or {})
+                   role=principal.role.value, params=params or {}, outcome=outcome or {}, request_id=request_id)
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,7 @@ class AuditEntry:
     outcome: dict[str, Any]
     prev_hash: str
     hash: str
+    request_id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {**self._hashed_fields(), "hash": self.hash}
@@ -91,7 +97,8 @@ class AuditEntry:
     def from_dict(cls, data: dict[str, Any]) -> AuditEntry:
         return cls(seq=data["seq"], time=datetime.fromisoformat(data["time"]), tenant_id=data["tenant_id"],
                    key_id=data["key_id"], role=data["role"], action=data["action"], target=data["target"],
-                   params=data["params"], outcome=data["outcome"], prev_hash=data["prev_hash"], hash=data["hash"])
+                   params=data["params"], outcome=data["outcome"], prev_hash=data["prev_hash"], hash=data["hash"],
+                   request_id=data.get("request_id"))
 
     @classmethod
     def from_json(cls, line: str) -> AuditEntry:
@@ -102,9 +109,12 @@ class AuditEntry:
         return hashlib.sha256(canonical_json(self._hashed_fields()).encode("ascii")).hexdigest()
 
     def _hashed_fields(self) -> dict[str, Any]:
-        return {"seq": self.seq, "time": _iso(self.time), "tenant_id": self.tenant_id, "key_id": self.key_id,
-                "role": self.role, "action": self.action, "target": self.target, "params": self.params,
-                "outcome": self.outcome, "prev_hash": self.prev_hash}
+        fields = {"seq": self.seq, "time": _iso(self.time), "tenant_id": self.tenant_id, "key_id": self.key_id,
+                  "role": self.role, "action": self.action, "target": self.target, "params": self.params,
+                  "outcome": self.outcome, "prev_hash": self.prev_hash}
+        if self.request_id is not None:  # absent, not null, when unset: older records keep their hashes
+            fields["request_id"] = self.request_id
+        return fields
 
 
 class ChainHead(NamedTuple):
@@ -265,7 +275,7 @@ def verify_chain(entries: Iterable[AuditEntry], expected_head: ChainHead | None 
 def _entry(row: AuditRow) -> AuditEntry:
     return AuditEntry(seq=row.seq, time=row.time, tenant_id=row.tenant_id, key_id=row.key_id, role=row.role,
                       action=row.action, target=row.target, params=row.params, outcome=row.outcome,
-                      prev_hash=row.prev_hash, hash=row.hash)
+                      prev_hash=row.prev_hash, hash=row.hash, request_id=row.request_id)
 
 
 class AuditLog:
@@ -298,9 +308,11 @@ class AuditLog:
 
     async def append(self, event: AuditEvent) -> AuditEntry:
         """Write one record at the end of the chain and return it."""
-        if len(event.action) > _ACTION_MAX or len(event.target or "") > _TARGET_MAX:
+        if len(event.action) > _ACTION_MAX or len(event.target or "") > _TARGET_MAX or \
+                len(event.request_id or "") > _REQUEST_ID_MAX:
             # The column widths; SQLite would not enforce them and PostgreSQL would fail the append.
-            raise InvalidRequestError(f"audit action or target too long (max {_ACTION_MAX} and {_TARGET_MAX})")
+            raise InvalidRequestError(f"audit action, target or request id too long (max {_ACTION_MAX}, "
+                                      f"{_TARGET_MAX} and {_REQUEST_ID_MAX})")
         params = _plain_json(event.params, "params")
         outcome = _plain_json(event.outcome, "outcome")
         async with self._lock:
@@ -346,7 +358,7 @@ class AuditLog:
         time: datetime = self._clock().astimezone(UTC)
         draft = AuditEntry(seq=head.seq + 1, time=time, tenant_id=event.tenant_id, key_id=event.key_id,
                            role=event.role, action=event.action, target=event.target, params=params,
-                           outcome=outcome, prev_hash=head.hash, hash="")
+                           outcome=outcome, prev_hash=head.hash, hash="", request_id=event.request_id)
         return dataclasses.replace(draft, hash=draft.computed_hash())
 
     def _wake_followers(self) -> None:

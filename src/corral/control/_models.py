@@ -220,6 +220,9 @@ class AuditRow(Base):
     outcome: Mapped[dict[str, Any]]
     prev_hash: Mapped[str] = mapped_column(String(64))
     hash: Mapped[str] = mapped_column(String(64), unique=True)
+    # The HTTP request that caused the record (`X-Request-Id`); NULL in records older than it and in those no
+    # request caused (the reconciler's, the egress proxy's). Hashed only when set: older chains still verify.
+    request_id: Mapped[str | None] = mapped_column(String(128))
 
 
 # -- what the store hands out ----------------------------------------------------------------------------

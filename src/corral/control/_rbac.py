@@ -42,6 +42,8 @@ class Action(StrEnum):
     VOLUME_CREATE = "volume.create"
     VOLUME_READ = "volume.read"  # get, list, and mount one in a new sandbox (docs/volumes.md)
     VOLUME_DELETE = "volume.delete"
+    # The server's Prometheus metrics: every tenant's counts, so the operator's alone (docs/operations.md).
+    METRICS_READ = "metrics.read"
 
 
 _A, _O, _D, _U = Role.ADMIN, Role.OPERATOR, Role.DEVELOPER, Role.AUDITOR
@@ -67,6 +69,7 @@ PERMISSIONS: Mapping[Action, frozenset[Role]] = MappingProxyType({
     Action.VOLUME_CREATE: _SANDBOX_USERS,
     Action.VOLUME_READ: _SANDBOX_USERS,
     Action.VOLUME_DELETE: _SANDBOX_USERS,
+    Action.METRICS_READ: frozenset({_A}),
 })
 
 

@@ -605,6 +605,16 @@ class ControlStore:
         async with self._db.read() as session:
             return [sandbox_from_row(r) for r in (await session.scalars(stmt.order_by(SandboxRow.expires_at))).all()]
 
+    async def count_sandboxes(self, owner: str | None = None) -> dict[tuple[str, str], int]:
+        """Live sandboxes per (tenant id, state), counted by the database in one grouped query (what a metrics
+        scrape reads: its cost grows with tenants times states, not with sandboxes); with `owner`, only those
+        that replica runs (and those made before replicas, as `expired_sandboxes`)."""
+        stmt = select(SandboxRow.tenant_id, SandboxRow.state, func.count()).where(SandboxRow.destroyed_at.is_(None))
+        if owner is not None:
+            stmt = stmt.where(or_(SandboxRow.owner == owner, SandboxRow.owner.is_(None)))
+        stmt = stmt.group_by(SandboxRow.tenant_id, SandboxRow.state)
+        async with self._db.read() as session:
+            return {(tenant, state): int(n) for tenant, state, n in (await session.execute(stmt)).all()}
 
     # -- snapshots -------------------------------------------------------------------------------------------
 

@@ -5,10 +5,10 @@ reports every attempt as an `EgressEvent`; `PackageMirrorProtocol` is the seam t
 (`PackageMirror`, the host's cache of PyPI and npm).
 """
 
-from ._events import EgressEvent, MirrorResponse, PackageMirrorProtocol
+from ._events import RULE_CLASSES, EgressEvent, MirrorResponse, PackageMirrorProtocol, rule_class
 from ._mirror import PackageMirror
 from ._policy import EgressPolicy
 from ._proxy import EgressProxy, Identify
 
-__all__ = ["EgressEvent", "EgressPolicy", "EgressProxy", "Identify", "MirrorResponse", "PackageMirror",
-           "PackageMirrorProtocol"]
+__all__ = ["RULE_CLASSES", "EgressEvent", "EgressPolicy", "EgressProxy", "Identify", "MirrorResponse",
+           "PackageMirror", "PackageMirrorProtocol", "rule_class"]

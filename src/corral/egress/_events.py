@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol
 
-__all__ = ["EgressEvent", "EventKind", "MirrorResponse", "PackageMirrorProtocol"]
+__all__ = ["RULE_CLASSES", "EgressEvent", "EventKind", "MirrorResponse", "PackageMirrorProtocol", "rule_class"]
 
 EventKind = Literal["connect", "http", "mirror", "dns"]
 
@@ -35,6 +35,30 @@ class EgressEvent:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+# The kinds of rule text the proxy writes (`_policy.Decision`, `_reasons.Refusal`), by what follows their fixed
+# words: a host, an address or a port would give a metric label one value per destination.
+_RULE_PREFIXES = (("allow ", "allowlist"), ("forbidden address ", "forbidden_address"))
+_FIXED_RULES = {"policy internet": "internet", "preset @packages": "packages", "policy none": "policy_none",
+                "not in allowlist": "not_in_allowlist", "dns refused": "dns", "mirror needs @packages": "mirror",
+                "mirror failed": "mirror_failed", "error": "error", "timeout": "timeout",
+                "connect failed": "connect_failed", "unresolvable": "unresolvable",
+                "bad upstream response": "bad_upstream_response", "bad request": "bad_request",
+                "head too large": "head_too_large", "proxy credentials": "proxy_credentials",
+                "policy unavailable": "policy_unavailable"}
+RULE_CLASSES = frozenset({"private", "other", *(c for _, c in _RULE_PREFIXES), *_FIXED_RULES.values()})
+
+
+def rule_class(rule: str) -> str:
+    """What kind of rule decided an attempt, from a small fixed set (`RULE_CLASSES`): `rule` without the host,
+    address or port it may name. A private `ip:port` pair that let an address through is `private`."""
+    if " + private " in rule:
+        return "private"
+    for prefix, kind in _RULE_PREFIXES:
+        if rule.startswith(prefix):
+            return kind
+    return _FIXED_RULES.get(rule, "other")
 
 
 @dataclass

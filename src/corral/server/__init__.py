@@ -9,8 +9,11 @@ serve("127.0.0.1", 7770)             # `corral serve`: Engine + ControlStore in 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+from collections.abc import Callable
 
+from .._logging import LOG_FORMATS, log_as_json
 from .._settings import admin_key, corral_home, database_url
 from ..control import CACHE_TTL, ControlStore
 from ..e2b import E2BConfig
@@ -18,9 +21,12 @@ from ..egress import EgressProxy, PackageMirror
 from ..engine import Capacity, Engine
 from ..service import DEFAULT_DOMAIN, STATUS_BY_CODE, ReplicaConfig, status_for
 from ._app import create_app
+from ._metrics_port import MetricsPort, serve_with_metrics_port
 from ._process import ServerProcess, private_server
 
-__all__ = ["STATUS_BY_CODE", "ServerProcess", "create_app", "private_server", "serve", "status_for"]
+__all__ = ["STATUS_BY_CODE", "MetricsPort", "ServerProcess", "create_app", "private_server", "serve", "status_for"]
+
+logger = logging.getLogger("corral.server")
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7770
@@ -31,7 +37,8 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
           home: str | os.PathLike[str] | None = None, db_url: str | None = None,
           capacity: Capacity | None = None, backend: str = "local", domain: str = DEFAULT_DOMAIN,
           e2b: E2BConfig | None = None, replica: ReplicaConfig | None = None,
-          cache_ttl: float = CACHE_TTL) -> None:
+          cache_ttl: float = CACHE_TTL, log_format: str = "text", metrics: bool = True,
+          metrics_port: MetricsPort | None = None) -> None:
     """Run the API server until interrupted, with its state in `home` (default `CORRAL_HOME`), its control
     database at `db_url` (default `CORRAL_DB_URL`, else SQLite in `home`; PostgreSQL for several replicas),
     the machine's `capacity` for sandboxes (past it, creates answer 503 with `Retry-After`), and sandboxes on
@@ -39,9 +46,19 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
     served at `<port>-<sandbox id>.<domain>` on the same port (docs/ports.md), and E2B's API with the `e2b`
     settings (docs/e2b.md), and as the `replica` among several on one database (docs/replicas.md; default: a
     single server reached at `http://<host>:<port>`), serving keys and sandbox records from memory for
-    `cache_ttl` seconds (how late another replica's revocation may be seen here)."""
+    `cache_ttl` seconds (how late another replica's revocation may be seen here), logging as `log_format`
+    ("text", or "json": one JSON object per line, a line per request), counting Prometheus `metrics` (served to
+    admins at /metrics, and to anyone at `metrics_port` if given; docs/operations.md)."""
     import uvicorn
+    from uvicorn.config import LOGGING_CONFIG
 
+    if log_format not in LOG_FORMATS:
+        raise ValueError(f"log format {log_format!r}: choose one of {', '.join(LOG_FORMATS)}")
+    if metrics_port is not None and not metrics:
+        raise ValueError("a metrics port needs metrics")
+    if log_format == "json":
+        log_as_json()
+    say = _announcer(log_format)
     state = corral_home(home)
     # The egress proxy (and its package mirror) live in this process; the app wires its events to the audit
     # trail and starts it before the engine reattaches sandboxes (docs/egress.md).
@@ -53,15 +70,30 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
     async def bootstrap(store: ControlStore) -> None:
         path = await store.bootstrap_admin(explicit)
         if path is not None:
-            print(f"corral: generated the admin API key; it is in {path} (mode 0600)", flush=True)
+            say(f"corral: generated the admin API key; it is in {path} (mode 0600)")
         elif explicit is not None:
-            print("corral: admin API key taken from CORRAL_ADMIN_KEY (used only if the server had no keys)",
-                  flush=True)
+            say("corral: admin API key taken from CORRAL_ADMIN_KEY (used only if the server had no keys)")
 
     replica = replica or ReplicaConfig(url=f"http://{host}:{port}")
-    app = create_app(engine, store, on_startup=bootstrap, domain=domain, e2b=e2b, replica=replica)
+    app = create_app(engine, store, on_startup=bootstrap, domain=domain, e2b=e2b, replica=replica, metrics=metrics)
     # Idle connections live longer here than in clients' pools (httpx and pyqwest keep theirs 5 s by default): a
     # server that closes first races a client reusing the connection at that instant (a failed request, seen).
+    # JSON logs: uvicorn configures no loggers of its own (its records reach the JSON root handler), and its
+    # access log gives way to the request log (`_request_log`), which says more.
+    text = log_format == "text"
     config = uvicorn.Config(app, host=host, port=port, lifespan="on", log_level="info",
-                            timeout_keep_alive=KEEP_ALIVE)
-    asyncio.run(uvicorn.Server(config).serve())
+                            timeout_keep_alive=KEEP_ALIVE, log_config=LOGGING_CONFIG if text else None,
+                            access_log=text)
+    main = uvicorn.Server(config)
+    if metrics_port is None:
+        asyncio.run(main.serve())
+    else:
+        serve_with_metrics_port(main, app.state.corral, metrics_port, json_logs=not text)
+
+
+def _announcer(log_format: str) -> Callable[[str], None]:
+    """How startup notices reach the operator: printed, or a log record where every line must be JSON (a warning:
+    where the admin key is must show whatever level the logs are filtered at)."""
+    if log_format == "json":
+        return logger.warning
+    return lambda text: print(text, flush=True)

@@ -27,6 +27,7 @@ from . import (
     _info,
     _killswitch,
     _processes,
+    _prometheus,
     _pty,
     _sandboxes,
     _snapshots,
@@ -35,19 +36,22 @@ from . import (
 from ._errors import install_error_handlers
 from ._ports import PortsMiddleware
 from ._replicas import Forwarder, ReplicaMiddleware
+from ._request_log import RequestLogMiddleware
 
 __all__ = ["create_app"]
 
 
 def create_app(engine: Engine, store: ControlStore, *, on_startup: StartupHook | None = None,
                domain: str = DEFAULT_DOMAIN, e2b: E2BConfig | None = None,
-               replica: ReplicaConfig | None = None) -> FastAPI:
+               replica: ReplicaConfig | None = None, metrics: bool = True) -> FastAPI:
     """The API app over `engine` and `store`; the lifespan starts and stops both (through the service).
     Requests to `<port>-<sandbox id>.<domain>` hosts go to that port in the sandbox instead (docs/ports.md);
     E2B's API is served beside /v1, at the root (docs/e2b.md; `e2b`: its settings), and MCP at /mcp
     (docs/mcp.md). `replica`: this server among several on one database; requests for another replica's
-    sandboxes go there (docs/replicas.md)."""
-    service = Service(engine, store, on_startup=on_startup, domain=domain, replica=replica)
+    sandboxes go there (docs/replicas.md). `metrics`: count Prometheus metrics and serve them to admins at
+    /metrics (docs/operations.md). Every request gets an id (`X-Request-Id`) that its log line and audit records
+    carry."""
+    service = Service(engine, store, on_startup=on_startup, domain=domain, replica=replica, metrics=metrics)
     forwarder = Forwarder()
     mcp = MCPFront(service)  # `/mcp`: MCP's streamable HTTP (docs/mcp.md)
 
@@ -67,6 +71,8 @@ def create_app(engine: Engine, store: ControlStore, *, on_startup: StartupHook |
     app.add_middleware(E2BMiddleware, service=service, config=e2b or E2BConfig())
     # Outermost of all: a request for a sandbox another replica runs goes there whole, whichever front it is for.
     app.add_middleware(ReplicaMiddleware, service=service, forwarder=forwarder)
+    # Around everything: the request id is given before a request can be forwarded, and the log line measures it all.
+    app.add_middleware(RequestLogMiddleware)
 
     @app.get("/v1/health")
     async def health() -> dict[str, Any]:
@@ -76,4 +82,6 @@ def create_app(engine: Engine, store: ControlStore, *, on_startup: StartupHook |
     for module in (_sandboxes, _snapshots, _egress, _exec, _code, _files, _admin, _killswitch, _processes,
                    _pty, _info, _volumes):
         app.include_router(module.router)
+    if metrics:
+        app.include_router(_prometheus.router)
     return app

@@ -15,17 +15,21 @@ from ._ports import DEFAULT_DOMAIN, PORT_ACTION, PortConnection, PortRequest, Po
 from ._processes import AttachStream, Processes, parse_signal
 from ._pty import Pty, PtyRequest, Terminal
 from ._replicas import DEFAULT_REPLICA_TTL, Replica, ReplicaConfig
+from ._requests import REQUEST_ID, RequestInfo, current_request, new_request_id, request_scope
 from ._sandboxes import CreateSandbox, ForkSandbox, KillReport, Sandboxes, SandboxPage, check_network, file_roots
 from ._service import REQUEST_INVALID, ClientInfo, Service, StartupHook
 from ._snapshots import Snapshots
 from ._streamed import OutputCallback, Streamed
+from ._telemetry import METRICS_CONTENT_TYPE, Telemetry
 from ._templates import Templates
 from ._volumes import VolumeDetail, Volumes
 
 __all__ = [
     "DEFAULT_DOMAIN",
     "DEFAULT_REPLICA_TTL",
+    "METRICS_CONTENT_TYPE",
     "PORT_ACTION",
+    "REQUEST_ID",
     "REQUEST_INVALID",
     "RETRY_AFTER_DETAIL",
     "STATUS_BY_CODE",
@@ -57,6 +61,7 @@ __all__ = [
     "PtyRequest",
     "Replica",
     "ReplicaConfig",
+    "RequestInfo",
     "ResultCallback",
     "SandboxAccess",
     "SandboxMetric",
@@ -68,6 +73,7 @@ __all__ = [
     "StartCallback",
     "StartupHook",
     "Streamed",
+    "Telemetry",
     "Templates",
     "Tenants",
     "Terminal",
@@ -76,9 +82,12 @@ __all__ = [
     "Volumes",
     "check_domain",
     "check_network",
+    "current_request",
     "exec_outcome",
     "file_roots",
+    "new_request_id",
     "outcome_of",
     "parse_signal",
+    "request_scope",
     "status_for",
 ]

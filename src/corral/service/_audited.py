@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .._exceptions import CorralError
 from ..control import Action, AuditEvent, ControlStore, Principal
 from ._outcome import outcome_of
+from ._requests import current_request
+
+if TYPE_CHECKING:
+    from ._telemetry import Telemetry
 
 __all__ = ["Audited"]
 
@@ -18,6 +24,8 @@ class Audited:
 
     Set `status` and add to `outcome` (and `params`) inside the block; an exception is recorded with its
     error code and status, and re-raised. Streamed operations call `record` themselves when the stream ends.
+    The record is also where the operation is counted (`telemetry`, its duration from this object's making)
+    and where the request being served learns what it did (`RequestInfo`), and gives the record its id.
     """
 
     store: ControlStore
@@ -27,7 +35,9 @@ class Audited:
     params: dict[str, Any] = field(default_factory=dict)
     outcome: dict[str, Any] = field(default_factory=dict)
     status: int = 200
+    telemetry: Telemetry | None = None
     _recorded: bool = False
+    _started: float = field(default_factory=time.perf_counter)
 
     async def __aenter__(self) -> Audited:
         return self
@@ -40,6 +50,14 @@ class Audited:
         if self._recorded:  # a stream that failed after its block ended is recorded once, by the stream
             return
         self._recorded = True
-        await self.store.audit.append(AuditEvent.by(self.principal, str(self.action), self.target,
-                                                    params=self.params,
-                                                    outcome=outcome_of(exc, self.status, self.outcome)))
+        action = str(self.action)
+        outcome = outcome_of(exc, self.status, self.outcome)
+        request = current_request()
+        if request is not None:
+            request.operation(action, self.target, outcome.get("error"), self.principal)
+        if self.telemetry is not None:
+            self.telemetry.operation(action, self.principal.tenant_id, time.perf_counter() - self._started,
+                                     exc if isinstance(exc, CorralError) else None, self.params, outcome)
+        await self.store.audit.append(AuditEvent.by(self.principal, action, self.target, params=self.params,
+                                                    outcome=outcome,
+                                                    request_id=request.request_id if request else None))

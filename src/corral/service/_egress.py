@@ -75,8 +75,11 @@ class TenantEgressSettings:
         return updated
 
     async def record_event(self, event: EgressEvent) -> None:
-        """The proxy's `on_event`: one audit record per egress attempt, attributed to the sandbox's tenant and key."""
-        await egress_audit_event(self._svc.store, event)
+        """The proxy's `on_event`: one audit record per egress attempt, attributed to the sandbox's tenant and key;
+        and counted (a proxy of another process is counted by none: its own process has no metrics)."""
+        tenant_id = await egress_audit_event(self._svc.store, event)
+        if self._svc.telemetry is not None:
+            self._svc.telemetry.egress(tenant_id, event)
 
     async def denials(self, sandbox_id: str, since: float) -> list[EgressEvent]:
         """The engine's `remote_denials`: `recorded_denials` in this service's store."""
@@ -93,8 +96,9 @@ async def recorded_denials(store: ControlStore, sandbox_id: str, since: float) -
     return refused[-DENIALS_KEPT:]
 
 
-async def egress_audit_event(store: ControlStore, event: EgressEvent) -> None:
-    """One audit record for one egress attempt, attributed to the sandbox's tenant and key."""
+async def egress_audit_event(store: ControlStore, event: EgressEvent) -> str | None:
+    """One audit record for one egress attempt, attributed to the sandbox's tenant and key; returns the tenant's
+    id (None: the sandbox's record is gone)."""
     try:
         sandbox = await store.get_sandbox(event.sandbox_id)
     except NotFoundError:
@@ -108,6 +112,7 @@ async def egress_audit_event(store: ControlStore, event: EgressEvent) -> None:
         action=f"egress.{event.kind}", target=event.sandbox_id,
         tenant_id=sandbox.tenant_id if sandbox else None, key_id=sandbox.key_id if sandbox else None,
         role=None, params=params, outcome=outcome))
+    return sandbox.tenant_id if sandbox else None
 
 
 def egress_event_from_audit(entry: AuditEntry) -> EgressEvent:

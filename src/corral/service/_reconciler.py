@@ -63,15 +63,23 @@ class Reconciler:
         while True:
             await asyncio.sleep(self.interval)
             passes += 1
+            started, ok = time.perf_counter(), True
             try:
-                await self.expire()
-                await self.remove_ended()
-                await self.cluster_pass()
-                if passes % ORPHAN_EVERY == 0:
-                    await self.remove_forgotten()
-                    await self.remove_orphans()
+                await self.run_pass(orphans=passes % ORPHAN_EVERY == 0)
             except Exception:
+                ok = False
                 logger.exception("reconciler.pass_failed")
+            if self._svc.telemetry is not None:
+                self._svc.telemetry.reconciled(time.perf_counter() - started, ok=ok)
+
+    async def run_pass(self, *, orphans: bool = False) -> None:
+        """One pass; with `orphans`, also the checks that list every live record (every `ORPHAN_EVERY` passes)."""
+        await self.expire()
+        await self.remove_ended()
+        await self.cluster_pass()
+        if orphans:
+            await self.remove_forgotten()
+            await self.remove_orphans()
 
     async def expire(self) -> list[str]:
         """End every sandbox past its timeout (destroyed, or paused to disk as it asked); returns their ids."""

@@ -39,8 +39,10 @@ from ._processes import Processes
 from ._pty import Pty
 from ._reconciler import Reconciler
 from ._replicas import Replica, ReplicaConfig
+from ._requests import current_request
 from ._sandboxes import Sandboxes
 from ._snapshots import Snapshots
+from ._telemetry import Telemetry
 from ._templates import Templates
 from ._volumes import Volumes
 
@@ -63,9 +65,11 @@ class ClientInfo:
 
 class Service:
     def __init__(self, engine: Engine, store: ControlStore, *, on_startup: StartupHook | None = None,
-                 domain: str = DEFAULT_DOMAIN, replica: ReplicaConfig | None = None) -> None:
+                 domain: str = DEFAULT_DOMAIN, replica: ReplicaConfig | None = None, metrics: bool = True) -> None:
         self.engine = engine
         self.store = store
+        # Prometheus metrics (docs/operations.md); None: nothing is counted (`corral serve --no-metrics`).
+        self.telemetry = Telemetry(self) if metrics else None
         self._on_startup = on_startup
         self.replica = Replica(self, replica or ReplicaConfig())  # this server among others (docs/replicas.md)
         self.sandboxes = Sandboxes(self)
@@ -138,13 +142,22 @@ class Service:
         try:
             if key is None:
                 raise AuthenticationError("missing API key: send 'Authorization: Bearer <key>'")
-            return await self.store.authenticate(key)
+            principal = await self.store.authenticate(key)
         except AuthenticationError as exc:
             await self.record_denial(client, exc, key)
             raise
+        request = current_request()
+        if request is not None:
+            request.authenticated(principal)
+        return principal
 
     async def record_denial(self, client: ClientInfo, exc: AuthenticationError, key: str | None) -> None:
         """A refused caller (also one whose credentials a front end could not even parse)."""
+        request = current_request()
+        if request is not None:
+            request.refused(exc)
+        if self.telemetry is not None:
+            self.telemetry.refusal("auth.denied", exc.code)
         await self.store.auth_denials.record(Denial(client=client.client, method=client.method, path=client.path,
                                                     key_prefix=_key_prefix(key), reason=exc.message))
 
@@ -154,13 +167,20 @@ class Service:
         params = {"client": client.client, "method": client.method, "path": client.path[:_MAX_TEXT],
                   "route": route, "problem_count": len(problems),
                   "problems": [{k: v[:_MAX_TEXT] for k, v in p.items()} for p in problems[:_MAX_PROBLEMS]]}
+        request = current_request()
+        if request is not None:
+            request.operation(REQUEST_INVALID, target, "invalid_request", principal)
+        if self.telemetry is not None:
+            self.telemetry.refusal(REQUEST_INVALID, "invalid_request")
         await self.store.audit.append(AuditEvent.by(principal, REQUEST_INVALID, target[:256] if target else None,
                                                     params=params,
-                                                    outcome={"status": 400, "error": "invalid_request"}))
+                                                    outcome={"status": 400, "error": "invalid_request"},
+                                                    request_id=request.request_id if request else None))
 
     def audited(self, principal: Principal, action: Action | str, target: str | None, *,
                 params: dict[str, Any] | None = None, status: int = 200) -> Audited:
-        return Audited(self.store, principal, action, target, params=params or {}, status=status)
+        return Audited(self.store, principal, action, target, params=params or {}, status=status,
+                       telemetry=self.telemetry)
 
     async def visible_tenant(self, principal: Principal, name_or_id: str, action: Action) -> Tenant:
         """The tenant named (by name or id) if `principal` may do `action` on it. The role is checked first; then,
