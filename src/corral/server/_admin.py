@@ -131,9 +131,9 @@ async def revoke_key(key_id: str, request: Request, principal: CurrentPrincipal)
 @router.get("/audit")
 async def query_audit(request: Request, principal: CurrentPrincipal, tenant: str | None = None,
                       sandbox: str | None = None, action: str | None = None, since: datetime | None = None,
-                      until: datetime | None = None,
+                      until: datetime | None = None, key: str | None = None,
                       limit: Annotated[int, Query(ge=1, le=_AUDIT_LIMIT_MAX)] = 1000) -> dict[str, Any]:
-    where = AuditFilter(tenant, sandbox, action, since, until)
+    where = AuditFilter(tenant, sandbox, action, since, until, key)
     records = await service(request).audit.query(principal, where, limit=limit)
     return {"records": [r.to_dict() for r in records]}
 
@@ -141,8 +141,8 @@ async def query_audit(request: Request, principal: CurrentPrincipal, tenant: str
 @router.get("/audit/export", response_model=None)
 async def export_audit(request: Request, principal: CurrentPrincipal, tenant: str | None = None,
                        sandbox: str | None = None, action: str | None = None, since: datetime | None = None,
-                       until: datetime | None = None) -> StreamingResponse:
-    pages = await service(request).audit.export(principal, AuditFilter(tenant, sandbox, action, since, until))
+                       until: datetime | None = None, key: str | None = None) -> StreamingResponse:
+    pages = await service(request).audit.export(principal, AuditFilter(tenant, sandbox, action, since, until, key))
     return StreamingResponse(_jsonl(pages), media_type=_NDJSON)
 
 
@@ -153,9 +153,10 @@ async def _jsonl(pages: AsyncIterator[list[AuditEntry]]) -> AsyncIterator[bytes]
 
 @router.get("/audit/follow", response_model=None)
 async def follow_audit(request: Request, principal: CurrentPrincipal, tenant: str | None = None,
-                       sandbox: str | None = None, action: str | None = None,
+                       sandbox: str | None = None, action: str | None = None, key: str | None = None,
                        after: Annotated[int | None, Query(ge=0)] = None) -> StreamingResponse:
-    records = await service(request).audit.follow(principal, AuditFilter(tenant, sandbox, action), after=after)
+    records = await service(request).audit.follow(principal, AuditFilter(tenant, sandbox, action, key=key),
+                                                  after=after)
     return StreamingResponse(_with_keepalive(records, FOLLOW_KEEPALIVE), media_type=_NDJSON)
 
 

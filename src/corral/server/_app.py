@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.responses import RedirectResponse
 
 from ..control import ControlStore
 from ..e2b import E2BConfig, E2BMiddleware
@@ -20,6 +21,7 @@ from . import (
     _admin,
     _code,
     _egress,
+    _eval,
     _exec,
     _files,
     _info,
@@ -33,6 +35,7 @@ from . import (
 from ._errors import install_error_handlers
 from ._ports import PortsMiddleware
 from ._replicas import Forwarder, ReplicaMiddleware
+from ._ui import PREFIX, ui_app
 
 __all__ = ["create_app"]
 
@@ -69,6 +72,12 @@ def create_app(engine: Engine, store: ControlStore, *, on_startup: StartupHook |
         return {"ok": True}
 
     for module in (_sandboxes, _snapshots, _egress, _exec, _code, _files, _admin, _killswitch, _processes,
-                   _pty, _info, _volumes):
+                   _pty, _info, _volumes, _eval):
         app.include_router(module.router)
+
+    @app.get(PREFIX, include_in_schema=False)
+    async def ui_root() -> RedirectResponse:
+        return RedirectResponse(f"{PREFIX}/", status_code=308)
+
+    app.mount(PREFIX, ui_app())  # the dashboard (docs/dashboard.md): static files that call the API above
     return app
