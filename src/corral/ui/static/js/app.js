@@ -42,6 +42,7 @@ document.addEventListener("click", (event) => {
 window.addEventListener("popstate", () => route());
 
 api.whenUnauthenticated((err) => {
+  if (!session) return; // signing in: the form says why itself
   api.clearKey();
   session = null;
   signIn(`Signed out: the server refused the key (${err.code}: ${err.message}).`);
@@ -73,7 +74,7 @@ function signIn(notice = "") {
   nav();
   banner("");
   const input = h("input", { type: "password", id: "api-key", name: "key", autocomplete: "off",
-    placeholder: "ck_…", required: true, spellcheck: "false" });
+    placeholder: "corral_…", required: true, spellcheck: "false" });
   const problem = h("div", { id: "sign-in-error" });
   const form = h("form", { id: "sign-in", class: "card narrow", onsubmit: async (event) => {
     event.preventDefault();

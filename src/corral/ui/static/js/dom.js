@@ -57,9 +57,10 @@ export function age(iso) {
   return `${Math.floor(s / 86400)}d`;
 }
 
+/** An ISO 8601 time, or unix seconds (file times), in the browser's locale. */
 export function time(iso) {
-  if (!iso) return "–";
-  const d = new Date(iso);
+  if (iso === null || iso === undefined || iso === "") return "–";
+  const d = new Date(typeof iso === "number" ? iso * 1000 : iso);
   return Number.isNaN(d.getTime()) ? String(iso) : d.toLocaleString();
 }
 

@@ -25,7 +25,7 @@ export function sandboxPage(main, id) {
     h("section", { class: "card" }, h("h2", {}, "Terminal"), terminal(id, cleanups)),
     h("div", { class: "columns" },
       h("section", { class: "card" }, h("h2", {}, "Files"), files(path)),
-      h("section", { class: "card" }, h("h2", {}, "Processes"), processes(path))),
+      h("section", { class: "card" }, h("h2", {}, "Processes"), processes(path, cleanups))),
     h("section", { class: "card" }, h("h2", {}, "Recent commands and egress decisions"), activity(id)));
   loadHeader(header, path);
   return () => cleanups.forEach((fn) => fn());
@@ -191,15 +191,16 @@ function files(path) {
     upload.value = "";
     show(where.value);
   });
-  where.addEventListener("change", () => show(where.value));
   show(where.value);
-  return [h("div", { class: "toolbar" }, where, h("button", { onclick: () => show(where.value) }, "Open"),
+  const open = (event) => { event.preventDefault(); show(where.value.trim() || "/"); };
+  return [h("form", { class: "toolbar", onsubmit: open }, where,
+    h("button", { type: "submit", id: "files-open" }, "Open"),
     h("label", { class: "button", for: "files-upload" }, "Upload…"), upload), note, list];
 }
 
 // -- processes --------------------------------------------------------------------------------------------------
 
-function processes(path) {
+function processes(path, cleanups) {
   const list = h("div", { id: "process-list" });
   const show = async () => {
     let found;
@@ -221,7 +222,9 @@ function processes(path) {
       } }, "Kill") : null))), { empty: "No processes." }));
   };
   show();
-  return [h("div", { class: "toolbar" }, h("button", { onclick: show }, "Refresh")), list];
+  const timer = setInterval(show, 5000);
+  cleanups.push(() => clearInterval(timer));
+  return [h("div", { class: "toolbar" }, h("button", { id: "process-refresh", onclick: show }, "Refresh")), list];
 }
 
 // -- activity from the audit trail ------------------------------------------------------------------------------
