@@ -19,11 +19,10 @@ __all__ = ["CSP", "PREFIX", "ui_app"]
 
 PREFIX = "/ui"
 # Scripts only from here (no inline script, no eval); styles inline too (xterm.js writes a <style> element, the
-# eval reports carry theirs); API calls and the terminal's WebSocket only to this server; eval reports shown in
-# sandboxed blob: frames; never framed by another site.
+# eval reports carry theirs); API calls and the terminal's WebSocket only to this server; no frame loads anything
+# (the eval report is a sandboxed srcdoc frame); never framed by another site.
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
-       "font-src 'self'; connect-src 'self'; frame-src blob:; base-uri 'none'; form-action 'none'; "
-       "frame-ancestors 'none'")
+       "font-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 _HEADERS = [(b"content-security-policy", CSP.encode()), (b"x-content-type-options", b"nosniff"),
             (b"referrer-policy", b"no-referrer"), (b"x-frame-options", b"DENY"),
             (b"cache-control", b"no-cache")]
