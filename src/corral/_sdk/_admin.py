@@ -244,9 +244,9 @@ def _egress_body(ceiling: str | Sequence[str] | None, private: Sequence[str] | N
 
 
 def _filters(tenant: str | None, sandbox: str | None, action: str | None, since: datetime | str | None,
-             until: datetime | str | None) -> dict[str, str]:
+             until: datetime | str | None, key: str | None = None) -> dict[str, str]:
     """Query parameters of the audit calls; only the filters given (a datetime should be aware)."""
-    raw = {"tenant": tenant, "sandbox": sandbox, "action": action, "since": since, "until": until}
+    raw = {"tenant": tenant, "sandbox": sandbox, "action": action, "since": since, "until": until, "key": key}
     return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in raw.items() if v is not None}
 
 
@@ -341,8 +341,9 @@ class Audit:
 
     def query(self, *, tenant: str | None = None, sandbox: str | None = None, action: str | None = None,
               since: datetime | str | None = None, until: datetime | str | None = None,
-              limit: int = 1000) -> builtins.list[AuditRecord]:
-        params = {**_filters(tenant, sandbox, action, since, until), "limit": str(limit)}
+              limit: int = 1000, key: str | None = None) -> builtins.list[AuditRecord]:
+        """Matching records, oldest first; `key` a key id (the records made with it)."""
+        params = {**_filters(tenant, sandbox, action, since, until, key), "limit": str(limit)}
         return _records(self._client.request("GET", "/v1/audit", params=params))
 
     def verify(self, head: str | None = None) -> AuditVerification:
@@ -356,10 +357,10 @@ class Audit:
 
     def export(self, out: SupportsWriteStr, *, tenant: str | None = None, sandbox: str | None = None,
                action: str | None = None, since: datetime | str | None = None,
-               until: datetime | str | None = None) -> int:
+               until: datetime | str | None = None, key: str | None = None) -> int:
         """Write matching records to `out` as JSONL, exactly as the server sent them; return how many."""
         count = 0
-        params = _filters(tenant, sandbox, action, since, until)
+        params = _filters(tenant, sandbox, action, since, until, key)
         with self._client.stream("GET", "/v1/audit/export", params=params) as response:
             for line in response.iter_lines():
                 if line:
@@ -368,9 +369,9 @@ class Audit:
         return count
 
     def follow(self, *, after: int | None = None, tenant: str | None = None, sandbox: str | None = None,
-               action: str | None = None) -> Iterator[AuditRecord]:
+               action: str | None = None, key: str | None = None) -> Iterator[AuditRecord]:
         """New records as they are appended (after seq `after`, default from now), until the iterator is closed."""
-        params = _filters(tenant, sandbox, action, None, None) | ({} if after is None else {"after": str(after)})
+        params = _filters(tenant, sandbox, action, None, None, key) | ({} if after is None else {"after": str(after)})
         timeout = _stream_timeout(self._client.config)
         with self._client.stream("GET", "/v1/audit/follow", params=params, timeout=timeout) as response:
             for line in response.iter_lines():
@@ -466,8 +467,8 @@ class AsyncAudit:
 
     async def query(self, *, tenant: str | None = None, sandbox: str | None = None, action: str | None = None,
                     since: datetime | str | None = None, until: datetime | str | None = None,
-                    limit: int = 1000) -> builtins.list[AuditRecord]:
-        params = {**_filters(tenant, sandbox, action, since, until), "limit": str(limit)}
+                    limit: int = 1000, key: str | None = None) -> builtins.list[AuditRecord]:
+        params = {**_filters(tenant, sandbox, action, since, until, key), "limit": str(limit)}
         return _records(await self._client.request("GET", "/v1/audit", params=params))
 
     async def verify(self, head: str | None = None) -> AuditVerification:
@@ -479,9 +480,9 @@ class AsyncAudit:
 
     async def export(self, out: SupportsWriteStr, *, tenant: str | None = None, sandbox: str | None = None,
                      action: str | None = None, since: datetime | str | None = None,
-                     until: datetime | str | None = None) -> int:
+                     until: datetime | str | None = None, key: str | None = None) -> int:
         count = 0
-        params = _filters(tenant, sandbox, action, since, until)
+        params = _filters(tenant, sandbox, action, since, until, key)
         async with self._client.stream("GET", "/v1/audit/export", params=params) as response:
             async for line in response.aiter_lines():
                 if line:
@@ -490,8 +491,8 @@ class AsyncAudit:
         return count
 
     async def follow(self, *, after: int | None = None, tenant: str | None = None, sandbox: str | None = None,
-                     action: str | None = None) -> AsyncIterator[AuditRecord]:
-        params = _filters(tenant, sandbox, action, None, None) | ({} if after is None else {"after": str(after)})
+                     action: str | None = None, key: str | None = None) -> AsyncIterator[AuditRecord]:
+        params = _filters(tenant, sandbox, action, None, None, key) | ({} if after is None else {"after": str(after)})
         timeout = _stream_timeout(self._client.config)
         async with self._client.stream("GET", "/v1/audit/follow", params=params, timeout=timeout) as response:
             async for line in response.aiter_lines():
