@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import sqlite3
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -453,7 +454,7 @@ def test_the_pty_subprotocol_carries_the_key_and_is_never_echoed(deployment: Dep
 
 
 @browser_test
-def test_a_killed_sandbox_and_a_lost_connection_say_so(deployment: Deployment, page: Any) -> None:
+def test_a_killed_sandbox_says_so(deployment: Deployment, page: Any) -> None:
     url = deployment.server.url
     doomed = Sandbox.create(template=TEMPLATE, timeout=300, api_key=deployment.dev_key, base_url=url)
     try:
@@ -511,6 +512,37 @@ def test_operator_pages_eval_and_admin(deployment: Deployment, page: Any) -> Non
             assert spare.id not in {s.id for s in Sandbox.list(api_key=deployment.dev_key, base_url=url)}
             assert [k.revoked for k in admin.keys.list("acme") if k.id == batch.id] == [True]
         spare.close()
+
+
+@browser_test
+def test_a_lost_connection_says_so(page: Any) -> None:
+    """A server of its own, SIGKILLed under an open terminal: the page says the connection was lost."""
+    home = TEST_HOME / "dashboard-lost"
+    shutil.rmtree(home, ignore_errors=True)
+    server = ServerProcess(home, template_home=TEMPLATE_HOME)
+    server.start()
+    try:
+        with Admin(api_key=server.admin_key, base_url=server.url) as admin:
+            admin.tenants.create("acme")
+            key = admin.keys.create("acme", "developer").key
+        sandbox = Sandbox.create(template=TEMPLATE, timeout=300, api_key=key, base_url=server.url)
+        sandbox.close()  # the connection only: the sandbox stays for the page (and goes with the leftovers)
+        sandbox_id = sandbox.id
+        sign_in(page, server.url, key, f"/ui/sandboxes/{sandbox_id}")
+        page.wait_for_selector("#terminal-status.ok", timeout=30_000)
+        server.kill()
+        page.wait_for_selector("#terminal-status.error", timeout=20_000)
+        assert "Connection lost" in page.inner_text("#terminal-status")
+        assert page.is_visible("#terminal-reconnect")
+        page.click("#process-refresh")
+        page.wait_for_selector("#process-list .error")
+        assert "the server did not answer" in page.inner_text("#process-list")
+    finally:
+        server.stop()
+        # Playwright's loop runs in this thread: the leftovers' engine gets a thread (and a loop) of its own.
+        cleanup = threading.Thread(target=server.destroy_leftovers)
+        cleanup.start()
+        cleanup.join()
 
 
 @browser_test
