@@ -377,6 +377,8 @@ def test_upload_and_download_are_byte_exact(deployment: Deployment, page: Any, t
 def test_the_audit_page_filters_by_key_and_verifies_the_chain(deployment: Deployment, page: Any) -> None:
     url = deployment.server.url
     deployment.sandbox.commands.run("echo audited")
+    refused = deployment.sandbox.commands.run("curl -sS --max-time 20 https://pypi.org/simple/six/")
+    assert [d.host for d in refused.egress_denials] == ["pypi.org"]  # its policy is "none"
     sign_in(page, url, deployment.server.admin_key, "/ui/audit")
     page.wait_for_selector("#audit-list table")
     page.fill("#key", deployment.dev_key_id)
@@ -399,6 +401,9 @@ def test_the_audit_page_filters_by_key_and_verifies_the_chain(deployment: Deploy
     # The sandbox page shows the commands recorded for it (to roles that may read the trail).
     page.goto(url + f"/ui/sandboxes/{deployment.sandbox.id}")
     wait_until(page, lambda: "echo audited" in page.inner_text("#activity"), what="the sandbox's activity")
+    assert re.search(r"egress\.\w+\s+CONNECT pypi\.org:443\s+denied", page.inner_text("#activity")), \
+        page.inner_text("#activity")
+    screenshot(page, "sandbox-activity", full_page=True)
 
 
 @browser_test
