@@ -41,6 +41,7 @@ from .conftest import DEV_ROOTFS, TEMPLATE, TEMPLATE_HOME, TEST_HOME
 from .test_eval_report import sample_run
 
 CHROMIUM = "/usr/bin/chromium"
+HOSTILE = '<img src=x onerror="window.pwned=1"><script>window.pwned=2</script>'  # shown as text, never run
 SCREENSHOTS = os.environ.get("CORRAL_SCREENSHOTS")
 
 
@@ -234,7 +235,7 @@ def deployment() -> Iterator[Deployment]:
             dev = admin.keys.create("acme", "developer", name="ci")
             auditor = admin.keys.create("acme", "auditor").key
         sandbox = Sandbox.create(template=TEMPLATE, timeout=600, api_key=dev.key, base_url=server.url,
-                                 metadata={"purpose": "dashboard"})
+                                 metadata={"purpose": "dashboard", "agent": "coder"})
         try:
             yield Deployment(server, dev.key, dev.id, auditor, sandbox)
         finally:
@@ -311,9 +312,19 @@ def test_sign_in_lists_the_sdk_sandbox_and_sign_out_forgets_the_key(deployment: 
     assert page.query_selector("#kill-switch") is None  # a developer has no kill switch
     page.fill("#filter", "no-such-thing")
     page.wait_for_selector("text=No sandbox matches the filter.")
-    page.fill("#filter", "dashboard")
+    page.fill("#filter", "")
     page.wait_for_selector(f'tr[data-sandbox="{sb.id}"]')
     screenshot(page, "sandboxes")
+    # What the API returns is shown as text, never parsed: a sandbox whose metadata is HTML runs nothing.
+    hostile = Sandbox.create(template=TEMPLATE, timeout=120, api_key=deployment.dev_key, base_url=url,
+                             metadata={"note": HOSTILE})
+    try:
+        page.click("text=Refresh")
+        shown = page.wait_for_selector(f'tr[data-sandbox="{hostile.id}"]').inner_text()
+        assert f"note={HOSTILE}" in shown and page.evaluate("window.pwned") is None
+        assert page.query_selector("#sandbox-list img, #sandbox-list script") is None
+    finally:
+        hostile.kill()
     sb.files.write("/workspace/README.md", b"# scratch\n")
     sb.files.write("/workspace/data.csv", b"x,y\n" + b"1,2\n" * 5000)
     page.goto(url + f"/ui/sandboxes/{sb.id}")

@@ -97,6 +97,7 @@ function terminal(id, cleanups) {
         status.textContent = `Connected: bash, process ${frame.id} (pid ${frame.pid}).`;
         status.className = "ok small";
         term.focus();
+        box.dispatchEvent(new CustomEvent("terminal-started", { bubbles: true })); // it shows in the processes
       } else if (frame.type === "exit" || frame.type === "error") {
         ended = frame;
       }
@@ -223,7 +224,8 @@ function processes(path, cleanups) {
   };
   show();
   const timer = setInterval(show, 5000);
-  cleanups.push(() => clearInterval(timer));
+  document.addEventListener("terminal-started", show);
+  cleanups.push(() => { clearInterval(timer); document.removeEventListener("terminal-started", show); });
   return [h("div", { class: "toolbar" }, h("button", { id: "process-refresh", onclick: show }, "Refresh")), list];
 }
 
