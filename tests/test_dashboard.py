@@ -508,6 +508,20 @@ def test_operator_pages_eval_and_admin(deployment: Deployment, page: Any) -> Non
     page.wait_for_selector('tr[data-key] >> text=oncall')
     page.evaluate("document.getElementById('new-key-secret').textContent = 'corral_…'")  # no secret in the docs
     screenshot(page, "admin")
+    # A tenant made here, its quotas set and then disabled, as the API (and the SDK) then see it.
+    page.fill("#new-tenant", "beta")
+    page.click("#new-tenant ~ button")
+    page.click('tr[data-tenant="beta"] >> text=Quotas')
+    page.fill('#quota-editor input[name="max_sandboxes"]', "5")
+    page.fill('#quota-editor input[name="max_sandbox_timeout"]', "600")
+    page.click("#quota-editor button[type=submit]")
+    page.wait_for_selector("#quota-editor .ok")
+    page.click('tr[data-tenant="beta"] >> text=Disable')
+    page.wait_for_selector('tr[data-tenant="beta"] >> text=Enable')
+    assert "sandboxes=5" in page.inner_text('tr[data-tenant="beta"]')
+    with Admin(api_key=server.admin_key, base_url=url) as admin:
+        (beta,) = [t for t in admin.tenants.list() if t.name == "beta"]
+    assert beta.disabled and beta.quotas["max_sandboxes"] == 5 and beta.quotas["max_sandbox_timeout"] == 600
     # The new operator has the kill switch: every sandbox made with one key of its tenant, that key revoked.
     with Admin(api_key=server.admin_key, base_url=url) as admin:
         batch = admin.keys.create("acme", "developer", name="batch")
