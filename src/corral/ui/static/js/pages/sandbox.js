@@ -27,11 +27,11 @@ export function sandboxPage(main, id) {
       h("section", { class: "card" }, h("h2", {}, "Files"), files(path)),
       h("section", { class: "card" }, h("h2", {}, "Processes"), processes(path, cleanups))),
     h("section", { class: "card" }, h("h2", {}, "Recent commands and egress decisions"), activity(id)));
-  loadHeader(header, path);
+  loadHeader(header, path, cleanups);
   return () => cleanups.forEach((fn) => fn());
 }
 
-async function loadHeader(el, path) {
+async function loadHeader(el, path, cleanups) {
   let s;
   try {
     s = await api.get(path);
@@ -41,6 +41,7 @@ async function loadHeader(el, path) {
     return;
   }
   const limits = s.limits || {};
+  const usage = h("span", { id: "usage" }, "…");
   const kill = async () => {
     if (!window.confirm(`Kill sandbox ${s.id}?`)) return;
     try { await api.del(path); go("/ui/"); } catch (err) { window.alert(`${err.code}: ${err.message}`); }
@@ -53,7 +54,22 @@ async function loadHeader(el, path) {
       fact("Template", s.template), fact("Runtime", s.runtime), fact("Age", age(s.created_at)),
       fact("Expires", time(s.expires_at)),
       fact("Limits", `${limits.cpus ?? "–"} cpu · ${bytes(limits.memory)} memory · ${bytes(limits.disk)} disk`),
-      fact("Network", json(s.network)), fact("Metadata", json(s.metadata))));
+      fact("Network", json(s.network)), fact("Metadata", json(s.metadata)),
+      fact("Usage", usage)));
+  const sample = async () => {
+    try {
+      const found = (await api.get(`${path}/metrics`, { start: Math.floor(Date.now() / 1000) - 30 })).metrics;
+      const m = found.at(-1);
+      usage.textContent = m ? `${m.cpu_used_pct.toFixed(1)}% of ${m.cpus} cpu · memory ${bytes(m.memory_used)} / `
+        + `${bytes(m.memory_total)} · disk ${bytes(m.disk_used)} / ${bytes(m.disk_total)}`
+        : "no sample yet (one every 5 s while it runs)";
+    } catch (err) {
+      usage.textContent = `unavailable (${err.code}: ${err.message})`;
+    }
+  };
+  sample();
+  const timer = setInterval(sample, 5000);
+  cleanups.push(() => clearInterval(timer));
 }
 
 function fact(name, value) {
