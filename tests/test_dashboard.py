@@ -144,7 +144,7 @@ async def test_info_names_the_caller(served: Served) -> None:
 
 
 @pytest.mark.anyio
-async def test_the_audit_trail_filters_by_key(served: Served) -> None:
+async def test_the_audit_trail_filters_by_key_and_reads_newest_first(served: Served) -> None:
     dev, dev_id = await served.key("acme", Role.DEVELOPER)
     operator, operator_id = await served.key("acme", Role.OPERATOR)
     for key in (dev, operator, dev):
@@ -156,6 +156,13 @@ async def test_the_audit_trail_filters_by_key(served: Served) -> None:
         exported = (await c.get("/v1/audit/export", params={"key": operator_id})).text.splitlines()
         assert [json.loads(line)["key_id"] for line in exported] == [operator_id]
         assert (await c.get("/v1/audit", params={"key": "key_nobody"})).json()["records"] == []
+        newest = (await c.get("/v1/audit", params={"key": dev_id, "order": "desc", "limit": 1})).json()["records"]
+        assert [r["seq"] for r in newest] == [mine[-1]["seq"]]
+        oldest = (await c.get("/v1/audit", params={"key": dev_id, "limit": 1})).json()["records"]
+        assert [r["seq"] for r in oldest] == [mine[0]["seq"]]
+        backwards = (await c.get("/v1/audit", params={"order": "desc"})).json()["records"]
+        assert [r["seq"] for r in backwards] == sorted((r["seq"] for r in backwards), reverse=True)
+        assert (await c.get("/v1/audit", params={"order": "sideways"})).status_code == 400
 
 
 def _write_run(home: Path, name: str) -> None:

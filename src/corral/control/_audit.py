@@ -368,13 +368,15 @@ class AuditLog:
 
     async def query(self, *, tenant: str | None = None, sandbox: str | None = None, action: str | None = None,
                     since: datetime | None = None, until: datetime | None = None, after: int | None = None,
-                    limit: int | None = 1000, key: str | None = None) -> list[AuditEntry]:
-        """Records in seq order. `sandbox` matches the target, `key` the caller's key id; `since` is inclusive,
-        `until` exclusive; `after` is a seq to continue from (paging, tailing)."""
+                    limit: int | None = 1000, key: str | None = None,
+                    newest_first: bool = False) -> list[AuditEntry]:
+        """Records in seq order (the newest `limit` of them, newest first, with `newest_first`). `sandbox` matches
+        the target, `key` the caller's key id; `since` is inclusive, `until` exclusive; `after` is a seq to
+        continue from (paging, tailing)."""
         stmt = _filtered(tenant=tenant, sandbox=sandbox, action=action, since=since, until=until, key=key)
         if after is not None:
             stmt = stmt.where(AuditRow.seq > after)
-        stmt = stmt.order_by(AuditRow.seq)
+        stmt = stmt.order_by(AuditRow.seq.desc() if newest_first else AuditRow.seq)
         if limit is not None:
             stmt = stmt.limit(limit)
         async with self._db.read() as session:

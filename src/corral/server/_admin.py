@@ -9,7 +9,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import asdict
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
@@ -132,9 +132,10 @@ async def revoke_key(key_id: str, request: Request, principal: CurrentPrincipal)
 async def query_audit(request: Request, principal: CurrentPrincipal, tenant: str | None = None,
                       sandbox: str | None = None, action: str | None = None, since: datetime | None = None,
                       until: datetime | None = None, key: str | None = None,
-                      limit: Annotated[int, Query(ge=1, le=_AUDIT_LIMIT_MAX)] = 1000) -> dict[str, Any]:
+                      limit: Annotated[int, Query(ge=1, le=_AUDIT_LIMIT_MAX)] = 1000,
+                      order: Literal["asc", "desc"] = "asc") -> dict[str, Any]:
     where = AuditFilter(tenant, sandbox, action, since, until, key)
-    records = await service(request).audit.query(principal, where, limit=limit)
+    records = await service(request).audit.query(principal, where, limit=limit, newest_first=order == "desc")
     return {"records": [r.to_dict() for r in records]}
 
 

@@ -35,10 +35,13 @@ class AuditTrail:
     def __init__(self, service: Service) -> None:
         self._svc = service
 
-    async def query(self, principal: Principal, where: AuditFilter, *, limit: int) -> builtins.list[AuditEntry]:
+    async def query(self, principal: Principal, where: AuditFilter, *, limit: int,
+                    newest_first: bool = False) -> builtins.list[AuditEntry]:
+        """The first `limit` matching records, oldest first; or the last `limit`, newest first."""
         tenant_id = await self._tenant(principal, where.tenant)
         return await self._svc.store.audit.query(tenant=tenant_id, sandbox=where.sandbox, action=where.action,
-                                                 since=where.since, until=where.until, limit=limit, key=where.key)
+                                                 since=where.since, until=where.until, limit=limit, key=where.key,
+                                                 newest_first=newest_first)
 
     async def export(self, principal: Principal, where: AuditFilter) -> AsyncIterator[builtins.list[AuditEntry]]:
         """Matching records, a page per read transaction, so a long log never sits in memory. Authorized before

@@ -10,7 +10,7 @@ export function auditPage(main) {
   const action = field("action", "action, e.g. sandbox.exec");
   const sandbox = field("sandbox", "sandbox id");
   const tenant = caller().role === "admin" ? field("tenant", "tenant (name or id)") : null;
-  const limit = h("select", { id: "limit" }, [100, 1000, 10000].map((n) => h("option", { value: n }, `last ${n}`)));
+  const limit = h("select", { id: "limit" }, [100, 1000, 10000].map((n) => h("option", { value: n }, `newest ${n}`)));
   const list = h("div", { id: "audit-list" });
   const verdict = h("div", { id: "verify-result" });
   let broken = null; // the seq where the chain breaks, to mark it in the table
@@ -18,7 +18,7 @@ export function auditPage(main) {
   const load = async (event) => {
     if (event) event.preventDefault();
     const query = { key: key.value.trim(), action: action.value.trim(), sandbox: sandbox.value.trim(),
-      tenant: tenant ? tenant.value.trim() : null, limit: 10000 };
+      tenant: tenant ? tenant.value.trim() : null, limit: limit.value, order: "desc" };
     let records;
     try {
       records = (await api.get("/v1/audit", query)).records;
@@ -26,8 +26,8 @@ export function auditPage(main) {
       mount(list, errorBox(err, "Could not read the audit trail: "));
       return;
     }
-    const shown = records.slice(-Number(limit.value)).reverse();
-    mount(list, h("p", { class: "muted small" }, `${records.length} matching record(s), newest first.`),
+    const shown = records; // newest first, at most `limit`
+    mount(list, h("p", { class: "muted small" }, `The newest ${records.length} matching record(s), newest first.`),
       table(["Seq", "Time", "Tenant", "Key", "Role", "Action", "Target", "Outcome", "Parameters"],
         shown.map(row), { empty: "No records match." }));
   };
@@ -39,7 +39,7 @@ export function auditPage(main) {
       key.value = r.key_id; load();
     } }, r.key_id) : "–"),
     h("td", {}, r.role ?? "–"), h("td", {}, r.action), h("td", { class: "mono small" }, r.target ?? "–"),
-    h("td", { class: `small ${r.outcome && r.outcome.error ? "error" : ""}` }, summary(r.outcome || {})),
+    h("td", { class: `small ${r.outcome && r.outcome.error ? "error" : ""}` }, summary(r.outcome || {}, r.action)),
     h("td", { class: "mono small params" }, json(r.params)));
 
   const verify = async () => {
@@ -69,12 +69,12 @@ export function auditPage(main) {
   return null;
 }
 
-function summary(o) {
+function summary(o, action) {
   const parts = [];
   if (o.status !== undefined) parts.push(`${o.status}`);
   if (o.error) parts.push(o.error);
   if (o.exit_code !== undefined && o.exit_code !== null) parts.push(`exit ${o.exit_code}`);
   if (o.allowed !== undefined) parts.push(o.allowed ? "allowed" : "denied");
-  if (o.count !== undefined) parts.push(`×${o.count}`);
+  if (o.count !== undefined && action === "auth.denied") parts.push(`×${o.count} denied`); // an aggregated flood
   return parts.join(" · ") || json(o);
 }

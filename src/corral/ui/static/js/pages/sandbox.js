@@ -254,14 +254,14 @@ function activity(id) {
   const show = async () => {
     let records;
     try {
-      records = (await api.get("/v1/audit", { sandbox: id, limit: 10000 })).records;
+      records = (await api.get("/v1/audit", { sandbox: id, limit: 500, order: "desc" })).records;
     } catch (err) {
       mount(list, err.status === 403
         ? h("p", { class: "muted" }, "Your role cannot read the audit trail (operators, auditors and admins can).")
         : errorBox(err, "Could not read the audit trail: "));
       return;
     }
-    const shown = records.filter((r) => ACTIVITY.test(r.action)).slice(-50).reverse();
+    const shown = records.filter((r) => ACTIVITY.test(r.action)).slice(0, 50); // newest first
     mount(list, table(["Time", "Action", "What", "Outcome"], shown.map((r) => h("tr", {},
       h("td", { class: "small" }, time(r.time)), h("td", {}, r.action),
       h("td", { class: "mono small" }, describe(r)), h("td", { class: "small" }, outcome(r)))),
