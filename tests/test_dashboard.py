@@ -409,8 +409,10 @@ def test_the_audit_page_filters_by_key_and_verifies_the_chain(deployment: Deploy
 
     wait_until(page, lambda: keys() == {deployment.dev_key_id}, what="only the developer's records")
     assert "sandbox.exec" in page.inner_text("#audit-list")
-    with Admin(api_key=deployment.server.admin_key, base_url=url) as admin:  # the SDK filters the same way
+    with Admin(api_key=deployment.server.admin_key, base_url=url) as admin:  # the SDK reads the same way
         by_key = admin.audit.query(key=deployment.dev_key_id, limit=10_000)
+        (newest,) = admin.audit.query(key=deployment.dev_key_id, order="desc", limit=1)
+    assert newest.seq == by_key[-1].seq
     assert {r.key_id for r in by_key} == {deployment.dev_key_id}
     assert len(by_key) >= len(page.query_selector_all("#audit-list tbody tr"))
     page.click("#verify")

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import Any, Literal, Protocol, Self
 from urllib.parse import quote
 
 import httpx
@@ -341,9 +341,11 @@ class Audit:
 
     def query(self, *, tenant: str | None = None, sandbox: str | None = None, action: str | None = None,
               since: datetime | str | None = None, until: datetime | str | None = None,
-              limit: int = 1000, key: str | None = None) -> builtins.list[AuditRecord]:
-        """Matching records, oldest first; `key` a key id (the records made with it)."""
-        params = {**_filters(tenant, sandbox, action, since, until, key), "limit": str(limit)}
+              limit: int = 1000, key: str | None = None,
+              order: Literal["asc", "desc"] = "asc") -> builtins.list[AuditRecord]:
+        """The first `limit` matching records, oldest first (`order="desc"`: the last `limit`, newest first);
+        `key` a key id (the records made with it)."""
+        params = {**_filters(tenant, sandbox, action, since, until, key), "limit": str(limit), "order": order}
         return _records(self._client.request("GET", "/v1/audit", params=params))
 
     def verify(self, head: str | None = None) -> AuditVerification:
@@ -467,8 +469,9 @@ class AsyncAudit:
 
     async def query(self, *, tenant: str | None = None, sandbox: str | None = None, action: str | None = None,
                     since: datetime | str | None = None, until: datetime | str | None = None,
-                    limit: int = 1000, key: str | None = None) -> builtins.list[AuditRecord]:
-        params = {**_filters(tenant, sandbox, action, since, until, key), "limit": str(limit)}
+                    limit: int = 1000, key: str | None = None,
+                    order: Literal["asc", "desc"] = "asc") -> builtins.list[AuditRecord]:
+        params = {**_filters(tenant, sandbox, action, since, until, key), "limit": str(limit), "order": order}
         return _records(await self._client.request("GET", "/v1/audit", params=params))
 
     async def verify(self, head: str | None = None) -> AuditVerification:
