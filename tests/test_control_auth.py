@@ -192,7 +192,7 @@ EXPECTED: dict[Role, set[Action]] = {
     Role.ADMIN: set(Action),
     Role.OPERATOR: _SANDBOX_USE | {Action.SANDBOX_KILL_ALL, Action.AUDIT_READ, Action.TENANT_EGRESS},
     Role.DEVELOPER: set(_SANDBOX_USE),
-    Role.AUDITOR: {Action.AUDIT_READ},
+    Role.AUDITOR: {Action.AUDIT_READ, Action.EVAL_READ},  # eval reports: the server's own runs
 }
 
 

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import Any, Literal, Protocol, Self
 from urllib.parse import quote
 
 import httpx
@@ -249,9 +249,9 @@ def _egress_body(ceiling: str | Sequence[str] | None, private: Sequence[str] | N
 
 
 def _filters(tenant: str | None, sandbox: str | None, action: str | None, since: datetime | str | None,
-             until: datetime | str | None) -> dict[str, str]:
+             until: datetime | str | None, key: str | None = None) -> dict[str, str]:
     """Query parameters of the audit calls; only the filters given (a datetime should be aware)."""
-    raw = {"tenant": tenant, "sandbox": sandbox, "action": action, "since": since, "until": until}
+    raw = {"tenant": tenant, "sandbox": sandbox, "action": action, "since": since, "until": until, "key": key}
     return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in raw.items() if v is not None}
 
 
@@ -346,8 +346,11 @@ class Audit:
 
     def query(self, *, tenant: str | None = None, sandbox: str | None = None, action: str | None = None,
               since: datetime | str | None = None, until: datetime | str | None = None,
-              limit: int = 1000) -> builtins.list[AuditRecord]:
-        params = {**_filters(tenant, sandbox, action, since, until), "limit": str(limit)}
+              limit: int = 1000, key: str | None = None,
+              order: Literal["asc", "desc"] = "asc") -> builtins.list[AuditRecord]:
+        """The first `limit` matching records, oldest first (`order="desc"`: the last `limit`, newest first);
+        `key` a key id (the records made with it)."""
+        params = {**_filters(tenant, sandbox, action, since, until, key), "limit": str(limit), "order": order}
         return _records(self._client.request("GET", "/v1/audit", params=params))
 
     def verify(self, head: str | None = None) -> AuditVerification:
@@ -361,10 +364,10 @@ class Audit:
 
     def export(self, out: SupportsWriteStr, *, tenant: str | None = None, sandbox: str | None = None,
                action: str | None = None, since: datetime | str | None = None,
-               until: datetime | str | None = None) -> int:
+               until: datetime | str | None = None, key: str | None = None) -> int:
         """Write matching records to `out` as JSONL, exactly as the server sent them; return how many."""
         count = 0
-        params = _filters(tenant, sandbox, action, since, until)
+        params = _filters(tenant, sandbox, action, since, until, key)
         with self._client.stream("GET", "/v1/audit/export", params=params) as response:
             for line in response.iter_lines():
                 if line:
@@ -373,9 +376,9 @@ class Audit:
         return count
 
     def follow(self, *, after: int | None = None, tenant: str | None = None, sandbox: str | None = None,
-               action: str | None = None) -> Iterator[AuditRecord]:
+               action: str | None = None, key: str | None = None) -> Iterator[AuditRecord]:
         """New records as they are appended (after seq `after`, default from now), until the iterator is closed."""
-        params = _filters(tenant, sandbox, action, None, None) | ({} if after is None else {"after": str(after)})
+        params = _filters(tenant, sandbox, action, None, None, key) | ({} if after is None else {"after": str(after)})
         timeout = _stream_timeout(self._client.config)
         with self._client.stream("GET", "/v1/audit/follow", params=params, timeout=timeout) as response:
             for line in response.iter_lines():
@@ -471,8 +474,9 @@ class AsyncAudit:
 
     async def query(self, *, tenant: str | None = None, sandbox: str | None = None, action: str | None = None,
                     since: datetime | str | None = None, until: datetime | str | None = None,
-                    limit: int = 1000) -> builtins.list[AuditRecord]:
-        params = {**_filters(tenant, sandbox, action, since, until), "limit": str(limit)}
+                    limit: int = 1000, key: str | None = None,
+                    order: Literal["asc", "desc"] = "asc") -> builtins.list[AuditRecord]:
+        params = {**_filters(tenant, sandbox, action, since, until, key), "limit": str(limit), "order": order}
         return _records(await self._client.request("GET", "/v1/audit", params=params))
 
     async def verify(self, head: str | None = None) -> AuditVerification:
@@ -484,9 +488,9 @@ class AsyncAudit:
 
     async def export(self, out: SupportsWriteStr, *, tenant: str | None = None, sandbox: str | None = None,
                      action: str | None = None, since: datetime | str | None = None,
-                     until: datetime | str | None = None) -> int:
+                     until: datetime | str | None = None, key: str | None = None) -> int:
         count = 0
-        params = _filters(tenant, sandbox, action, since, until)
+        params = _filters(tenant, sandbox, action, since, until, key)
         async with self._client.stream("GET", "/v1/audit/export", params=params) as response:
             async for line in response.aiter_lines():
                 if line:
@@ -495,8 +499,8 @@ class AsyncAudit:
         return count
 
     async def follow(self, *, after: int | None = None, tenant: str | None = None, sandbox: str | None = None,
-                     action: str | None = None) -> AsyncIterator[AuditRecord]:
-        params = _filters(tenant, sandbox, action, None, None) | ({} if after is None else {"after": str(after)})
+                     action: str | None = None, key: str | None = None) -> AsyncIterator[AuditRecord]:
+        params = _filters(tenant, sandbox, action, None, None, key) | ({} if after is None else {"after": str(after)})
         timeout = _stream_timeout(self._client.config)
         async with self._client.stream("GET", "/v1/audit/follow", params=params, timeout=timeout) as response:
             async for line in response.aiter_lines():

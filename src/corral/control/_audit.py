@@ -380,13 +380,15 @@ class AuditLog:
 
     async def query(self, *, tenant: str | None = None, sandbox: str | None = None, action: str | None = None,
                     since: datetime | None = None, until: datetime | None = None, after: int | None = None,
-                    limit: int | None = 1000) -> list[AuditEntry]:
-        """Records in seq order. `sandbox` matches the target; `since` is inclusive, `until` exclusive;
-        `after` is a seq to continue from (paging, tailing)."""
-        stmt = _filtered(tenant=tenant, sandbox=sandbox, action=action, since=since, until=until)
+                    limit: int | None = 1000, key: str | None = None,
+                    newest_first: bool = False) -> list[AuditEntry]:
+        """Records in seq order (the newest `limit` of them, newest first, with `newest_first`). `sandbox` matches
+        the target, `key` the caller's key id; `since` is inclusive, `until` exclusive; `after` is a seq to
+        continue from (paging, tailing)."""
+        stmt = _filtered(tenant=tenant, sandbox=sandbox, action=action, since=since, until=until, key=key)
         if after is not None:
             stmt = stmt.where(AuditRow.seq > after)
-        stmt = stmt.order_by(AuditRow.seq)
+        stmt = stmt.order_by(AuditRow.seq.desc() if newest_first else AuditRow.seq)
         if limit is not None:
             stmt = stmt.limit(limit)
         async with self._db.read() as session:
@@ -404,7 +406,8 @@ class AuditLog:
         return count
 
     async def follow(self, *, after: int | None = None, tenant: str | None = None, sandbox: str | None = None,
-                     action: str | None = None, poll_interval: float = 1.0) -> AsyncIterator[AuditEntry]:
+                     action: str | None = None, poll_interval: float = 1.0,
+                     key: str | None = None) -> AsyncIterator[AuditEntry]:
         """New records as they are appended (after `after`, default the current head), forever.
 
         Appends in this process wake it at once; other processes' appends are seen within `poll_interval`.
@@ -412,7 +415,8 @@ class AuditLog:
         last = (await self.head()).seq if after is None else after
         while True:
             appended = self._appended  # taken before the query, so an append during it is not missed
-            batch = await self.query(tenant=tenant, sandbox=sandbox, action=action, after=last, limit=_BATCH)
+            batch = await self.query(tenant=tenant, sandbox=sandbox, action=action, after=last, limit=_BATCH,
+                                     key=key)
             for entry in batch:
                 last = entry.seq
                 yield entry
@@ -440,10 +444,12 @@ async def _read_head(session: AsyncSession) -> ChainHead:
 
 
 def _filtered(*, tenant: str | None, sandbox: str | None, action: str | None, since: datetime | None,
-              until: datetime | None) -> Select[AuditRow]:
+              until: datetime | None, key: str | None = None) -> Select[AuditRow]:
     stmt = select(AuditRow)
     if tenant is not None:
         stmt = stmt.where(AuditRow.tenant_id == tenant)
+    if key is not None:
+        stmt = stmt.where(AuditRow.key_id == key)
     if sandbox is not None:
         stmt = stmt.where(AuditRow.target == sandbox)
     if action is not None:

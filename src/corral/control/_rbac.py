@@ -39,6 +39,7 @@ class Action(StrEnum):
     SANDBOX_KILL = "sandbox.kill"
     SANDBOX_KILL_ALL = "sandbox.kill_all"  # the kill switch: every sandbox of a tenant or of one key
     AUDIT_READ = "audit.read"  # query, export, tail, verify
+    EVAL_READ = "eval.read"  # the evaluation runs the server keeps, and their reports (docs/eval.md)
     VOLUME_CREATE = "volume.create"
     VOLUME_READ = "volume.read"  # get, list, and mount one in a new sandbox (docs/volumes.md)
     VOLUME_DELETE = "volume.delete"
@@ -66,6 +67,7 @@ PERMISSIONS: Mapping[Action, frozenset[Role]] = MappingProxyType({
     Action.SANDBOX_KILL: _SANDBOX_USERS,
     Action.SANDBOX_KILL_ALL: frozenset({_A, _O}),
     Action.AUDIT_READ: frozenset({_A, _O, _U}),
+    Action.EVAL_READ: frozenset({_A, _U}),
     Action.VOLUME_CREATE: _SANDBOX_USERS,
     Action.VOLUME_READ: _SANDBOX_USERS,
     Action.VOLUME_DELETE: _SANDBOX_USERS,

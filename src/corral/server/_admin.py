@@ -9,7 +9,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import asdict
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
@@ -131,18 +131,19 @@ async def revoke_key(key_id: str, request: Request, principal: CurrentPrincipal)
 @router.get("/audit")
 async def query_audit(request: Request, principal: CurrentPrincipal, tenant: str | None = None,
                       sandbox: str | None = None, action: str | None = None, since: datetime | None = None,
-                      until: datetime | None = None,
-                      limit: Annotated[int, Query(ge=1, le=_AUDIT_LIMIT_MAX)] = 1000) -> dict[str, Any]:
-    where = AuditFilter(tenant, sandbox, action, since, until)
-    records = await service(request).audit.query(principal, where, limit=limit)
+                      until: datetime | None = None, key: str | None = None,
+                      limit: Annotated[int, Query(ge=1, le=_AUDIT_LIMIT_MAX)] = 1000,
+                      order: Literal["asc", "desc"] = "asc") -> dict[str, Any]:
+    where = AuditFilter(tenant, sandbox, action, since, until, key)
+    records = await service(request).audit.query(principal, where, limit=limit, newest_first=order == "desc")
     return {"records": [r.to_dict() for r in records]}
 
 
 @router.get("/audit/export", response_model=None)
 async def export_audit(request: Request, principal: CurrentPrincipal, tenant: str | None = None,
                        sandbox: str | None = None, action: str | None = None, since: datetime | None = None,
-                       until: datetime | None = None) -> StreamingResponse:
-    pages = await service(request).audit.export(principal, AuditFilter(tenant, sandbox, action, since, until))
+                       until: datetime | None = None, key: str | None = None) -> StreamingResponse:
+    pages = await service(request).audit.export(principal, AuditFilter(tenant, sandbox, action, since, until, key))
     return StreamingResponse(_jsonl(pages), media_type=_NDJSON)
 
 
@@ -153,9 +154,10 @@ async def _jsonl(pages: AsyncIterator[list[AuditEntry]]) -> AsyncIterator[bytes]
 
 @router.get("/audit/follow", response_model=None)
 async def follow_audit(request: Request, principal: CurrentPrincipal, tenant: str | None = None,
-                       sandbox: str | None = None, action: str | None = None,
+                       sandbox: str | None = None, action: str | None = None, key: str | None = None,
                        after: Annotated[int | None, Query(ge=0)] = None) -> StreamingResponse:
-    records = await service(request).audit.follow(principal, AuditFilter(tenant, sandbox, action), after=after)
+    records = await service(request).audit.follow(principal, AuditFilter(tenant, sandbox, action, key=key),
+                                                  after=after)
     return StreamingResponse(_with_keepalive(records, FOLLOW_KEEPALIVE), media_type=_NDJSON)
 
 

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.responses import RedirectResponse
 from starlette.routing import Route
 
 from ..control import ControlStore
@@ -22,6 +23,7 @@ from . import (
     _admin,
     _code,
     _egress,
+    _eval,
     _exec,
     _files,
     _info,
@@ -37,6 +39,7 @@ from ._errors import install_error_handlers
 from ._ports import PortsMiddleware
 from ._replicas import Forwarder, ReplicaMiddleware
 from ._request_log import RequestLogMiddleware
+from ._ui import PREFIX, ui_app
 
 __all__ = ["create_app"]
 
@@ -80,8 +83,14 @@ def create_app(engine: Engine, store: ControlStore, *, on_startup: StartupHook |
 
     app.router.routes.append(Route("/mcp", mcp))  # an ASGI app, not an endpoint: MCP's transport owns the methods
     for module in (_sandboxes, _snapshots, _egress, _exec, _code, _files, _admin, _killswitch, _processes,
-                   _pty, _info, _volumes):
+                   _pty, _info, _volumes, _eval):
         app.include_router(module.router)
     if metrics:
         app.include_router(_prometheus.router)
+
+    @app.get(PREFIX, include_in_schema=False)
+    async def ui_root() -> RedirectResponse:
+        return RedirectResponse(f"{PREFIX}/", status_code=308)
+
+    app.mount(PREFIX, ui_app())  # the dashboard (docs/dashboard.md): static files that call the API above
     return app

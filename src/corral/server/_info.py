@@ -15,6 +15,10 @@ router = APIRouter(prefix="/v1", route_class=AuditedRoute)
 
 @router.get("/info")
 async def info(request: Request, principal: CurrentPrincipal) -> dict[str, Any]:
-    found = await service(request).info.get(principal)
+    svc = service(request)
+    found = await svc.info.get(principal)
+    caller = await svc.info.caller(principal)
     return {"backend": found.backend, "runtimes": list(found.runtimes), "limitations": dict(found.limitations),
-            "domain": found.domain, "root": found.root, "replica": found.replica}
+            "domain": found.domain, "root": found.root, "replica": found.replica,
+            "caller": {"key_id": caller.key_id, "tenant_id": caller.tenant_id, "tenant": caller.tenant,
+                       "role": caller.role}}

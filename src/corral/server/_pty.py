@@ -3,6 +3,8 @@
 Binary frames carry raw bytes both ways (keystrokes in, terminal output out, never re-encoded); text frames carry
 JSON control messages. The client opens with a `start` text frame (command, size, cwd, env: env values stay out
 of URLs and access logs); the server answers `started`, streams output, and ends with `exit` and a normal close.
+A browser cannot set `Authorization` on a WebSocket handshake: it offers the subprotocols `corral.pty` and
+`corral.key.<api key>` instead, and the server accepts with `corral.pty` (never echoing the key).
 Every failure is an `error` text frame followed by a close whose code is 4000 + the error's HTTP status (4401,
 4403, 4404, 4400, 4409, 4500, 4502, ...), never a bare 1011. Closing the socket hangs up the terminal: its
 process tree is killed, as a terminal's is when its window closes.
@@ -36,6 +38,8 @@ START_TIMEOUT = 30.0  # seconds a client has to send its `start` frame
 _OUT_CHUNK = 64 * 1024  # output frames stay small for clients with a default 1 MiB message limit
 _REASON_BYTES = 123  # the most a WebSocket close reason may hold
 _MAX_SIZE = 10_000  # rows or columns; the kernel takes up to 65535, no terminal needs that many
+SUBPROTOCOL = "corral.pty"  # what a browser offers (with KEY_SUBPROTOCOL), and what the server then accepts
+KEY_SUBPROTOCOL = "corral.key."  # + the API key: a browser's only way to send a credential on the handshake
 
 Size = Annotated[int, Field(ge=1, le=_MAX_SIZE)]
 Frame = TypeVar("Frame", bound=BaseModel)
@@ -85,11 +89,25 @@ async def _authenticate(ws: WebSocket, svc: Service) -> Principal:
     """The caller of the Bearer key; a refusal is recorded by the service (`auth.denied`), as for any request."""
     client = ClientInfo(ws.client.host if ws.client is not None else None, "GET", ws.url.path)
     try:
-        key = bearer_key(ws.headers.get("authorization"))
+        key = bearer_key(ws.headers.get("authorization")) or _subprotocol_key(_offered(ws))
     except AuthenticationError as exc:
         await svc.record_denial(client, exc, None)
         raise
     return await svc.authenticate(key, client)
+
+
+def _offered(ws: WebSocket) -> list[str]:
+    header = ws.headers.get("sec-websocket-protocol", "")
+    return [p.strip() for p in header.split(",") if p.strip()]
+
+
+def _subprotocol_key(offered: list[str]) -> str | None:
+    keys = [p.removeprefix(KEY_SUBPROTOCOL) for p in offered if p.startswith(KEY_SUBPROTOCOL)]
+    if len(keys) > 1:
+        raise AuthenticationError(f"more than one {KEY_SUBPROTOCOL}<key> subprotocol")
+    if keys and not keys[0]:
+        raise AuthenticationError(f"the {KEY_SUBPROTOCOL}<key> subprotocol has no key")
+    return keys[0] if keys else None
 
 
 def _json_frame(text: str) -> dict[str, Any]:
@@ -127,8 +145,9 @@ async def _start_frame(ws: WebSocket) -> PtyRequest | None:
 
 @router.websocket("/{sandbox_id}/pty")
 async def pty(ws: WebSocket, sandbox_id: str) -> None:
-    # Accept first: a refusal before the handshake can only be a bare HTTP 403, with no code or reason.
-    await ws.accept()
+    # Accept first: a refusal before the handshake can only be a bare HTTP 403, with no code or reason. A browser
+    # that offered subprotocols fails the connection unless one is accepted: `corral.pty`, never the key's.
+    await ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in _offered(ws) else None)
     svc: Service = ws.app.state.corral
     try:
         principal = await _authenticate(ws, svc)

@@ -7,8 +7,9 @@ from ._audited import Audited
 from ._code import Cell, Code, CodeStream, ResultCallback
 from ._commands import Command, Commands, CommandStream, StartCallback, exec_outcome
 from ._egress_directory import EgressDirectory
+from ._eval import EvalReports, EvalRun
 from ._files import Files
-from ._info import Info, ServerInfo
+from ._info import Caller, Info, ServerInfo
 from ._metrics import MetricsSampler, SandboxMetric
 from ._outcome import RETRY_AFTER_DETAIL, STATUS_BY_CODE, outcome_of, status_for
 from ._ports import DEFAULT_DOMAIN, PORT_ACTION, PortConnection, PortRequest, Ports, check_domain
@@ -37,6 +38,7 @@ __all__ = [
     "AuditFilter",
     "AuditTrail",
     "Audited",
+    "Caller",
     "Cell",
     "ClientInfo",
     "Code",
@@ -46,6 +48,8 @@ __all__ = [
     "Commands",
     "CreateSandbox",
     "EgressDirectory",
+    "EvalReports",
+    "EvalRun",
     "Files",
     "ForkSandbox",
     "Info",

@@ -23,21 +23,25 @@ _EXPORT_BATCH = 1000
 
 
 class AuditFilter:
-    """Which records: a tenant (name or id), a sandbox, an action, a time range."""
+    """Which records: a tenant (name or id), a sandbox, an action, a time range, the key that made them."""
 
     def __init__(self, tenant: str | None = None, sandbox: str | None = None, action: str | None = None,
-                 since: datetime | None = None, until: datetime | None = None) -> None:
+                 since: datetime | None = None, until: datetime | None = None, key: str | None = None) -> None:
         self.tenant, self.sandbox, self.action, self.since, self.until = tenant, sandbox, action, since, until
+        self.key = key
 
 
 class AuditTrail:
     def __init__(self, service: Service) -> None:
         self._svc = service
 
-    async def query(self, principal: Principal, where: AuditFilter, *, limit: int) -> builtins.list[AuditEntry]:
+    async def query(self, principal: Principal, where: AuditFilter, *, limit: int,
+                    newest_first: bool = False) -> builtins.list[AuditEntry]:
+        """The first `limit` matching records, oldest first; or the last `limit`, newest first."""
         tenant_id = await self._tenant(principal, where.tenant)
         return await self._svc.store.audit.query(tenant=tenant_id, sandbox=where.sandbox, action=where.action,
-                                                 since=where.since, until=where.until, limit=limit)
+                                                 since=where.since, until=where.until, limit=limit, key=where.key,
+                                                 newest_first=newest_first)
 
     async def export(self, principal: Principal, where: AuditFilter) -> AsyncIterator[builtins.list[AuditEntry]]:
         """Matching records, a page per read transaction, so a long log never sits in memory. Authorized before
@@ -50,7 +54,7 @@ class AuditTrail:
         while True:
             page = await self._svc.store.audit.query(after=after, limit=_EXPORT_BATCH, tenant=tenant_id,
                                                      sandbox=where.sandbox, action=where.action,
-                                                     since=where.since, until=where.until)
+                                                     since=where.since, until=where.until, key=where.key)
             if page:
                 yield page
                 after = page[-1].seq
@@ -65,7 +69,7 @@ class AuditTrail:
         if after is None:
             after = (await self._svc.store.audit.head()).seq
         return self._svc.store.audit.follow(after=after, tenant=tenant_id, sandbox=where.sandbox,
-                                            action=where.action)
+                                            action=where.action, key=where.key)
 
     async def verify(self, principal: Principal, head: str | None = None) -> VerifyResult:
         authorize(principal, Action.AUDIT_READ, principal.tenant_id)

@@ -16,7 +16,7 @@ from ..control import Principal
 if TYPE_CHECKING:
     from ._service import Service
 
-__all__ = ["Info", "ServerInfo"]
+__all__ = ["Caller", "Info", "ServerInfo"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,16 @@ class ServerInfo:
     domain: str = "localhost"  # sandboxes' ports are served at `<port>-<sandbox id>.<domain>` (docs/ports.md)
     root: bool = True  # whether sandboxes may be created with root (`CreateSandbox.root`, docs/security.md)
     replica: str = ""  # the replica that answered, among several on one database (docs/replicas.md)
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who a key is: its id, its tenant (id and name) and its role (what a front end may offer it)."""
+
+    key_id: str
+    tenant_id: str
+    tenant: str
+    role: str
 
 
 class Info:
@@ -44,3 +54,8 @@ class Info:
         return ServerInfo(backend=backend.name, runtimes=tuple(rt.value for rt in backend_runtimes(backend)),
                           limitations=backend_limitations(backend), domain=self._svc.ports.domain,
                           root=supports_root(backend), replica=self._svc.replica.id)
+
+    async def caller(self, principal: Principal) -> Caller:
+        """The calling key itself (`GET /v1/info`'s `caller`): any authenticated caller may know who it is."""
+        tenant = await self._svc.store.get_tenant(principal.tenant_id)
+        return Caller(key_id=principal.key_id, tenant_id=tenant.id, tenant=tenant.name, role=principal.role.value)

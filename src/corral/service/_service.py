@@ -31,6 +31,7 @@ from ._audited import Audited
 from ._code import Code
 from ._commands import Commands
 from ._egress import TenantEgressSettings
+from ._eval import EvalReports
 from ._files import Files
 from ._info import Info
 from ._metrics import MetricsSampler
@@ -87,6 +88,7 @@ class Service:
         self.keys = Keys(self)
         self.audit = AuditTrail(self)
         self.info = Info(self)
+        self.eval = EvalReports(self)  # the evaluation runs kept in the server's home
         self.volumes = Volumes(self)  # docs/volumes.md
         self.templates = Templates(self)
         self.reconciler = Reconciler(self)
