@@ -132,12 +132,7 @@ class Rig:
 
     async def request(self, raw: bytes) -> tuple[bytes, dict[str, str], bytes]:
         """Send one request on a new connection; read until the proxy closes it."""
-        reader, writer = await self.open()
-        writer.write(raw)
-        async with asyncio.timeout(WAIT):
-            data = await reader.read()
-        writer.close()
-        return split_response(data)
+        return await exchange(await self.open(), raw)
 
     def policy(self, network, private=()) -> None:  # type: ignore[no-untyped-def]
         self.proxy.set_policy("sb1", EgressPolicy.parse(network, private=private))
@@ -147,6 +142,17 @@ class Rig:
         async with asyncio.timeout(WAIT):
             while len(self.events) < count:
                 await asyncio.sleep(0.01)
+
+
+async def exchange(connection: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+                   raw: bytes) -> tuple[bytes, dict[str, str], bytes]:
+    """Send `raw` on the connection, read until the proxy closes it: (status line, headers, body)."""
+    reader, writer = connection
+    writer.write(raw)
+    async with asyncio.timeout(WAIT):
+        data = await reader.read()
+    writer.close()
+    return split_response(data)
 
 
 def split_response(data: bytes) -> tuple[bytes, dict[str, str], bytes]:

@@ -28,7 +28,7 @@ from corral.egress import EgressProxy
 from corral.service import EgressDirectory
 from corral.service._egress import recorded_denials
 
-from .test_egress_proxy import FakeMirror, Upstream, split_response
+from .test_egress_proxy import FakeMirror, Upstream, exchange, split_response
 
 pytestmark = pytest.mark.anyio
 
@@ -65,12 +65,7 @@ class Rig:
             return await asyncio.open_connection("127.0.0.1", self.port)
 
     async def request(self, raw: bytes) -> tuple[bytes, dict[str, str], bytes]:
-        reader, writer = await self.open()
-        writer.write(raw)
-        async with asyncio.timeout(WAIT):
-            data = await reader.read()
-        writer.close()
-        return split_response(data)
+        return await exchange(await self.open(), raw)
 
     def get(self, sandbox_id: str | None, target: str) -> bytes:
         auth = self.auth(sandbox_id) if sandbox_id else b""
