@@ -227,6 +227,44 @@ async def test_connect_to_private_loopback_server(rig: Rig, upstream: Upstream):
     assert rig.proxy.denials("sb1", 0) == []
 
 
+async def test_host_corral_internal_is_the_tenants_host_service_on_that_port(rig: Rig, upstream: Upstream,
+                                                                               echo: int):
+    rig.policy("internet", private=[f"127.0.0.1:{upstream.port}", f"127.0.0.1:{echo}"])
+    line, _, body = await rig.request(f"GET http://host.corral.internal:{upstream.port}/bytes/5 HTTP/1.1\r\n"
+                                      "Host: x\r\nConnection: close\r\n\r\n".encode())
+    assert line == b"HTTP/1.1 200 OK" and body == BLOB[:5]
+    assert f"host: host.corral.internal:{upstream.port}".encode() in upstream.heads[-1].lower()
+    reader, writer = await connect_tunnel(rig, f"host.corral.internal:{echo}")  # HTTPS and any TCP: CONNECT
+    await echo_exact(reader, writer, BLOB[:MIB])
+    writer.close()
+    await rig.settle(2)
+    assert [(e.host, e.allowed, e.rule) for e in rig.events] == [
+        ("host.corral.internal", True, f"policy internet + host service 127.0.0.1:{upstream.port}"),
+        ("host.corral.internal", True, f"policy internet + host service 127.0.0.1:{echo}")]
+
+
+@pytest.mark.parametrize(("network", "private", "words"), [
+    ("internet", [], "names no host service of this tenant"),  # no pair on that port
+    ("internet", ["127.0.0.1:{port}", "127.0.0.2:{port}"], "is ambiguous, the tenant allows 2 host services"),
+    ("none", ["127.0.0.1:{port}"], "this sandbox has no network access (policy: none)"),  # the policy still rules
+    (["pypi.org"], ["127.0.0.1:{port}"], "is not in this sandbox's allowlist"),
+])
+async def test_host_corral_internal_is_refused_with_the_reason(rig: Rig, upstream: Upstream, network: object,
+                                                              private: list[str], words: str):
+    rig.policy(network, private=[p.format(port=upstream.port) for p in private])
+    line, _, _ = await rig.request(f"GET http://host.corral.internal:{upstream.port}/ HTTP/1.1\r\n"
+                                   "Host: x\r\nConnection: close\r\n\r\n".encode())
+    assert line.startswith(b"HTTP/1.1 403 Corral egress denied: host.corral.internal") and words in line.decode()
+    assert upstream.heads == []
+
+
+async def test_host_corral_internal_can_be_allowed_by_name(rig: Rig, upstream: Upstream):
+    rig.policy(["host.corral.internal"], private=[f"127.0.0.1:{upstream.port}"])
+    line, _, _ = await rig.request(f"GET http://host.corral.internal:{upstream.port}/bytes/1 HTTP/1.1\r\n"
+                                   "Host: x\r\nConnection: close\r\n\r\n".encode())
+    assert line == b"HTTP/1.1 200 OK"
+
+
 async def test_connect_50mib_both_ways_exact(rig: Rig, echo: int):
     rig.policy("internet", private=[f"127.0.0.1:{echo}"])
     reader, writer = await connect_tunnel(rig, f"127.0.0.1:{echo}")

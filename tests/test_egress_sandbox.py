@@ -206,6 +206,20 @@ async def test_live_policy_change_applies_to_new_connections(egress: Any, files_
         assert (await sh(sb, f"curl -fsS --max-time 10 {url}")).exit_code != 0
 
 
+async def test_host_services_by_name_without_tricks(egress: Any, files_server: LoopbackFiles) -> None:
+    """`host.corral.internal:<port>` is the tenant's host service on that port: no address, no `--noproxy`."""
+    engine, _, _ = egress
+    async with await engine.create(spec(["host.corral.internal"], private=(files_server.allowance,))) as sb:
+        url = f"http://host.corral.internal:{files_server.port}/hello.txt"
+        r = await sh(sb, f"curl -fsS --max-time 10 {url}")
+        assert r.exit_code == 0 and r.stdout == "hello from the host\n", output(r)
+        fetch = f"import urllib.request; print(urllib.request.urlopen('{url}').read().decode())"
+        r = await sh(sb, f'python3 -c "{fetch}"')
+        assert r.exit_code == 0 and r.stdout.startswith("hello from the host"), output(r)
+        r = await sh(sb, f"curl -sS --max-time 10 http://host.corral.internal:{files_server.port + 1}/")
+        assert "names no host service of this tenant" in r.stdout + r.stderr, output(r)
+
+
 async def test_bad_policies_are_refused_at_create(egress: Any) -> None:
     engine, _, _ = egress
     for bad in (["a*.example.com"], ["@nope"], [""], ["host:99999"]):

@@ -19,10 +19,13 @@ import idna
 
 from .._exceptions import InvalidRequestError, PermissionDeniedError
 
-__all__ = ["PRESETS", "Decision", "EgressPolicy", "Rule", "normalize_host", "parse_host_port"]
+__all__ = ["HOST_SERVICES", "PRESETS", "Decision", "EgressPolicy", "Rule", "normalize_host", "parse_host_port"]
 
 Mode = Literal["none", "internet", "allowlist"]
 PRESETS = {"packages": "the package mirror (pip and npm through the proxy's cache)"}
+# The name of the host services an operator allowed for the tenant (its `private` pairs): the proxy resolves
+# `host.corral.internal:<port>` to the one pair with that port, so code inside needs no address and no tricks.
+HOST_SERVICES = "host.corral.internal"
 
 _LABEL = re.compile(r"^[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?$")
 _ASCII_NAME = re.compile(r"(?:[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?\.)*[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?")
@@ -267,6 +270,15 @@ class EgressPolicy:
             if rule.matches(host, port):
                 return Decision(True, f"allow {rule}")
         return Decision(False, "policy none" if self.mode == "none" else "not in allowlist")
+
+    def host_services(self, port: int) -> list[str]:
+        """The addresses of the `private` pairs on `port` (what `host.corral.internal:<port>` means)."""
+        found = []
+        for pair in self.private:
+            host, _, pair_port = pair.rpartition(":")
+            if int(pair_port) == port:
+                found.append(host.strip("[]"))
+        return found
 
     def allows_private(self, ip: str, port: int) -> bool:
         host = f"[{ip}]" if ":" in ip else ip

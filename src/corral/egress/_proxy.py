@@ -50,7 +50,7 @@ from ._http import (
     read_head,
     safe_text,
 )
-from ._policy import EgressPolicy, parse_host_port
+from ._policy import HOST_SERVICES, EgressPolicy, parse_host_port
 from ._reasons import Refusal
 
 __all__ = ["EgressProxy", "EventCallback", "Identify"]
@@ -440,6 +440,8 @@ class _Connection:
         decision = policy.check(host, port)
         if not decision.allowed:
             raise reasons.policy_denied(host, port, policy, decision.rule)
+        if host == HOST_SERVICES:
+            return await self._host_service(host, port, policy, attempt, decision.rule)
         addresses = await self._resolve(host, port)
         lifted = False
         for ip in addresses:
@@ -452,6 +454,19 @@ class _Connection:
         attempt.allowed = True
         attempt.rule = decision.rule + (f" + private {addresses[0]}:{port}" if lifted else "")
         return await self._connect_any(host, port, addresses)
+
+    async def _host_service(self, host: str, port: int, policy: EgressPolicy, attempt: _Attempt,
+                            rule: str) -> socket.socket:
+        """`host.corral.internal:<port>`: the tenant's one private pair on that port, never a DNS answer."""
+        found = policy.host_services(port)
+        if not found:
+            raise reasons.no_host_service(host, port, policy)
+        if len(found) > 1:
+            raise reasons.host_service_ambiguous(host, port, found)
+        address = ipaddress.ip_address(found[0])
+        attempt.allowed = True
+        attempt.rule = f"{rule} + host service {found[0]}:{port}"
+        return await self._connect_any(host, port, [address])
 
     async def _resolve(self, host: str, port: int) -> list[IPAddress]:
         """Resolve once; the proxy connects only to addresses from this list."""

@@ -54,6 +54,18 @@ def address_forbidden(host: str, ip: str, port: int, why: str, policy: EgressPol
     return Refusal(403, text, f"forbidden address {ip} ({why})")
 
 
+def no_host_service(name: str, port: int, policy: EgressPolicy) -> Refusal:
+    text = (f"Corral egress denied: {name}:{port} names no host service of this tenant (policy: {policy.describe()}); "
+            f'an operator allows one with private=["<its ip>:{port}"] in the tenant\'s egress settings')
+    return Refusal(403, text, "no host service")
+
+
+def host_service_ambiguous(name: str, port: int, addresses: list[str]) -> Refusal:
+    text = (f"Corral egress denied: {name}:{port} is ambiguous, the tenant allows {len(addresses)} host services on "
+            f"port {port} ({', '.join(addresses)}); connect to the address itself")
+    return Refusal(403, text, "host service ambiguous")
+
+
 def mirror_denied(policy: EgressPolicy) -> Refusal:
     text = ("Corral egress denied: package mirror needs the @packages preset "
             f'(policy: {policy.describe()}); allow it with network=[..., "@packages"]')
