@@ -50,3 +50,23 @@ async def test_an_older_database_gains_the_new_columns_and_keeps_its_rows(tmp_pa
         assert updated.quotas.max_paused == 3
     finally:
         await store.close()
+
+
+async def test_an_older_database_without_required_runtime_starts_and_reads_none(tmp_path: Path) -> None:
+    store = ControlStore(home=tmp_path)
+    await store.start()
+    tenant = await store.create_tenant("old")
+    await store.close()
+    db = tmp_path / "corral.db"
+    with sqlite3.connect(db) as conn:  # a database from before the runtime policy
+        conn.execute("ALTER TABLE tenants DROP COLUMN required_runtime")
+    assert "required_runtime" not in _columns(db, "tenants")
+
+    store = ControlStore(home=tmp_path)
+    await store.start()
+    try:
+        assert "required_runtime" in _columns(db, "tenants")
+        assert (await store.get_tenant(tenant.id)).required_runtime is None
+        assert (await store.set_required_runtime(tenant.id, "runsc")).required_runtime == "runsc"
+    finally:
+        await store.close()

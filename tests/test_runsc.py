@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from corral.engine import SandboxSpec
+from corral.control import ControlStore, Role
+from corral.engine import Engine, SandboxSpec
+from corral.service import Command, CreateSandbox, Service
 
 from .conftest import TEMPLATE
 
@@ -55,3 +57,21 @@ async def test_gvisor_snapshot_fork_and_pause_to_disk(engine):
         assert await sb.files.read("/tmp/t.txt") == b"tmpfs"
         r = await sb.exec("dmesg | head -1", timeout=60)
         assert "gVisor" in r.stdout
+
+
+async def test_a_tenant_that_requires_runsc_gets_gvisor_when_it_asks_for_the_default(engine: Engine,
+                                                                                     tmp_path: Path) -> None:
+    """The tenant's runtime policy (docs/security.md): the caller asks for nothing (runc), the sandbox is gVisor."""
+    async with ControlStore(home=tmp_path) as store:
+        tenant = await store.create_tenant("hardened", required_runtime="runsc")
+        dev = await store.authenticate((await store.create_key(tenant.id, Role.DEVELOPER)).key)
+        service = Service(engine, store)  # not started: the engine fixture and the store are
+        record = await service.sandboxes.create(dev, CreateSandbox(template=TEMPLATE))
+        try:
+            assert record.spec.runtime.value == "runsc"
+            result = await service.commands.run(dev, record.id, Command("dmesg | head -1; uname -r", timeout=60))
+            first, release = result.stdout.splitlines()[:2]
+            assert "gVisor" in first
+            assert release != Path("/proc/sys/kernel/osrelease").read_text().strip()
+        finally:
+            await service.sandboxes.kill(dev, record.id)

@@ -71,20 +71,23 @@ def _malformed(what: str) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class TenantInfo:
-    """A tenant; `quotas` maps each limit (`max_sandboxes`, `max_memory_bytes`, ...) to its value, None = none."""
+    """A tenant; `quotas` maps each limit (`max_sandboxes`, `max_memory_bytes`, ...) to its value, None = none.
+    `required_runtime` is the runtime all its sandboxes run on whatever is asked (`"runsc"`), None: any."""
 
     id: str
     name: str
     disabled: bool = False
     created_at: str | None = None
     quotas: dict[str, Quota] = field(default_factory=dict)
+    required_runtime: str | None = None
 
     @classmethod
     def from_wire(cls, data: Any) -> TenantInfo:
         d = json_dict(data, "a tenant")
         with _malformed("tenant"):
             info = cls(id=str(d["id"]), name=str(d["name"]), disabled=bool(d.get("disabled")),
-                       created_at=d.get("created_at"), quotas=dict(d.get("quotas") or {}))
+                       created_at=d.get("created_at"), quotas=dict(d.get("quotas") or {}),
+                       required_runtime=d.get("required_runtime"))
         return info
 
 
@@ -230,12 +233,26 @@ def _tenant_path(name_or_id: str) -> str:
     return f"/v1/tenants/{quote(name_or_id, safe='')}"
 
 
-def _tenant_patch(quotas: Mapping[str, Quota] | None, disabled: bool | None) -> dict[str, Any]:
+# The SDK's and CLI's word for "no required runtime" (null on the wire): None already means "leave it".
+ANY_RUNTIME = "any"
+
+
+def _tenant_create(name: str, required_runtime: str | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"name": name}
+    if required_runtime is not None and required_runtime != ANY_RUNTIME:
+        body["required_runtime"] = required_runtime
+    return body
+
+
+def _tenant_patch(quotas: Mapping[str, Quota] | None, disabled: bool | None,
+                  required_runtime: str | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {}
     if quotas is not None:
         body["quotas"] = dict(quotas)
     if disabled is not None:
         body["disabled"] = disabled
+    if required_runtime is not None:
+        body["required_runtime"] = None if required_runtime == ANY_RUNTIME else required_runtime
     return body
 
 
@@ -299,17 +316,21 @@ class Tenants:
     def __init__(self, client: SyncClient) -> None:
         self._client = client
 
-    def create(self, name: str) -> TenantInfo:
-        return TenantInfo.from_wire(self._client.request("POST", "/v1/tenants", json={"name": name}))
+    def create(self, name: str, *, required_runtime: str | None = None) -> TenantInfo:
+        """A new tenant; `required_runtime="runsc"` runs all its sandboxes on gVisor whatever they ask for."""
+        body = _tenant_create(name, required_runtime)
+        return TenantInfo.from_wire(self._client.request("POST", "/v1/tenants", json=body))
 
     def list(self) -> builtins.list[TenantInfo]:
         data = json_dict(self._client.request("GET", "/v1/tenants"), "tenants")
         return [TenantInfo.from_wire(t) for t in data.get("tenants", [])]
 
     def update(self, name_or_id: str, *, quotas: Mapping[str, Quota] | None = None,
-               disabled: bool | None = None) -> TenantInfo:
-        """Change some quotas (a limit left out keeps its value, None removes it) and/or disable the tenant."""
-        body = _tenant_patch(quotas, disabled)
+               disabled: bool | None = None, required_runtime: str | None = None) -> TenantInfo:
+        """Change some quotas (a limit left out keeps its value, None removes it) and/or disable the tenant.
+        `required_runtime`: `"runsc"` runs all its sandboxes on gVisor whatever they ask for, `"any"` drops the
+        requirement, None leaves it as it is."""
+        body = _tenant_patch(quotas, disabled, required_runtime)
         return TenantInfo.from_wire(self._client.request("PATCH", _tenant_path(name_or_id), json=body))
 
     def set_egress(self, name_or_id: str, *, ceiling: str | Sequence[str] | None = None,
@@ -428,16 +449,17 @@ class AsyncTenants:
     def __init__(self, client: AsyncClient) -> None:
         self._client = client
 
-    async def create(self, name: str) -> TenantInfo:
-        return TenantInfo.from_wire(await self._client.request("POST", "/v1/tenants", json={"name": name}))
+    async def create(self, name: str, *, required_runtime: str | None = None) -> TenantInfo:
+        body = _tenant_create(name, required_runtime)
+        return TenantInfo.from_wire(await self._client.request("POST", "/v1/tenants", json=body))
 
     async def list(self) -> builtins.list[TenantInfo]:
         data = json_dict(await self._client.request("GET", "/v1/tenants"), "tenants")
         return [TenantInfo.from_wire(t) for t in data.get("tenants", [])]
 
     async def update(self, name_or_id: str, *, quotas: Mapping[str, Quota] | None = None,
-                     disabled: bool | None = None) -> TenantInfo:
-        body = _tenant_patch(quotas, disabled)
+                     disabled: bool | None = None, required_runtime: str | None = None) -> TenantInfo:
+        body = _tenant_patch(quotas, disabled, required_runtime)
         return TenantInfo.from_wire(await self._client.request("PATCH", _tenant_path(name_or_id), json=body))
 
     async def set_egress(self, name_or_id: str, *, ceiling: str | Sequence[str] | None = None,

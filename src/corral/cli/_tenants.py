@@ -16,6 +16,8 @@ tenants_app = typer.Typer(help="Create, list and update tenants (admin).", no_ar
 
 _UNLIMITED = ("none", "unlimited")
 _LIMIT_HELP = "'none' removes the limit."
+_RUNTIME_HELP = ("'runsc': every sandbox of the tenant runs on gVisor, whatever its callers ask (a create asking "
+                 "for runc is upgraded); 'any': no requirement. See docs/security.md.")
 
 
 def _tenant_out(tenant: TenantInfo, as_json: bool) -> None:
@@ -28,13 +30,14 @@ def _tenant_out(tenant: TenantInfo, as_json: bool) -> None:
 @tenants_app.command("create")
 def create(
     name: str = typer.Argument(..., help="1 to 128 letters, digits, '.', '_' or '-'."),
+    runtime: str | None = typer.Option(None, "--runtime", help=f"The runtime it requires. {_RUNTIME_HELP}"),
     as_json: JsonOption = False,
     url: UrlOption = None,
     api_key: ApiKeyOption = None,
 ) -> None:
     """Create a tenant and print its id."""
     with admin(url, api_key) as a:
-        _tenant_out(a.tenants.create(name), as_json)
+        _tenant_out(a.tenants.create(name, required_runtime=runtime), as_json)
 
 
 @tenants_app.command("ls")
@@ -45,10 +48,10 @@ def ls(as_json: JsonOption = False, url: UrlOption = None, api_key: ApiKeyOption
     if as_json:
         print_json([dataclasses.asdict(t) for t in tenants])
         return
-    table = Table("name", "id", "disabled", "quotas")
+    table = Table("name", "id", "disabled", "runtime", "quotas")
     for t in tenants:
         quotas = ", ".join(f"{k}={v}" for k, v in sorted(t.quotas.items()) if v is not None)
-        table.add_row(t.name, t.id, "yes" if t.disabled else "", quotas or "-")
+        table.add_row(t.name, t.id, "yes" if t.disabled else "", t.required_runtime or "", quotas or "-")
     print_table(table)
 
 
@@ -97,11 +100,13 @@ def update(
     max_volume_bytes: str | None = typer.Option(None, help=f"Total size of volumes, e.g. 100G. {_LIMIT_HELP}"),
     disabled: bool | None = typer.Option(None, "--disable/--enable", help="A disabled tenant's keys stop working.",
                                          show_default=False),
+    runtime: str | None = typer.Option(None, "--runtime", help=f"The runtime it requires. {_RUNTIME_HELP}"),
     as_json: JsonOption = False,
     url: UrlOption = None,
     api_key: ApiKeyOption = None,
 ) -> None:
-    """Change a tenant's quotas (those not given keep their value) or disable/enable it."""
+    """Change a tenant's quotas (those not given keep their value), disable/enable it, or set the runtime its
+    sandboxes must run on."""
     given = {"max_sandboxes": max_sandboxes, "max_memory_bytes": max_memory, "max_cpus": max_cpus,
              "max_sandbox_memory_bytes": max_sandbox_memory, "max_sandbox_cpus": max_sandbox_cpus,
              "max_sandbox_disk_bytes": max_sandbox_disk, "max_sandbox_timeout": max_sandbox_timeout,
@@ -109,7 +114,8 @@ def update(
              "max_snapshot_bytes": max_snapshot_bytes, "max_volumes": max_volumes,
              "max_volume_bytes": max_volume_bytes}
     quotas = {k: _PARSERS[k](v) for k, v in given.items() if v is not None}
-    if not quotas and disabled is None:
-        raise typer.BadParameter("nothing to change: give a quota option, --disable or --enable")
+    if not quotas and disabled is None and runtime is None:
+        raise typer.BadParameter("nothing to change: give a quota option, --disable, --enable or --runtime")
     with admin(url, api_key) as a:
-        _tenant_out(a.tenants.update(name, quotas=quotas or None, disabled=disabled), as_json)
+        _tenant_out(a.tenants.update(name, quotas=quotas or None, disabled=disabled, required_runtime=runtime),
+                    as_json)

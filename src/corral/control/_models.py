@@ -80,6 +80,8 @@ class TenantRow(Base):
     max_snapshot_bytes: Mapped[int | None] = mapped_column(BigInteger)
     max_volumes: Mapped[int | None] = mapped_column(Integer)  # volumes kept (docs/volumes.md)
     max_volume_bytes: Mapped[int | None] = mapped_column(BigInteger)  # total size of the tenant's volumes
+    # "runsc": every sandbox of the tenant runs on gVisor whatever its callers ask (docs/security.md); NULL: any.
+    required_runtime: Mapped[str | None] = mapped_column(String(16))
 
 
 class TenantEgressRow(Base):
@@ -267,6 +269,7 @@ class Tenant:
     created_at: datetime
     disabled: bool
     quotas: Quotas
+    required_runtime: str | None = None  # "runsc": its sandboxes run on gVisor whatever is asked (docs/security.md)
 
 
 @dataclass(frozen=True)
@@ -405,7 +408,8 @@ def tenant_from_row(row: TenantRow) -> Tenant:
         max_volumes=row.max_volumes,
         max_volume_bytes=row.max_volume_bytes,
     )
-    return Tenant(id=row.id, name=row.name, created_at=row.created_at, disabled=row.disabled, quotas=quotas)
+    return Tenant(id=row.id, name=row.name, created_at=row.created_at, disabled=row.disabled, quotas=quotas,
+                  required_runtime=row.required_runtime)
 
 
 def key_from_row(row: ApiKeyRow) -> ApiKey:

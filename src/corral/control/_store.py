@@ -148,12 +148,13 @@ class ControlStore:
 
     # -- tenants ------------------------------------------------------------------------------------------
 
-    async def create_tenant(self, name: str, quotas: Quotas | None = None) -> Tenant:
+    async def create_tenant(self, name: str, quotas: Quotas | None = None, *,
+                            required_runtime: str | None = None) -> Tenant:
         if not _TENANT_NAME.fullmatch(name):
             raise InvalidRequestError(f"tenant name {name!r} is not valid: use 1 to 128 letters, digits, '.', "
                                       f"'_' or '-', starting with a letter or digit")
         row = TenantRow(id=_new_id("tn"), name=name, created_at=self._now(), disabled=False,
-                        **asdict(quotas or Quotas()))
+                        required_runtime=required_runtime, **asdict(quotas or Quotas()))
         try:
             async with self._db.write() as session:
                 session.add(row)
@@ -182,6 +183,13 @@ class ControlStore:
             row = await _tenant_row(session, tenant_id)
             for name, value in asdict(quotas).items():
                 setattr(row, name, value)
+        return tenant_from_row(row)
+
+    async def set_required_runtime(self, tenant_id: str, runtime: str | None) -> Tenant:
+        """The runtime every sandbox of the tenant must run on (None: whatever each create asks)."""
+        async with self._db.write() as session:
+            row = await _tenant_row(session, tenant_id)
+            row.required_runtime = runtime
         return tenant_from_row(row)
 
     async def set_tenant_disabled(self, tenant_id: str, disabled: bool) -> Tenant:

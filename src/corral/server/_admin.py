@@ -16,7 +16,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..control import ApiKey, AuditEntry, Role, Tenant
-from ..service import AuditFilter
+from ..service import KEEP, AuditFilter
 from ._auth import CurrentPrincipal
 from ._context import service
 from ._routing import AuditedRoute
@@ -34,6 +34,7 @@ class TenantRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str
+    required_runtime: str | None = None  # "runsc": all its sandboxes run on gVisor (docs/security.md)
 
 
 class KeyRequest(BaseModel):
@@ -73,6 +74,7 @@ class TenantPatch(BaseModel):
 
     quotas: QuotasPatch | None = None
     disabled: bool | None = None
+    required_runtime: str | None = None  # left out: unchanged; null: no requirement; "runsc": gVisor only
 
 
 def _iso(time: datetime | None) -> str | None:
@@ -81,7 +83,7 @@ def _iso(time: datetime | None) -> str | None:
 
 def tenant_json(tenant: Tenant) -> dict[str, Any]:
     return {"id": tenant.id, "name": tenant.name, "created_at": tenant.created_at.astimezone(UTC).isoformat(),
-            "disabled": tenant.disabled, "quotas": asdict(tenant.quotas)}
+            "disabled": tenant.disabled, "quotas": asdict(tenant.quotas), "required_runtime": tenant.required_runtime}
 
 
 def key_json(key: ApiKey, tenant_name: str | None) -> dict[str, Any]:
@@ -93,7 +95,8 @@ def key_json(key: ApiKey, tenant_name: str | None) -> dict[str, Any]:
 
 @router.post("/tenants", status_code=201)
 async def create_tenant(body: TenantRequest, request: Request, principal: CurrentPrincipal) -> dict[str, Any]:
-    return tenant_json(await service(request).tenants.create(principal, body.name))
+    tenant = await service(request).tenants.create(principal, body.name, required_runtime=body.required_runtime)
+    return tenant_json(tenant)
 
 
 @router.get("/tenants")
@@ -105,7 +108,9 @@ async def list_tenants(request: Request, principal: CurrentPrincipal) -> dict[st
 async def update_tenant(name_or_id: str, body: TenantPatch, request: Request,
                         principal: CurrentPrincipal) -> dict[str, Any]:
     quotas = body.quotas.model_dump(exclude_unset=True) if body.quotas is not None else None
+    runtime = body.required_runtime if "required_runtime" in body.model_fields_set else KEEP
     tenant = await service(request).tenants.update(principal, name_or_id, quotas=quotas, disabled=body.disabled,
+                                                   required_runtime=runtime,
                                                    params=body.model_dump(mode="json", exclude_unset=True))
     return tenant_json(tenant)
 

@@ -1,7 +1,7 @@
 """The service layer: one method per operation, called by every front end (docs/architecture.md)."""
 
 from ._access import SandboxAccess, TokenPurpose
-from ._accounts import Keys, Tenants
+from ._accounts import KEEP, REQUIRED_RUNTIMES, Keys, Tenants
 from ._audit import AuditFilter, AuditTrail
 from ._audited import Audited
 from ._code import Cell, Code, CodeStream, ResultCallback
@@ -28,10 +28,12 @@ from ._volumes import VolumeDetail, Volumes
 __all__ = [
     "DEFAULT_DOMAIN",
     "DEFAULT_REPLICA_TTL",
+    "KEEP",
     "METRICS_CONTENT_TYPE",
     "PORT_ACTION",
     "REQUEST_ID",
     "REQUEST_INVALID",
+    "REQUIRED_RUNTIMES",
     "RETRY_AFTER_DETAIL",
     "STATUS_BY_CODE",
     "AttachStream",

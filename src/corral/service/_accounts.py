@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
-from typing import TYPE_CHECKING, Any
+import enum
+from typing import TYPE_CHECKING, Any, Final
 
 from .._exceptions import InvalidRequestError, NotFoundError
 from ..control import Action, ApiKey, NewApiKey, Principal, Tenant, authorize
@@ -12,17 +13,41 @@ from ..control import Action, ApiKey, NewApiKey, Principal, Tenant, authorize
 if TYPE_CHECKING:
     from ._service import Service
 
-__all__ = ["Keys", "Tenants"]
+__all__ = ["KEEP", "REQUIRED_RUNTIMES", "Keep", "Keys", "Tenants"]
+
+# What a tenant's `required_runtime` may be (docs/security.md): a policy may only raise isolation, so "runc" is no
+# choice; None (no requirement) lets each create pick.
+REQUIRED_RUNTIMES: Final = ("runsc",)
+
+
+class Keep(enum.Enum):
+    """An argument left out of `Tenants.update`: the setting keeps its value (None would clear it)."""
+
+    KEEP = "keep"
+
+
+KEEP: Final = Keep.KEEP
+
+
+def _required_runtime(value: str | None) -> str | None:
+    if value is not None and value not in REQUIRED_RUNTIMES:
+        raise InvalidRequestError(f"required_runtime {value!r} is not valid: use one of "
+                                  f"{', '.join(REQUIRED_RUNTIMES)}, or null for none",
+                                  details={"required_runtime": value})
+    return value
 
 
 class Tenants:
     def __init__(self, service: Service) -> None:
         self._svc = service
 
-    async def create(self, principal: Principal, name: str) -> Tenant:
-        async with self._svc.audited(principal, "tenant.create", name[:256], params={"name": name}, status=201):
+    async def create(self, principal: Principal, name: str, *, required_runtime: str | None = None) -> Tenant:
+        params: dict[str, Any] = {"name": name}
+        if required_runtime is not None:
+            params["required_runtime"] = required_runtime
+        async with self._svc.audited(principal, "tenant.create", name[:256], params=params, status=201):
             authorize(principal, Action.TENANT_CREATE)
-            return await self._svc.store.create_tenant(name)
+            return await self._svc.store.create_tenant(name, required_runtime=_required_runtime(required_runtime))
 
     async def list(self, principal: Principal) -> builtins.list[Tenant]:
         async with self._svc.audited(principal, "tenant.list", None):
@@ -30,8 +55,11 @@ class Tenants:
             return await self._svc.store.list_tenants()
 
     async def update(self, principal: Principal, name_or_id: str, *, quotas: dict[str, Any] | None = None,
-                     disabled: bool | None = None, params: dict[str, Any] | None = None) -> Tenant:
-        """Change some quotas (a key left out keeps its value; None removes the limit) and/or disable it."""
+                     disabled: bool | None = None, required_runtime: str | Keep | None = KEEP,
+                     params: dict[str, Any] | None = None) -> Tenant:
+        """Change some quotas (a key left out keeps its value; None removes the limit), disable it, and/or set the
+        runtime all its sandboxes must run on (`KEEP`: unchanged; None: no requirement). All checked first:
+        a bad value changes nothing."""
         async with self._svc.audited(principal, "tenant.update", name_or_id[:256], params=params) as audit:
             authorize(principal, Action.TENANT_UPDATE)
             tenant = await self.find(name_or_id)
@@ -40,10 +68,15 @@ class Tenants:
                 # The caller's own keys would stop working: nobody could undo it through the API.
                 raise InvalidRequestError("refusing to disable the caller's own tenant",
                                           details={"tenant": tenant.name})
+            if not isinstance(required_runtime, Keep):
+                wanted = _required_runtime(required_runtime)
+                audit.outcome["required_runtime"] = {"old": tenant.required_runtime, "new": wanted}
             if quotas is not None:
                 tenant = await self._svc.store.set_quotas(tenant.id, dataclasses.replace(tenant.quotas, **quotas))
             if disabled is not None:
                 tenant = await self._svc.store.set_tenant_disabled(tenant.id, disabled)
+            if not isinstance(required_runtime, Keep):
+                tenant = await self._svc.store.set_required_runtime(tenant.id, wanted)
             return tenant
 
     async def find(self, name_or_id: str) -> Tenant:

@@ -29,7 +29,16 @@ from .._exceptions import (
     RuntimeUnavailableError,
     SandboxTimeoutError,
 )
-from ..backends import DEFAULT_FILE_ROOTS, ROOT_FILE_ROOTS, Limits, SandboxSpec, SandboxState, SnapshotArtifact
+from ..backends import (
+    DEFAULT_FILE_ROOTS,
+    ROOT_FILE_ROOTS,
+    Limits,
+    Runtime,
+    SandboxSpec,
+    SandboxState,
+    SnapshotArtifact,
+    backend_runtimes,
+)
 from ..control import Action, Principal, Role, SandboxQuery, SandboxRecord, TenantEgress, authorize
 from ..egress import EgressPolicy
 from ._metrics import SandboxMetric
@@ -161,13 +170,34 @@ class Sandboxes:
         svc = self._svc
         sandbox_id = f"sb-{secrets.token_hex(8)}"
         async with svc.audited(principal, "sandbox.create", sandbox_id, params=request.audit_params(),
-                               status=201):
+                               status=201) as audit:
             source = await self._source(principal, request.template)
             volumes = await svc.volumes.resolve(principal, request.volumes) if request.volumes else {}
             spec = self._spec(request, await svc.store.tenant_egress(principal.tenant_id), volumes,
                               template_known=source is not None)
+            spec = await self._required_runtime(principal, spec, audit.outcome)
             return await self._start(principal, spec, sandbox_id, lambda: svc.engine.create(
                 spec, sandbox_id=sandbox_id, source=source))
+
+    async def _required_runtime(self, principal: Principal, spec: SandboxSpec,
+                                outcome: dict[str, Any]) -> SandboxSpec:
+        """`spec` on the runtime the tenant requires (docs/security.md, "Runtime policy"), whatever it asked for:
+        a sandbox asked for on runc is upgraded, and the audit `outcome` says so. Every path that starts a
+        sandbox for a tenant (create, from a snapshot too, and fork) comes through here. A backend that cannot
+        run the required runtime refuses, naming the policy: it never falls back to a weaker one."""
+        required = (await self._svc.store.get_tenant(principal.tenant_id)).required_runtime
+        if required is None:
+            return spec
+        runtime = Runtime(required)
+        backend = self._svc.engine.backend
+        if runtime not in backend_runtimes(backend):
+            raise RuntimeUnavailableError(
+                f"this tenant's policy requires the {runtime.value} runtime for every sandbox, and the "
+                f"{backend.name} backend cannot run it; ask the operator", details={"required_runtime": runtime.value})
+        if spec.runtime is runtime:
+            return spec
+        outcome["runtime_upgraded"] = {"asked": spec.runtime.value, "runtime": runtime.value}
+        return SandboxSpec.model_validate({**spec.model_dump(), "runtime": runtime})
 
     async def _start(self, principal: Principal, spec: SandboxSpec, sandbox_id: str,
                      make: Callable[[], Awaitable[object]]) -> SandboxRecord:
@@ -247,6 +277,7 @@ class Sandboxes:
                 spec = SandboxSpec.model_validate(spec.model_dump())
             except pydantic.ValidationError as exc:
                 raise InvalidRequestError(f"invalid fork: {exc.errors()[0]['msg']}") from None
+            spec = await self._required_runtime(principal, spec, audit.outcome)  # set since the parent started
             audit.outcome["sandbox_ids"] = child_ids
             return await self._start_many(principal, spec, child_ids, lambda: svc.engine.fork_many(
                 sandbox_id, child_ids, spec=spec))
