@@ -97,7 +97,7 @@ class _Attempt:
         self.reason = ""
         self.up = 0
         self.down = 0
-        self.reported = False  # a remote sandbox's refusal is reported before it is answered
+        self.reported = False  # `emit` ran (a remote sandbox's refusal is reported before it is answered)
 
     def count_up(self, n: int) -> None:
         self.up += n
@@ -264,38 +264,35 @@ class EgressProxy:
             self._remote_connections.discard(task)
             writer.close()
 
-    def emit(self, sandbox: _Sandbox | None, attempt: _Attempt) -> None:
-        if sandbox is None or attempt.reported:  # no sandbox: nobody to attribute it to (a 407)
-            return
+    def emit(self, sandbox: _Sandbox | None, attempt: _Attempt) -> asyncio.Future[Any] | None:
+        """Report the attempt (once; with no sandbox, a 407, there is nobody to attribute it to); the callback's
+        future when it is async, which `report_now` waits for."""
+        if sandbox is None or attempt.reported:
+            return None
+        attempt.reported = True
         event = attempt.event(sandbox.id)
         if not event.allowed:
             sandbox.denials.append(event)
         if self.on_event is None:
-            return
+            return None
         try:
             result = self.on_event(event)
         except Exception:
             log.exception("egress event callback failed")
-            return
-        if inspect.isawaitable(result):
-            future = asyncio.ensure_future(result)
-            self._callbacks.add(future)
-            future.add_done_callback(self._callback_done)
+            return None
+        if not inspect.isawaitable(result):
+            return None
+        future = asyncio.ensure_future(result)
+        self._callbacks.add(future)
+        future.add_done_callback(self._callback_done)
+        return future
 
     async def report_now(self, sandbox: _Sandbox, attempt: _Attempt) -> None:
-        """Report a refusal and wait for it to be recorded (bounded), before the sandbox is answered."""
-        attempt.reported = True
-        event = attempt.event(sandbox.id)
-        sandbox.denials.append(event)
-        if self.on_event is None:
-            return
-        try:
-            result = self.on_event(event)
-            if inspect.isawaitable(result):
-                async with asyncio.timeout(self.connect_timeout):
-                    await result
-        except Exception:
-            log.exception("egress event callback failed (a refusal of sandbox %s went unrecorded)", sandbox.id)
+        """Report a refusal and wait (bounded) for it to be recorded, before the sandbox is answered; a failure is
+        logged by `_callback_done`, and one still running after the wait goes on recording."""
+        future = self.emit(sandbox, attempt)
+        if future is not None:
+            await asyncio.wait({future}, timeout=self.connect_timeout)
 
     def _callback_done(self, future: asyncio.Future[Any]) -> None:
         self._callbacks.discard(future)

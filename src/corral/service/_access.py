@@ -90,7 +90,7 @@ class SandboxAccess:
         candidates = [sandbox_id] if sandbox_id else [info.id for info in self._svc.engine.list()]
         try:
             for candidate in candidates:
-                if hmac.compare_digest(sign(self.token(candidate)).encode(), signature.encode()):
+                if self._signed_by(candidate, sign, signature):
                     record = await self._svc.store.find_sandbox(candidate)
                     if record is not None:
                         return candidate, await self.creator(record)
@@ -102,15 +102,17 @@ class SandboxAccess:
     async def signer_elsewhere(self, sign: Callable[[str], str], signature: str) -> str | None:
         """The live sandbox of another replica whose token made `signature`, if one did and none of this node's
         did (one hash per sandbox): the replicas' middleware forwards such a signed URL to its owner."""
-        if any(hmac.compare_digest(sign(self.token(info.id)).encode(), signature.encode())
-               for info in self._svc.engine.list()):
+        if any(self._signed_by(info.id, sign, signature) for info in self._svc.engine.list()):
             return None  # this node's own: served here
         mine = self._svc.replica.id
         for record in await self._svc.store.list_sandboxes(None):
-            if record.owner not in (None, mine) and \
-                    hmac.compare_digest(sign(self.token(record.id)).encode(), signature.encode()):
+            if record.owner not in (None, mine) and self._signed_by(record.id, sign, signature):
                 return record.id
         return None
+
+    def _signed_by(self, sandbox_id: str, sign: Callable[[str], str], signature: str) -> bool:
+        """Whether `sandbox_id`'s token makes `signature` (constant time)."""
+        return hmac.compare_digest(sign(self.token(sandbox_id)).encode(), signature.encode())
 
     async def creator(self, record: SandboxRecord) -> Principal:
         """The principal of the key that created `record`'s sandbox (`AuthenticationError` once revoked)."""
