@@ -43,6 +43,7 @@ def _create_body(
     volumes: Mapping[str, str] | None = None,
     public_ports: bool = False,
     root: bool = False,
+    secrets: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     if isinstance(file_roots, str):
         raise TypeError("file_roots is a list of directories, not one string")
@@ -68,6 +69,8 @@ def _create_body(
         body["public_ports"] = True
     if root:
         body["root"] = True
+    if secrets:
+        body["secrets"] = {name: dict(secret) for name, secret in secrets.items()}
     return body if file_roots is None else {**body, "file_roots": builtins.list(file_roots)}
 
 
@@ -197,6 +200,7 @@ class Sandbox(_SandboxBase):
         volumes: Mapping[str, str] | None = None,
         public_ports: bool = False,
         root: bool = False,
+        secrets: Mapping[str, Mapping[str, Any]] | None = None,
         api_key: str | None = None,
         base_url: str | None = None,
         request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
@@ -210,6 +214,9 @@ class Sandbox(_SandboxBase):
         inside (`commands.run(..., user="root")`, files with `user="root"`, `sudo`; that root is an unprivileged
         host uid, docs/security.md) where the server's backend can (the Docker backend refuses it:
         `InvalidRequestError`);
+        `secrets` (`{"GITHUB_TOKEN": {"value": "...", "hosts": ["api.github.com"]}}`) never enter the sandbox:
+        `$GITHUB_TOKEN` inside is a placeholder the egress proxy replaces in requests to those hosts only
+        (docs/secrets.md; `"body": True` also in request bodies);
         `runtime` is the OCI runtime, `"runc"` or `"runsc"` (gVisor), None: the server's default (`runc`);
         `api_key`/`base_url` default to `$CORRAL_API_KEY`/`$CORRAL_URL`; a 429 or 503 answer (quota, full
         machine: nothing was created) is retried up to `max_retries` times after the server's `Retry-After` (when
@@ -219,7 +226,8 @@ class Sandbox(_SandboxBase):
         client = SyncClient(config, transport)
         try:
             body = _create_body(template, timeout, network, limits, env, metadata, file_roots, runtime,
-                                on_timeout=on_timeout, volumes=volumes, public_ports=public_ports, root=root)
+                                on_timeout=on_timeout, volumes=volumes, public_ports=public_ports, root=root,
+                                secrets=secrets)
             info = SandboxInfo.from_wire(client.request("POST", "/v1/sandboxes", json=body))
         except BaseException:
             client.close()
@@ -412,6 +420,7 @@ class AsyncSandbox(_SandboxBase):
         volumes: Mapping[str, str] | None = None,
         public_ports: bool = False,
         root: bool = False,
+        secrets: Mapping[str, Mapping[str, Any]] | None = None,
         api_key: str | None = None,
         base_url: str | None = None,
         request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
@@ -423,7 +432,8 @@ class AsyncSandbox(_SandboxBase):
         client = AsyncClient(config, transport)
         try:
             body = _create_body(template, timeout, network, limits, env, metadata, file_roots, runtime,
-                                on_timeout=on_timeout, volumes=volumes, public_ports=public_ports, root=root)
+                                on_timeout=on_timeout, volumes=volumes, public_ports=public_ports, root=root,
+                                secrets=secrets)
             info = SandboxInfo.from_wire(await client.request("POST", "/v1/sandboxes", json=body))
         except BaseException:
             await client.close()

@@ -6,6 +6,7 @@ models, because they validate what users send and say what is wrong. `SandboxSta
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import posixpath
 import re
@@ -16,10 +17,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .._exceptions import CorralError, InvalidRequestError
 from .._sizes import parse_size
+from ..egress._keyring import SecretKeyring
 from ..egress._policy import EgressPolicy
+from ..egress._secrets import PLACEHOLDER, SecretBinding
 
-__all__ = ["DEFAULT_FILE_ROOTS", "ROOT_FILE_ROOTS", "USERS", "Limits", "Runtime", "SandboxSpec", "SandboxState",
-           "check_user", "parse_size", "user_home"]
+__all__ = ["DEFAULT_FILE_ROOTS", "MAX_SECRETS", "ROOT_FILE_ROOTS", "USERS", "Limits", "Runtime", "SandboxSpec",
+           "SandboxState", "SealedSecret", "check_user", "parse_size", "user_home"]
 
 DEFAULT_FILE_ROOTS = ("/workspace", "/home/user", "/tmp")
 ROOT_FILE_ROOTS = (*DEFAULT_FILE_ROOTS, "/root")  # the defaults of a sandbox created with root: root's home too
@@ -31,6 +34,8 @@ USERS = {"user": "/home/user", "root": "/root"}
 _FORBIDDEN_ROOTS = ("/proc", "/sys", "/dev", "/.corral")
 _MAX_FILE_ROOTS = 16
 _MAX_VOLUMES = 8
+MAX_SECRETS = 32
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Volumes are mounted over the disk's own tree; these are the kernel's, Corral's, or tmpfs mounts of their own.
 _FORBIDDEN_VOLUME_PATHS = ("/proc", "/sys", "/dev", "/.corral", "/tmp")
 
@@ -125,6 +130,36 @@ class Limits(BaseModel):
         return self
 
 
+class SealedSecret(BaseModel):
+    """A secret as a sandbox's spec keeps it (docs/secrets.md): `$name` inside is `placeholder`; the value is
+    sealed (`SecretKeyring`) and opened only for the egress proxy, which puts it into requests to `hosts`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    placeholder: str
+    hosts: tuple[str, ...]
+    body: bool = False  # also replaced in request bodies
+    sealed: str = Field(repr=False)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _ENV_NAME.fullmatch(value):
+            raise ValueError(f"secret name {value!r} is not a valid environment variable name")
+        return value
+
+    @field_validator("placeholder")
+    @classmethod
+    def _placeholder(cls, value: str) -> str:
+        if not PLACEHOLDER.fullmatch(value):
+            raise ValueError("a secret's placeholder is Corral's own (corral-secret-<32 hex>)")
+        return value
+
+    def binding(self, keyring: SecretKeyring) -> SecretBinding:
+        return SecretBinding(self.name, self.placeholder, keyring.open(self.sealed), self.hosts, self.body)
+
+
 class SandboxSpec(BaseModel):
     """What to create: template, runtime, limits, timeout (TTL, seconds), env and metadata."""
 
@@ -153,6 +188,8 @@ class SandboxSpec(BaseModel):
     # of capabilities, so commands and file operations may ask for `user="root"`, and `sudo` works; the user's
     # own commands stay as unprivileged as in any sandbox. Only where the backend has a user namespace per sandbox.
     root: bool = False
+    # Secrets (docs/secrets.md): placeholders in the sandbox's environment, values only at the egress proxy.
+    secrets: tuple[SealedSecret, ...] = ()
 
     @model_validator(mode="after")
     def _network(self) -> SandboxSpec:
@@ -162,10 +199,23 @@ class SandboxSpec(BaseModel):
             raise ValueError(exc.message) from None
         return self
 
-    def egress_policy(self) -> EgressPolicy:
+    def egress_policy(self, keyring: SecretKeyring | None = None) -> EgressPolicy:
+        """The policy the proxy enforces; with `keyring`, carrying the secrets' values to put into requests."""
         # The policy language lives with the proxy that enforces it.
-        return EgressPolicy.parse(self.network if isinstance(self.network, str) else list(self.network),
-                                  private=list(self.network_private))
+        policy = EgressPolicy.parse(self.network if isinstance(self.network, str) else list(self.network),
+                                    private=list(self.network_private))
+        if keyring is None or not self.secrets:
+            return policy
+        return dataclasses.replace(policy, secrets=tuple(s.binding(keyring) for s in self.secrets))
+
+    @field_validator("secrets")
+    @classmethod
+    def _secrets(cls, value: tuple[SealedSecret, ...]) -> tuple[SealedSecret, ...]:
+        if len(value) > MAX_SECRETS:
+            raise ValueError(f"a sandbox has at most {MAX_SECRETS} secrets")
+        if len({s.name for s in value}) != len(value):
+            raise ValueError("each secret name appears once")
+        return value
 
     @field_validator("file_roots")
     @classmethod

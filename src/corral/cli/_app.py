@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -193,6 +194,10 @@ def serve(
                                             "on this port, without authentication (for a scraper)."),
     metrics_host: str = typer.Option("127.0.0.1", "--metrics-host", help="Address of the --metrics-port "
                                      "listener; anyone who reaches it reads every tenant's counts."),
+    upstream_ca: Path | None = typer.Option(None, "--upstream-ca", exists=True, dir_okay=False, readable=True,
+                                            help="A PEM file of CA certificates the egress proxy also trusts when it "
+                                            "verifies hosts that secrets are bound to (a TLS-inspecting gateway's "
+                                            "CA). See docs/secrets.md."),
 ) -> None:
     """Run the API server (state, templates and sandboxes in $CORRAL_HOME, default /var/lib/corral)."""
     from .. import _settings as settings
@@ -224,7 +229,8 @@ def serve(
     run_server(host, port, db_url=db, capacity=capacity, backend=backend, domain=domain,
                e2b=E2BConfig(aliases=aliases, root=e2b_root), replica=replica, cache_ttl=cache_ttl,
                log_format=log_format, metrics=metrics,
-               metrics_port=None if metrics_port is None else MetricsPort(metrics_port, metrics_host))
+               metrics_port=None if metrics_port is None else MetricsPort(metrics_port, metrics_host),
+               upstream_ca=upstream_ca)
 
 
 @app.command()

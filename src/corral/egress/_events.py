@@ -32,6 +32,7 @@ class EgressEvent:
     bytes_down: int = 0  # outside -> sandbox
     duration: float = 0.0  # seconds
     path: str = ""  # mirror requests only (URLs of proxied requests may carry secrets: never recorded)
+    secrets: tuple[str, ...] = ()  # names of the sandbox's secrets the proxy put into it (never their values)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -46,7 +47,7 @@ _FIXED_RULES = {"policy internet": "internet", "preset @packages": "packages", "
                 "connect failed": "connect_failed", "unresolvable": "unresolvable",
                 "bad upstream response": "bad_upstream_response", "bad request": "bad_request",
                 "head too large": "head_too_large", "proxy credentials": "proxy_credentials",
-                "policy unavailable": "policy_unavailable"}
+                "policy unavailable": "policy_unavailable", "upstream certificate": "upstream_certificate"}
 RULE_CLASSES = frozenset({"private", "other", *(c for _, c in _RULE_PREFIXES), *_FIXED_RULES.values()})
 
 

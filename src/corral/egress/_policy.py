@@ -12,12 +12,13 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import idna
 
 from .._exceptions import InvalidRequestError, PermissionDeniedError
+from ._secrets import SecretBinding
 
 __all__ = ["HOST_SERVICES", "PRESETS", "Decision", "EgressPolicy", "Rule", "normalize_host", "parse_host_port"]
 
@@ -214,6 +215,8 @@ class EgressPolicy:
     rules: tuple[Rule, ...] = ()
     presets: tuple[str, ...] = ()
     private: tuple[str, ...] = ()  # exact "ip:port" pairs exempt from the forbidden-address ranges
+    # The sandbox's secrets (docs/secrets.md): not part of what the policy allows, so never compared or shown.
+    secrets: tuple[SecretBinding, ...] = field(default=(), compare=False, repr=False)
 
     @classmethod
     def parse(cls, network: str | Sequence[str] | EgressPolicy | None,

@@ -21,6 +21,7 @@ import ipaddress
 import logging
 import os
 import socket
+import ssl
 import time
 import urllib.parse
 from collections import deque
@@ -32,6 +33,7 @@ from typing import Any
 from .._exceptions import AuthenticationError, CorralError, InvalidRequestError, NotFoundError, ServerError
 from . import _reasons as reasons
 from ._addresses import AddressGuard, IPAddress, IPNetwork, embedded_ipv4
+from ._ca import CertificateAuthority, upstream_context
 from ._events import EgressEvent, EventKind, MirrorResponse, PackageMirrorProtocol
 from ._http import (
     CHUNK,
@@ -52,6 +54,8 @@ from ._http import (
 )
 from ._policy import HOST_SERVICES, EgressPolicy, parse_host_port
 from ._reasons import Refusal
+from ._rewrite import Rewriter
+from ._secrets import bound
 
 __all__ = ["EgressProxy", "EventCallback", "Identify"]
 
@@ -98,6 +102,7 @@ class _Attempt:
         self.up = 0
         self.down = 0
         self.reported = False  # `emit` ran (a remote sandbox's refusal is reported before it is answered)
+        self.secrets: set[str] = set()  # names of the secrets put into its requests
 
     def count_up(self, n: int) -> None:
         self.up += n
@@ -112,7 +117,8 @@ class _Attempt:
         return EgressEvent(time=self.time, sandbox_id=sandbox_id, kind=self.kind, method=self.method,
                            host=self.host, port=self.port, allowed=self.allowed, rule=self.rule,
                            reason=self.reason, bytes_up=self.up, bytes_down=self.down,
-                           duration=time.monotonic() - self.t0, path=self.path)
+                           duration=time.monotonic() - self.t0, path=self.path,
+                           secrets=tuple(sorted(self.secrets)))
 
 
 class EgressProxy:
@@ -125,14 +131,21 @@ class EgressProxy:
     * `idle_timeout`: seconds a client connection may sit without a complete request head.
     * `connect_timeout`: seconds for resolving a name and for connecting to it, each.
     * `io_timeout`: seconds any read or write may stall mid-transfer, and a tunnel may be silent both ways.
+    * `ca`: the deployment's CA, to intercept TLS to the hosts a sandbox's secrets are bound to (docs/secrets.md);
+      without one, such a tunnel is refused (a secret is never sent where it would stay a placeholder).
+    * `upstream_tls`: how those hosts' own certificates are verified (`upstream_context`: the host's trust store
+      plus `--upstream-ca`).
 
     A refused or failed attempt is reported with `allowed=False`; `rule` says which rule or failure decided.
     """
 
     def __init__(self, on_event: EventCallback | None = None, mirror: PackageMirrorProtocol | None = None,
                  extra_forbidden: Iterable[str | IPNetwork] = (), *, idle_timeout: float = 60.0,
-                 connect_timeout: float = 10.0, io_timeout: float = 300.0) -> None:
+                 connect_timeout: float = 10.0, io_timeout: float = 300.0, ca: CertificateAuthority | None = None,
+                 upstream_tls: ssl.SSLContext | None = None) -> None:
         self.on_event = on_event
+        self.ca = ca
+        self.upstream_tls = upstream_tls or upstream_context()
         self.mirror = mirror
         self.guard = AddressGuard(extra_forbidden)
         self.idle_timeout = idle_timeout
@@ -507,6 +520,9 @@ class _Connection:
             raise reasons.bad_request(exc.message) from None
         if port is None:
             raise reasons.bad_request(f"CONNECT needs host:port, got {safe_text(target, 80)!r}")
+        if bound(self._known().policy.secrets, host):
+            await self._intercept(host, port, attempt)
+            return
         with await self._open(host, port, attempt) as upstream:
             self._respond(b"HTTP/1.1 200 Connection established\r\n\r\n")
             async with asyncio.timeout(self.proxy.io_timeout):
@@ -567,11 +583,112 @@ class _Connection:
                 transport.set_write_buffer_limits()
         return self._client_socket()
 
+    # -- hosts a secret is bound to (docs/secrets.md): every byte parsed, secrets put in and taken out ------------
+
+    def _rewriter(self, host: str, upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+                  attempt: _Attempt) -> Rewriter:
+        return Rewriter((self.reader, self.writer), upstream, host=host, secrets=self._known().policy.secrets,
+                        timeout=self.proxy.io_timeout, sent_up=attempt.count_up, sent_down=attempt.count_down)
+
+    async def _forward_rewritten(self, head: Head, body: Framing, host: str, port: int, path: str,
+                                 attempt: _Attempt) -> bool:
+        """A plain-HTTP request to a bound host: one exchange, on a connection of its own upstream."""
+        upstream = await self._open(host, port, attempt)
+        reader, writer = await asyncio.open_connection(sock=upstream, limit=MAX_HEAD)
+        rewriter = self._rewriter(host, (reader, writer), attempt)
+        try:
+            done = await rewriter.exchange(head, body, path, _host_header(host, port, 80), keep_upstream=False)
+            return done.client_keeps
+        except TimeoutError:
+            raise reasons.upstream_timeout("talking to", host, port, self.proxy.io_timeout) from None
+        finally:
+            self.responded = self.responded or rewriter.responded
+            attempt.secrets |= rewriter.used
+            writer.close()
+
+    async def _intercept(self, host: str, port: int, attempt: _Attempt) -> None:
+        """CONNECT to a bound host: TLS to the host (its certificate checked here), then TLS with the sandbox under a
+        leaf of the deployment's CA, then the sandbox's requests one by one, rewritten, on that one connection."""
+        ca = self.proxy.ca
+        if ca is None:
+            raise reasons.no_interception(host)
+        reader, writer = await self._tls_upstream(host, port, attempt)
+        try:
+            self._respond(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            if self.reader._buffer:  # type: ignore[attr-defined]  # see _take_buffered
+                attempt.reason = "the client sent bytes before the tunnel was established"
+                return
+            try:
+                await self.writer.start_tls(ca.server_context(host),
+                                            ssl_handshake_timeout=self.proxy.connect_timeout)
+            except (ssl.SSLError, OSError, TimeoutError) as exc:
+                attempt.reason = (f"the sandbox did not accept the proxy's certificate for {host} ({exc}); it must "
+                                  "trust Corral's CA (SSL_CERT_FILE and the other variables Corral sets)")
+                return
+            await self._rewritten_requests(host, port, self._rewriter(host, (reader, writer), attempt), attempt)
+        finally:
+            writer.close()
+
+    async def _tls_upstream(self, host: str, port: int,
+                            attempt: _Attempt) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        upstream = await self._open(host, port, attempt)
+        try:
+            async with asyncio.timeout(self.proxy.connect_timeout):
+                return await asyncio.open_connection(sock=upstream, ssl=self.proxy.upstream_tls,
+                                                     server_hostname=host, limit=MAX_HEAD)
+        except ssl.SSLCertVerificationError as exc:
+            upstream.close()
+            raise reasons.upstream_untrusted(host, port, exc.verify_message or str(exc)) from None
+        except TimeoutError:
+            upstream.close()
+            raise reasons.upstream_timeout("TLS with", host, port, self.proxy.connect_timeout) from None
+        except (ssl.SSLError, OSError) as exc:
+            upstream.close()
+            raise reasons.upstream_failed(host, port, f"TLS: {exc}") from None
+
+    async def _rewritten_requests(self, host: str, port: int, rewriter: Rewriter, attempt: _Attempt) -> None:
+        """Requests inside the intercepted tunnel until either side is done; a refusal is answered inside it."""
+        authority = _host_header(host, port, 443)
+        try:
+            while True:
+                async with asyncio.timeout(self.proxy.idle_timeout):
+                    head = await read_head(self.reader)
+                if head is None:
+                    return
+                target = head.start[1]
+                if not target.startswith("/"):
+                    raise reasons.bad_request("inside a tunnel, requests are origin-form, not "
+                                              f"{safe_text(target, 80)!r}")
+                done = await rewriter.exchange(head, framing(head, request=True), target, authority,
+                                               keep_upstream=True)
+                if not (done.client_keeps and done.upstream_keeps):
+                    return
+        except Refusal as refusal:
+            await self._refuse_inside(rewriter, attempt, refusal)
+        except (BadMessage, HeadTooLarge) as exc:
+            await self._refuse_inside(rewriter, attempt, reasons.bad_request(str(exc)))
+        except TimeoutError:
+            attempt.reason = f"tunnel idle or stalled for {self.proxy.io_timeout:g} s, closed"
+        finally:
+            attempt.secrets |= rewriter.used
+
+    async def _refuse_inside(self, rewriter: Rewriter, attempt: _Attempt, refusal: Refusal) -> None:
+        attempt.reason = refusal.reason
+        if rewriter.responded:
+            return
+        marker = f"error; host={attempt.host}; port={attempt.port}; rule={refusal.rule}"
+        self.writer.write(error_response(refusal.status, refusal.reason, marker=marker))
+        with contextlib.suppress(OSError, TimeoutError, ssl.SSLError):
+            async with asyncio.timeout(self.proxy.io_timeout):
+                await self.writer.drain()
+
     # -- absolute-form HTTP ------------------------------------------------------------------------------------
 
     async def _forward(self, head: Head, request_body: Framing, host: str, port: int, path: str,
                        attempt: _Attempt) -> bool:
         """One request upstream, its response back: heads parsed here, bodies copied socket to socket."""
+        if bound(self._known().policy.secrets, host):
+            return await self._forward_rewritten(head, request_body, host, port, path, attempt)
         upstream = await self._open(host, port, attempt)
         stall = Stall(self.proxy.io_timeout)  # anything moving either way, request body included, counts
 
@@ -843,6 +960,11 @@ def _drop_hop_by_hop(head: Head) -> list[tuple[str, str]]:
     named = head.tokens("connection")  # headers the sender marked as meant for this hop only
     return [(k, v) for k, v in head.headers
             if k.lower() not in HOP_BY_HOP and k.lower() not in named and not k.lower().startswith("proxy-")]
+
+
+def _host_header(host: str, port: int, default: int) -> str:
+    authority = f"[{host}]" if ":" in host else host
+    return authority + ("" if port == default else f":{port}")
 
 
 def _upstream_head(head: Head, host: str, port: int, path: str) -> bytes:

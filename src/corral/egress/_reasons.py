@@ -110,3 +110,15 @@ def upstream_failed(host: str, port: int, why: str) -> Refusal:
 
 def upstream_timeout(what: str, host: str, port: int, seconds: float) -> Refusal:
     return Refusal(504, f"Corral egress: {what} {_show(host)}:{port} timed out after {seconds:g} s", "timeout")
+
+
+def upstream_untrusted(host: str, port: int, why: str) -> Refusal:
+    # The proxy checks a bound host's certificate itself: the sandbox cannot, it sees the proxy's.
+    return Refusal(502, f"Corral egress: the certificate of {_show(host)}:{port} is not trusted ({why}); behind a "
+                        "TLS-inspecting gateway, start Corral with --upstream-ca FILE naming the gateway's CA",
+                   "upstream certificate")
+
+
+def no_interception(host: str) -> Refusal:
+    return Refusal(502, f"Corral egress: {_show(host)} has secrets bound to it, and this proxy has no CA to put them "
+                        "into TLS (docs/secrets.md)", "error")

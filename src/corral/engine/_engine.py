@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._atomic import write_json_atomic
+from .._atomic import write_atomic, write_json_atomic
 from .._exceptions import (
     AgentError,
     ConflictError,
@@ -70,7 +70,8 @@ from ._models import (
 )
 
 if TYPE_CHECKING:
-    from ..egress import EgressEvent, EgressProxy
+    from ..egress import EgressEvent, EgressPolicy, EgressProxy
+    from ..egress._keyring import SecretKeyring
 
 logger = logging.getLogger("corral.engine")
 
@@ -90,10 +91,29 @@ EGRESS_ENV = {
     "HTTP_PROXY": _PROXY, "HTTPS_PROXY": _PROXY, "http_proxy": _PROXY, "https_proxy": _PROXY,
     "NO_PROXY": _NO_PROXY, "no_proxy": _NO_PROXY,
 }
+# A sandbox with secrets trusts the deployment's CA (docs/secrets.md), through the variables its clients read:
+# OpenSSL and Python's ssl, requests, curl, git, pip and Node (which adds to its own store).
+_TRUST_DIR = "/.corral/egress"
+TRUST_CA, TRUST_BUNDLE = "ca.pem", "ca-bundle.pem"
+TRUST_ENV = {
+    "SSL_CERT_FILE": f"{_TRUST_DIR}/{TRUST_BUNDLE}", "REQUESTS_CA_BUNDLE": f"{_TRUST_DIR}/{TRUST_BUNDLE}",
+    "CURL_CA_BUNDLE": f"{_TRUST_DIR}/{TRUST_BUNDLE}", "GIT_SSL_CAINFO": f"{_TRUST_DIR}/{TRUST_BUNDLE}",
+    "PIP_CERT": f"{_TRUST_DIR}/{TRUST_BUNDLE}", "NODE_EXTRA_CA_CERTS": f"{_TRUST_DIR}/{TRUST_CA}",
+}
+_HOST_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/cert.pem")
 # Where the policy grants the package preset, pip and npm use the proxy's caching mirror. Elsewhere they keep
 # their usual registries through the proxy, so a refusal reaches them as a refused CONNECT, whose reason pip
 # prints in its retry warnings (a refused mirror page, pip would report only as "no matching distribution").
 MIRROR_ENV = {"PIP_INDEX_URL": f"{_PROXY}/pypi/simple/", "npm_config_registry": f"{_PROXY}/npm/"}
+
+
+@functools.lru_cache(maxsize=1)
+def _host_bundle() -> bytes:
+    """The host's trust store (Debian's path first), which the sandbox's bundle extends."""
+    for path in _HOST_BUNDLES:
+        with contextlib.suppress(OSError):
+            return Path(path).read_bytes()
+    return b""
 
 
 @functools.lru_cache(maxsize=1024)
@@ -177,8 +197,9 @@ class Engine:
     def __init__(self, home: str | os.PathLike[str] | None = None, backend: Backend | str = "local", *,
                  templates: TemplateStore | None = None, pool_size: int = 0,
                  pool_spec: SandboxSpec | None = None, capacity: Capacity | None = None,
-                 egress: EgressProxy | None = None) -> None:
+                 egress: EgressProxy | None = None, keyring: SecretKeyring | None = None) -> None:
         self.home = corral_home(home)
+        self._keyring = keyring
         self.backend: Backend = load_backend(backend, self.home) if isinstance(backend, str) else backend
         # Asked once: every exec builds an environment, and a Protocol's isinstance costs ~8 us.
         self._remote_egress = self.backend if isinstance(self.backend, RemoteEgress) else None
@@ -376,7 +397,8 @@ class Engine:
                 sb.spec = spec
                 sb.created_at, sb.expires_at = now, now + spec.timeout
                 if self.egress is not None:
-                    self.egress.set_policy(sb.id, spec.egress_policy())
+                    self.egress.set_policy(sb.id, self._policy(spec))
+                    self._write_trust(sb.record, spec)
                 return sb
         return None
 
@@ -669,7 +691,7 @@ class Engine:
         sb.spec = spec
         self._save(sb)
         if self.egress is not None:
-            self.egress.set_policy(sb.id, spec.egress_policy())
+            self.egress.set_policy(sb.id, self._policy(spec))
         return spec
 
     # -- volumes (docs/volumes.md): the backend's; sandboxes mount them by id through `SandboxSpec.volumes` --------
@@ -690,7 +712,38 @@ class Engine:
         # A backend whose sandboxes reach a proxy of their own platform (`RemoteEgress`) has no socket here.
         if self.egress is not None and self._remote_egress is None:
             endpoint = self.backend.egress_endpoint(record)
-            await self.egress.attach(sandbox_id, Path(endpoint.path), spec.egress_policy())
+            await self.egress.attach(sandbox_id, Path(endpoint.path), self._policy(spec))
+            self._write_trust(record, spec)
+
+    # -- secrets (docs/secrets.md): values only in the proxy's policy, placeholders and the CA in the sandbox ----
+
+    @property
+    def keyring(self) -> SecretKeyring:
+        """What seals and opens secret values (`CORRAL_SECRETS_KEY`, else `<home>/secrets.key`)."""
+        if self._keyring is None:
+            from ..egress._keyring import SecretKeyring  # `cryptography` loads only where secrets are used
+
+            self._keyring = SecretKeyring.from_environment(self.home)
+        return self._keyring
+
+    def _policy(self, spec: SandboxSpec) -> EgressPolicy:
+        return spec.egress_policy(self.keyring if spec.secrets else None)
+
+    def check_secrets(self, spec: SandboxSpec) -> None:
+        """Refuse secrets where no proxy of ours could put them in (the Kubernetes backend's, for now)."""
+        if spec.secrets and (self.egress is None or self.egress.ca is None or self._remote_egress is not None):
+            raise InvalidRequestError(f"secrets need the egress proxy of the local or docker backend, with its CA; "
+                                      f"the {self.backend.name} backend here has none (docs/secrets.md)")
+
+    def _write_trust(self, record: BackendRecord, spec: SandboxSpec) -> None:
+        """The deployment's CA where the sandbox reads it (`/.corral/egress`, beside the proxy's socket): alone,
+        and after the host's trust store. Rewritten at every attach, so a rotated CA reaches live sandboxes."""
+        ca = self.egress.ca if self.egress is not None else None
+        if not spec.secrets or ca is None or self._remote_egress is not None:
+            return
+        directory = Path(self.backend.egress_endpoint(record).path).parent
+        write_atomic(directory / TRUST_CA, ca.pem, mode=0o644, durable=False)
+        write_atomic(directory / TRUST_BUNDLE, _host_bundle() + b"\n" + ca.pem, mode=0o644, durable=False)
 
     async def _with_oom(self, sb: _Sandbox, result: ExecResult, before: int) -> ExecResult:
         # A SIGKILL we did not send, with the OOM counter moved meanwhile, is the OOM killer.
@@ -748,6 +801,9 @@ class Engine:
         else:
             proxy, mirror = EGRESS_ENV, MIRROR_ENV if packages else {}
         env = {**proxy, **mirror, **sb.template_env, **sb.spec.env}
+        if sb.spec.secrets:
+            env.update(TRUST_ENV)
+            env.update({s.name: s.placeholder for s in sb.spec.secrets})
         if extra:
             env.update(extra)
         return env

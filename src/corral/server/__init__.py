@@ -12,12 +12,13 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable
+from pathlib import Path
 
 from .._logging import LOG_FORMATS, log_as_json
 from .._settings import admin_key, corral_home, database_url
 from ..control import CACHE_TTL, ControlStore
 from ..e2b import E2BConfig
-from ..egress import EgressProxy, PackageMirror
+from ..egress import CA_DIR, CertificateAuthority, EgressProxy, PackageMirror, upstream_context
 from ..engine import Capacity, Engine
 from ..service import DEFAULT_DOMAIN, STATUS_BY_CODE, ReplicaConfig, status_for
 from ._app import create_app
@@ -38,7 +39,7 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
           capacity: Capacity | None = None, backend: str = "local", domain: str = DEFAULT_DOMAIN,
           e2b: E2BConfig | None = None, replica: ReplicaConfig | None = None,
           cache_ttl: float = CACHE_TTL, log_format: str = "text", metrics: bool = True,
-          metrics_port: MetricsPort | None = None) -> None:
+          metrics_port: MetricsPort | None = None, upstream_ca: Path | None = None) -> None:
     """Run the API server until interrupted, with its state in `home` (default `CORRAL_HOME`), its control
     database at `db_url` (default `CORRAL_DB_URL`, else SQLite in `home`; PostgreSQL for several replicas),
     the machine's `capacity` for sandboxes (past it, creates answer 503 with `Retry-After`), and sandboxes on
@@ -48,7 +49,8 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
     single server reached at `http://<host>:<port>`), serving keys and sandbox records from memory for
     `cache_ttl` seconds (how late another replica's revocation may be seen here), logging as `log_format`
     ("text", or "json": one JSON object per line, a line per request), counting Prometheus `metrics` (served to
-    admins at /metrics, and to anyone at `metrics_port` if given; docs/operations.md)."""
+    admins at /metrics, and to anyone at `metrics_port` if given; docs/operations.md), trusting `upstream_ca` too
+    where the egress proxy checks the hosts that secrets are bound to (docs/secrets.md)."""
     import uvicorn
     from uvicorn.config import LOGGING_CONFIG
 
@@ -62,7 +64,9 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
     state = corral_home(home)
     # The egress proxy (and its package mirror) live in this process; the app wires its events to the audit
     # trail and starts it before the engine reattaches sandboxes (docs/egress.md).
-    proxy = EgressProxy(mirror=PackageMirror(state / "cache" / "packages"))
+    proxy = EgressProxy(mirror=PackageMirror(state / "cache" / "packages"),
+                        ca=CertificateAuthority.load_or_create(state / CA_DIR),
+                        upstream_tls=upstream_context(upstream_ca))
     engine = Engine(state, backend, capacity=capacity, egress=proxy)
     store = ControlStore(db_url or database_url(), home=state, cache_ttl=cache_ttl)
     explicit = admin_key()

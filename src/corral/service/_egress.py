@@ -108,6 +108,8 @@ async def egress_audit_event(store: ControlStore, event: EgressEvent) -> str | N
                                "bytes_down": event.bytes_down, "duration": round(event.duration, 6)}
     if not event.allowed:
         outcome["reason"] = event.reason
+    if event.secrets:  # which secrets went to this host (docs/secrets.md): names only, never a value
+        outcome["secrets_injected"] = list(event.secrets)
     await store.audit.append(AuditEvent(
         action=f"egress.{event.kind}", target=event.sandbox_id,
         tenant_id=sandbox.tenant_id if sandbox else None, key_id=sandbox.key_id if sandbox else None,

@@ -39,10 +39,12 @@ from ..backends import (
     SnapshotArtifact,
     backend_runtimes,
 )
+from ..backends._spec import SealedSecret
 from ..control import Action, Principal, Role, SandboxQuery, SandboxRecord, TenantEgress, authorize
 from ..egress import EgressPolicy
 from ._metrics import SandboxMetric
 from ._outcome import RETRY_AFTER_DETAIL
+from ._secrets import SecretRequest, audit_secrets, seal_secrets
 from ._snapshots import SNAPSHOT_ID, artifact_of
 
 if TYPE_CHECKING:
@@ -83,10 +85,14 @@ class CreateSandbox(BaseModel):
     # Root inside the sandbox (docs/security.md): commands and files may act as "root", and `sudo` works. Only
     # where the backend has a user namespace per sandbox (`service.info`: `root`); elsewhere `invalid_request`.
     root: bool = False
+    # name -> value and hosts (docs/secrets.md): `$name` inside is a placeholder; values only at the egress proxy
+    secrets: dict[str, SecretRequest] = Field(default_factory=dict)
 
     def audit_params(self) -> dict[str, Any]:
-        params = self.model_dump(mode="json", exclude={"env"})
+        params = self.model_dump(mode="json", exclude={"env", "secrets"})
         params["env_names"] = sorted(self.env)  # values often carry secrets
+        if self.secrets:
+            params["secrets"] = audit_secrets(self.secrets)
         return params
 
 
@@ -244,11 +250,13 @@ class Sandboxes:
                                else tuple(request.file_roots),
                                network=network if isinstance(network, str) else tuple(network),
                                network_private=tuple(egress.private), on_timeout=request.on_timeout,
-                               volumes=volumes, public_ports=request.public_ports, root=request.root)
+                               volumes=volumes, public_ports=request.public_ports, root=request.root,
+                               secrets=self._sealed(request))
         except pydantic.ValidationError as exc:
             problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'spec'}: {e['msg']}"
                                  for e in exc.errors())
             raise InvalidRequestError(f"invalid sandbox spec: {problems}") from None
+        self._svc.engine.check_secrets(spec)
         if template_known:
             return spec
         try:
@@ -256,6 +264,11 @@ class Sandboxes:
         except NotFoundError as exc:
             raise InvalidRequestError(exc.message, details={"template": spec.template}) from None
         return spec
+
+    def _sealed(self, request: CreateSandbox) -> tuple[SealedSecret, ...]:
+        if not request.secrets:
+            return ()
+        return seal_secrets(request.secrets, request.env, self._svc.engine.keyring)
 
     async def fork(self, principal: Principal, sandbox_id: str, request: ForkSandbox) -> builtins.list[SandboxRecord]:
         """New sandboxes (`request.count`, default one) with the parent's files at this instant and its spec

@@ -86,9 +86,10 @@ PREFLIGHT_TTL = 5.0
 AGENT_READY_TIMEOUT = {Runtime.RUNC: 15.0, Runtime.RUNSC: 60.0}
 SOCKET_POLL = 0.005  # runsc: how often `create` looks for the agent's socket
 ALIVE_POLL = 0.25  # and how often, meanwhile, whether the sandbox still runs
-# The egress socket's directory holds one socket: a few pages and inodes are plenty, and it is never on disk.
-EGRESS_TMPFS_SIZE = 16 * 1024
-EGRESS_TMPFS_INODES = 4
+# The egress socket's directory holds the socket and, for a sandbox with secrets, the deployment's CA and a trust
+# bundle (~250 KiB, docs/secrets.md): bounded, and never on disk.
+EGRESS_TMPFS_SIZE = 512 * 1024
+EGRESS_TMPFS_INODES = 8
 
 
 @dataclass(frozen=True)

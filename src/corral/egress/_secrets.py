@@ -1,0 +1,140 @@
+"""Secrets at egress: what the proxy puts into requests to bound hosts, and takes out of their answers
+(docs/secrets.md).
+
+A sandbox holds a `placeholder` per secret (`corral-secret-<32 hex>`, unique to the sandbox), never the value.
+In a request to a host the secret is bound to, the proxy replaces the placeholder by the value in the request
+line and headers (also inside `Authorization: Basic`, whose credentials are base64) and, when the secret opts in,
+in the body. In every answer from an intercepted host, each value of the sandbox's secrets (verbatim or
+percent-encoded) goes back to its placeholder, so a server that echoes a request cannot hand the value to the
+sandbox. Requests to other hosts are never rewritten: they carry the placeholder.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import secrets
+import urllib.parse
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+__all__ = ["BODY_MAX", "PLACEHOLDER", "Injection", "Scrubber", "SecretBinding", "new_placeholder"]
+
+PLACEHOLDER = re.compile(r"corral-secret-[0-9a-f]{32}")
+BODY_MAX = 8 * 1024 * 1024  # a request body rewritten for a secret is read whole: bounded
+
+
+def new_placeholder() -> str:
+    """Letters, digits and '-' only: it survives URL encoding, base64 decoding and shell quoting unchanged."""
+    return f"corral-secret-{secrets.token_hex(16)}"
+
+
+@dataclass(frozen=True)
+class SecretBinding:
+    """One secret as the proxy uses it: the value is only ever in this process's memory."""
+
+    name: str
+    placeholder: str
+    value: str = field(repr=False)
+    hosts: tuple[str, ...]  # normalised names or IP literals; "*.example.com" covers its subdomains, not itself
+    body: bool = False  # also in request bodies
+
+    def binds(self, host: str) -> bool:
+        return any(host == h or (h.startswith("*.") and host.endswith(h[1:])) for h in self.hosts)
+
+
+def bound(bindings: Iterable[SecretBinding], host: str) -> tuple[SecretBinding, ...]:
+    return tuple(b for b in bindings if b.binds(host))
+
+
+class Injection:
+    """The placeholders of the secrets bound to one host, replaced in one request; `used` names those that were."""
+
+    def __init__(self, bindings: tuple[SecretBinding, ...]) -> None:
+        self.bindings = bindings
+        self.used: set[str] = set()
+
+    def text(self, text: str) -> str:
+        """A request line or header value (latin-1 text, as heads are read): each placeholder -> its value's
+        UTF-8 bytes."""
+        for b in self.bindings:
+            if b.placeholder in text:
+                text = text.replace(b.placeholder, b.value.encode().decode("latin-1"))
+                self.used.add(b.name)
+        return text
+
+    def header(self, name: str, value: str) -> str:
+        """`Authorization: Basic ...` hides a placeholder in base64 (git, pip and curl put URL credentials
+        there): decoded, replaced, encoded again."""
+        if name.lower() == "authorization":
+            scheme, _, credentials = value.partition(" ")
+            if scheme.lower() == "basic":
+                try:
+                    decoded = base64.b64decode(credentials.strip(), validate=True).decode("latin-1")
+                except ValueError:
+                    return self.text(value)
+                replaced = self.text(decoded)
+                if replaced != decoded:
+                    return f"{scheme} {base64.b64encode(replaced.encode('latin-1')).decode()}"
+        return self.text(value)
+
+    def body(self, data: bytes) -> bytes:
+        for b in self.bindings:
+            if b.body and b.placeholder.encode() in data:
+                data = data.replace(b.placeholder.encode(), b.value.encode())
+                self.used.add(b.name)
+        return data
+
+    @property
+    def rewrites_body(self) -> bool:
+        return any(b.body for b in self.bindings)
+
+
+class Scrubber:
+    """Streams an answer's bytes with every value of the sandbox's secrets replaced by its placeholder, also where
+    a value is split between two reads: the last `len(longest value) - 1` bytes wait for the next."""
+
+    def __init__(self, bindings: Iterable[SecretBinding]) -> None:
+        pairs: dict[bytes, bytes] = {}
+        for b in bindings:
+            pairs[b.value.encode()] = b.placeholder.encode()
+            pairs[urllib.parse.quote(b.value, safe="").encode()] = b.placeholder.encode()
+        self._pairs = pairs
+        ordered = sorted(pairs, key=len, reverse=True)  # the longest form first where two start at one place
+        self._pattern = re.compile(b"|".join(re.escape(p) for p in ordered)) if ordered else None
+        self._keep = max((len(p) for p in ordered), default=1) - 1
+        self._pending = b""
+        self.hits = 0
+
+    def text(self, text: str) -> str:
+        """A header value (latin-1 text)."""
+        return self._replace(text.encode("latin-1")).decode("latin-1")
+
+    def feed(self, data: bytes) -> bytes:
+        if self._pattern is None:
+            return data
+        buffer = self._pending + data
+        safe = len(buffer) - self._keep  # a value starting before here is wholly in the buffer
+        out: list[bytes] = []
+        at = 0
+        for match in self._pattern.finditer(buffer):
+            if match.start() >= safe:
+                break
+            out += [buffer[at:match.start()], self._pairs[match.group()]]
+            at = match.end()
+            self.hits += 1
+        cut = max(at, safe)
+        out.append(buffer[at:cut])
+        self._pending = buffer[cut:]
+        return b"".join(out)
+
+    def flush(self) -> bytes:
+        rest, self._pending = self._pending, b""
+        return self._replace(rest)
+
+    def _replace(self, data: bytes) -> bytes:
+        if self._pattern is None:
+            return data
+        replaced, count = self._pattern.subn(lambda m: self._pairs[m.group()], data)
+        self.hits += count
+        return replaced

@@ -1,0 +1,411 @@
+"""Secrets at egress (docs/secrets.md), with real clients inside real runc sandboxes (curl, Python's urllib, git,
+npm) against loopback servers the tests start, plain and TLS: the bound host receives the value, another host the
+placeholder, a server that echoes the request back cannot hand the value to the sandbox, and the value is nowhere
+inside the sandbox, in its stored spec, or in what the proxy reports.
+
+The loopback servers are reached by two names: `host.corral.internal` (the tenant's host service, the name the
+secrets are bound to) and `127.0.0.1` (the same server under a name no secret is bound to).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import gzip
+import http.server
+import ipaddress
+import json
+import ssl
+import threading
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from corral import InvalidRequestError
+from corral.control import ControlStore, Role
+from corral.egress import CertificateAuthority, EgressEvent, EgressProxy, upstream_context
+from corral.engine import Engine, SandboxSpec
+from corral.server import create_app
+from corral.service._secrets import SecretRequest, seal_secrets
+
+from .conftest import TEMPLATE, make_engine
+from .test_server_api import Api, create, error_code, run
+
+pytestmark = [pytest.mark.anyio, pytest.mark.runc]
+
+VALUE = "s3cr3t-Value-9f8e7d6c5b4a"  # what must never be seen inside
+BOUND = "host.corral.internal"
+
+
+# -- a loopback server that records requests and echoes them back ---------------------------------------------------
+
+
+@dataclass
+class Seen:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class Echo:
+    """HTTP(S) on 127.0.0.1: records every request and answers with it (headers too, and in a header), gzipped
+    under /gzip/; under /git/ it asks for Basic credentials first, as a git server does."""
+
+    tls: ssl.SSLContext | None = None
+    seen: list[Seen] = field(default_factory=list)
+    server: http.server.ThreadingHTTPServer | None = None
+
+    def start(self) -> Echo:
+        echo = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:
+                self._answer()
+
+            def do_POST(self) -> None:
+                self._answer()
+
+            def _answer(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                echo.seen.append(Seen(self.path, dict(self.headers.items()), body))
+                if self.path.startswith("/git/") and "Authorization" not in self.headers:
+                    self._send(401, b"auth needed", [("WWW-Authenticate", 'Basic realm="git"')])
+                    return
+                data = json.dumps({"path": self.path, "headers": dict(self.headers.items()),
+                                   "body": body.decode("latin-1")}).encode()
+                extra = [("X-Echo-Auth", self.headers.get("Authorization", ""))]
+                if self.path.startswith("/gzip/"):
+                    data, extra = gzip.compress(data), [*extra, ("Content-Encoding", "gzip")]
+                self._send(200, data, extra)
+
+            def _send(self, status: int, data: bytes, headers: list[tuple[str, str]]) -> None:
+                self.send_response(status)
+                for k, v in headers:
+                    self.send_header(k, v)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if self.tls is not None:
+            self.server.socket = self.tls.wrap_socket(self.server.socket, server_side=True)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return int(self.server.server_address[1])
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+
+@dataclass
+class UpstreamPki:
+    ca_pem: Path
+    server: ssl.SSLContext
+
+
+def _test_pki(directory: Path) -> UpstreamPki:
+    """A CA of the test's own and a certificate for both of the server's names, as a real host would have."""
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "corral test upstream CA")])
+    now = datetime.datetime.now(datetime.UTC)
+    ca = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(hours=1))
+          .not_valid_after(now + datetime.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    leaf = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, BOUND)])).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(BOUND),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    ca_pem = directory / "upstream-ca.pem"
+    ca_pem.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    chain = directory / "upstream-leaf.pem"
+    chain.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                        serialization.NoEncryption()) + leaf.public_bytes(serialization.Encoding.PEM))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(chain)
+    return UpstreamPki(ca_pem, context)
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> UpstreamPki:
+    return _test_pki(tmp_path)
+
+
+@pytest.fixture
+def plain() -> Iterator[Echo]:
+    server = Echo().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def tls(pki: UpstreamPki) -> Iterator[Echo]:
+    server = Echo(tls=pki.server).start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+async def egress(test_home: Path, tmp_path: Path,
+                 pki: UpstreamPki) -> AsyncIterator[tuple[Engine, EgressProxy, list[EgressEvent]]]:
+    events: list[EgressEvent] = []
+    ca = CertificateAuthority.load_or_create(tmp_path / "egress-ca")
+    proxy = EgressProxy(on_event=events.append, ca=ca, upstream_tls=upstream_context(pki.ca_pem))
+    await proxy.start()
+    engine = make_engine(test_home, egress=proxy)
+    await engine.start()
+    try:
+        yield engine, proxy, events
+    finally:
+        await engine.close(destroy_all=True)
+        await proxy.close()
+        ca.close()
+
+
+def secret_spec(engine: Engine, *servers: Echo, body: bool = False, hosts: tuple[str, ...] = (BOUND,),
+                **more: Any) -> SandboxSpec:
+    private = tuple(f"127.0.0.1:{s.port}" for s in servers)
+    sealed = seal_secrets({"TOKEN": SecretRequest(value=VALUE, hosts=list(hosts), body=body)}, {}, engine.keyring)
+    return SandboxSpec(template=TEMPLATE, network=(BOUND, "127.0.0.1"), network_private=private, secrets=sealed,
+                       **more)
+
+
+async def sh(sb: Any, cmd: str) -> Any:
+    r = await sb.exec(["bash", "-c", cmd], timeout=120)
+    return r
+
+
+def reflected(r: Any) -> dict[str, Any]:
+    assert r.exit_code == 0, r.stdout + r.stderr
+    data: dict[str, Any] = json.loads(r.stdout)
+    return data
+
+
+# -- inside: a placeholder, never the value --------------------------------------------------------------------------
+
+
+async def test_inside_the_sandbox_there_is_only_a_placeholder(egress: Any, plain: Echo, test_home: Path) -> None:
+    engine, _, _ = egress
+    async with await engine.create(secret_spec(engine, plain)) as sb:
+        r = await sh(sb, 'echo "$TOKEN"')
+        placeholder = r.stdout.strip()
+        assert placeholder.startswith("corral-secret-") and VALUE not in placeholder
+        # A background process, so there is more than the command's own environment to search.
+        await sh(sb, "nohup sleep 60 >/dev/null 2>&1 &")
+        # The value is given reversed and turned around in an unexported variable: no environment holds it.
+        r = await sb.exec(["bash", "-c", 'V=$(rev <<< "$R"); grep -rlsF --binary-files=text -e "$V" '
+                           "/proc/[0-9]*/environ /home /tmp /workspace /etc /.corral; echo done"],
+                          env={"R": VALUE[::-1]}, timeout=60)
+        assert r.stdout.strip() == "done", r.stdout
+        state = (test_home / "engine" / f"{sb.id}.json").read_bytes()
+        assert VALUE.encode() not in state and b"corral-secret-" in state  # sealed at rest
+
+
+# -- plain HTTP --------------------------------------------------------------------------------------------------------
+
+
+async def test_plain_http_the_bound_host_gets_the_value_and_its_echo_is_scrubbed(egress: Any, plain: Echo) -> None:
+    engine, _, events = egress
+    async with await engine.create(secret_spec(engine, plain)) as sb:
+        placeholder = (await sh(sb, 'echo -n "$TOKEN"')).stdout
+        r = await sh(sb, f'curl -sS -D /tmp/h -H "Authorization: Bearer $TOKEN" '
+                         f'"http://{BOUND}:{plain.port}/echo?token=$TOKEN"')
+        echoed = reflected(r)
+        assert plain.seen[-1].headers["Authorization"] == f"Bearer {VALUE}"
+        assert plain.seen[-1].path == f"/echo?token={VALUE}"
+        assert echoed["headers"]["Authorization"] == f"Bearer {placeholder}"  # the server echoed the value
+        assert VALUE not in r.stdout and VALUE not in (await sh(sb, "cat /tmp/h")).stdout
+        # The same server under another name: not bound, the placeholder goes as it is.
+        r = await sh(sb, f'curl -sS --noproxy "" -H "Authorization: Bearer $TOKEN" http://127.0.0.1:{plain.port}/x')
+        assert r.exit_code == 0 and plain.seen[-1].headers["Authorization"] == f"Bearer {placeholder}"
+    injected = [e for e in events if e.secrets]
+    assert injected and all(e.host == BOUND and e.secrets == ("TOKEN",) for e in injected)
+    assert not any(VALUE in repr(e) for e in events)
+
+
+async def test_python_urllib_and_gzip_answers(egress: Any, plain: Echo) -> None:
+    engine, _, _ = egress
+    async with await engine.create(secret_spec(engine, plain)) as sb:
+        code = ("import os, urllib.request; r = urllib.request.Request("
+                f"'http://{BOUND}:{plain.port}/gzip/x', headers={{'X-Api-Key': os.environ['TOKEN'], "
+                "'Accept-Encoding': 'gzip'}); print(urllib.request.urlopen(r).read().decode())")
+        r = await sb.exec(["python3", "-c", code], timeout=60)
+        assert r.exit_code == 0, r.stderr
+        assert plain.seen[-1].headers["X-Api-Key"] == VALUE
+        assert plain.seen[-1].headers["Accept-Encoding"] == "identity"  # asked for plain bytes, got gzip anyway
+        assert VALUE not in r.stdout and "corral-secret-" in r.stdout  # decompressed, then scrubbed
+
+
+@pytest.mark.parametrize("body", [False, True])
+async def test_bodies_only_when_the_secret_opts_in(egress: Any, plain: Echo, body: bool) -> None:
+    engine, _, _ = egress
+    async with await engine.create(secret_spec(engine, plain, body=body)) as sb:
+        r = await sh(sb, f'curl -sS -d "{{\\"key\\": \\"$TOKEN\\"}}" http://{BOUND}:{plain.port}/post')
+        echoed = reflected(r)
+        assert (VALUE in plain.seen[-1].body.decode()) is body
+        assert VALUE not in json.dumps(echoed)
+
+
+# -- HTTPS: intercepted with the deployment's CA, the real certificate checked by the proxy ----------------------------
+
+
+async def test_https_curl_python_git_and_npm(egress: Any, tls: Echo) -> None:
+    engine, _, events = egress
+    async with await engine.create(secret_spec(engine, tls)) as sb:
+        base = f"https://{BOUND}:{tls.port}"
+        r = await sh(sb, f'curl -sS -H "Authorization: token $TOKEN" {base}/curl')
+        assert reflected(r)["headers"]["Authorization"].startswith("token corral-secret-")
+        assert tls.seen[-1].headers["Authorization"] == f"token {VALUE}"
+        code = ("import os, urllib.request; r = urllib.request.Request("
+                f"'{base}/py', headers={{'Authorization': 'Bearer ' + os.environ['TOKEN']}});"
+                "print(urllib.request.urlopen(r).read().decode())")
+        r = await sb.exec(["python3", "-c", code], timeout=60)
+        assert r.exit_code == 0 and VALUE not in r.stdout, r.stderr
+        assert tls.seen[-1].headers["Authorization"] == f"Bearer {VALUE}"
+        # git puts URL credentials in Authorization: Basic, after the server's 401
+        r = await sh(sb, f'git ls-remote "https://x-access-token:$TOKEN@{BOUND}:{tls.port}/git/repo.git" 2>&1; true')
+        basic = [s.headers["Authorization"] for s in tls.seen if s.path.startswith("/git/") and
+                 "Authorization" in s.headers]
+        assert basic, r.stdout
+        assert base64.b64decode(basic[-1].split()[1]).decode() == f"x-access-token:{VALUE}"
+        assert VALUE not in r.stdout
+        # npm with a token in .npmrc, as a private registry is used
+        npmrc = f"//{BOUND}:{tls.port}/:_authToken=${{TOKEN}}\n"
+        await sb.files.write("/home/user/.npmrc", npmrc.encode())
+        r = await sh(sb, f"cd /tmp && timeout 60 npm view left-pad --registry {base}/npm/ 2>&1; true")
+        npm = [s for s in tls.seen if s.path.startswith("/npm/")]
+        sent = {k.lower(): v for k, v in npm[-1].headers.items()} if npm else {}
+        assert sent.get("authorization") == f"Bearer {VALUE}", r.stdout
+        assert VALUE not in r.stdout
+    assert any(e.kind == "connect" and e.secrets == ("TOKEN",) for e in events)
+    assert not any(VALUE in repr(e) for e in events)
+
+
+async def test_other_hosts_stay_end_to_end_tls(egress: Any, tls: Echo, pki: UpstreamPki) -> None:
+    """Not bound: the tunnel is spliced, the sandbox sees the server's own certificate and sends the placeholder."""
+    engine, _, _ = egress
+    async with await engine.create(secret_spec(engine, tls)) as sb:
+        await sb.files.write("/tmp/up.pem", pki.ca_pem.read_bytes())
+        r = await sh(sb, f'curl -sS --noproxy "" --cacert /tmp/up.pem -H "Authorization: t $TOKEN" '
+                         f'https://127.0.0.1:{tls.port}/other')
+        assert r.exit_code == 0, r.stderr
+        assert tls.seen[-1].headers["Authorization"].startswith("t corral-secret-")
+
+
+async def test_an_untrusted_upstream_is_refused_naming_the_option(egress: Any, tls: Echo) -> None:
+    engine, proxy, _ = egress
+    proxy.upstream_tls = upstream_context()  # the host's store only: the test server's CA is unknown
+    async with await engine.create(secret_spec(engine, tls)) as sb:
+        r = await sh(sb, f'curl -sS -o /dev/null -w "%{{http_code}}" https://{BOUND}:{tls.port}/x; true')
+        assert "502" in r.stdout + r.stderr or "CONNECT" in r.stderr, r.stdout + r.stderr
+        assert not tls.seen or all(VALUE not in json.dumps(s.headers) for s in tls.seen)
+        notices = [e.reason for e in r.egress_denials]
+        assert any("--upstream-ca" in n for n in notices), notices
+
+
+# -- bad input ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("secret, words", [
+    ({"value": "", "hosts": ["a.example"]}, "empty"),
+    ({"value": "x", "hosts": []}, "at least one host"),
+    ({"value": "x\ny", "hosts": ["a.example"]}, "CR or LF"),
+    ({"value": "x", "hosts": ["a b"]}, "invalid host"),
+    ({"value": "x", "hosts": ["a.*.example"]}, "bad label"),
+    ({"value": "x" * 9000, "hosts": ["a.example"]}, "at most"),
+])
+def test_bad_secrets_are_refused(secret: dict[str, Any], words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        SecretRequest.model_validate(secret)
+
+
+async def test_a_secret_name_clashing_with_env_is_refused(egress: Any) -> None:
+    engine, _, _ = egress
+    with pytest.raises(InvalidRequestError, match="both in env and in secrets"):
+        seal_secrets({"TOKEN": SecretRequest(value="v", hosts=["a.example"])}, {"TOKEN": "x"}, engine.keyring)
+
+
+# -- through the API: sealed in the database, names and hosts in the audit, never the value ---------------------------
+
+
+@pytest.fixture
+async def api(test_home: Path, tmp_path: Path, pki: UpstreamPki) -> AsyncIterator[Api]:
+    ca = CertificateAuthority.load_or_create(tmp_path / "egress-ca")
+    proxy = EgressProxy(ca=ca, upstream_tls=upstream_context(pki.ca_pem))
+    engine = make_engine(test_home, egress=proxy)
+    store = ControlStore(home=tmp_path)
+    app = create_app(engine, store)
+    async with app.router.lifespan_context(app):
+        await store.bootstrap_admin(None)
+        tenant = (await store.create_tenant("a")).id
+        new = await store.create_key(tenant, Role.DEVELOPER, "dev")
+        op = await store.create_key(tenant, Role.OPERATOR, "op")
+        try:
+            yield Api(app, store, engine, {"a_dev": new.key, "a_op": op.key},
+                      {"a_dev": new.info.id, "a_op": op.info.id}, {"a": tenant})
+        finally:
+            for sb in engine.list():
+                await engine.destroy(sb.id)
+            ca.close()
+
+
+async def test_through_the_api_the_value_is_sealed_and_never_audited(api: Api, tls: Echo, tmp_path: Path) -> None:
+    async with api.client("a_op") as op, api.client("a_dev") as dev:
+        r = await op.put("/v1/tenants/a/egress", json={"private": [f"127.0.0.1:{tls.port}"]})
+        assert r.status_code == 200, r.text
+        sb = await create(dev, network=[BOUND], secrets={"TOKEN": {"value": VALUE, "hosts": [BOUND]}})
+        out = await run(dev, sb["id"], f'curl -sS -H "Authorization: Bearer $TOKEN" https://{BOUND}:{tls.port}/api')
+        stdout = base64.b64decode(out["stdout_b64"])
+        assert out["exit_code"] == 0 and b"corral-secret-" in stdout and VALUE.encode() not in stdout, out
+        assert tls.seen[-1].headers["Authorization"] == f"Bearer {VALUE}"
+        records = await api.store.audit.query()
+        created = next(r for r in records if r.action == "sandbox.create")
+        assert created.params["secrets"] == {"TOKEN": {"hosts": [BOUND], "body": False}}
+        injected = [r for r in records if r.action == "egress.connect" and r.outcome.get("secrets_injected")]
+        assert injected and injected[-1].outcome["secrets_injected"] == ["TOKEN"]
+        assert injected[-1].params["host"] == BOUND and injected[-1].target == sb["id"]
+        assert not any(VALUE in json.dumps([r.params, r.outcome]) for r in records)
+    database = b"".join(p.read_bytes() for p in tmp_path.glob("corral.db*"))
+    assert database and VALUE.encode() not in database
+
+
+@pytest.mark.parametrize("secrets, words", [
+    ({"TOKEN": {"value": "v", "hosts": ["a b"]}}, "invalid host"),
+    ({"TOKEN": {"value": "v"}}, "hosts"),
+    ({"1BAD": {"value": "v", "hosts": ["a.example"]}}, "not a valid environment variable name"),
+    ({"TOKEN": {"value": "v", "hosts": ["a.example"], "extra": 1}}, "extra"),
+    ({"HOME": {"value": "v", "hosts": ["a.example"]}}, "both in env and in secrets"),
+])
+async def test_bad_secrets_are_400_and_create_nothing(api: Api, secrets: dict[str, Any], words: str) -> None:
+    async with api.client("a_dev") as dev:
+        r = await dev.post("/v1/sandboxes", json={"template": TEMPLATE, "secrets": secrets, "env": {"HOME": "/x"}})
+        assert r.status_code == 400 and error_code(r) == "invalid_request", r.text
+        assert words in r.text and "\"v\"" not in r.text
+        assert (await dev.get("/v1/sandboxes")).json()["sandboxes"] == []
