@@ -613,6 +613,7 @@ class _Connection:
         if ca is None:
             raise reasons.no_interception(host)
         reader, writer = await self._tls_upstream(host, port, attempt)
+        client = self.writer.transport  # the plain transport below the TLS one start_tls makes
         try:
             self._respond(b"HTTP/1.1 200 Connection established\r\n\r\n")
             if self.reader._buffer:  # type: ignore[attr-defined]  # see _take_buffered
@@ -627,7 +628,8 @@ class _Connection:
                 return
             await self._rewritten_requests(host, port, self._rewriter(host, (reader, writer), attempt), attempt)
         finally:
-            writer.close()
+            await _close_tls(writer, writer.transport)
+            await _close_tls(self.writer, client)
 
     async def _tls_upstream(self, host: str, port: int,
                             attempt: _Attempt) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -960,6 +962,22 @@ def _drop_hop_by_hop(head: Head) -> list[tuple[str, str]]:
     named = head.tokens("connection")  # headers the sender marked as meant for this hop only
     return [(k, v) for k, v in head.headers
             if k.lower() not in HOP_BY_HOP and k.lower() not in named and not k.lower().startswith("proxy-")]
+
+
+async def _close_tls(writer: asyncio.StreamWriter, below: asyncio.BaseTransport) -> None:
+    """Close a TLS stream, waiting briefly for the peer's close_notify; then the transport below it, whatever the
+    peer did (a TLS shutdown that never completes would keep its socket open until the process ends)."""
+    try:
+        writer.close()
+        async with asyncio.timeout(1):
+            await writer.wait_closed()
+    except Exception:  # a peer gone mid-shutdown: nothing left to tell it
+        pass
+    finally:  # cancelled too (a detach): the socket must not outlive the connection
+        if isinstance(below, asyncio.WriteTransport):
+            below.abort()
+        else:
+            below.close()
 
 
 def _host_header(host: str, port: int, default: int) -> str:

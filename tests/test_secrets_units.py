@@ -1,0 +1,121 @@
+"""The pieces of secrets at egress without sandboxes: the scrubber across every split of a stream, header and Basic
+credential injection, the keyring, and the deployment's CA (docs/secrets.md)."""
+
+from __future__ import annotations
+
+import base64
+import random
+import ssl
+import stat
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.fernet import Fernet
+
+from corral import InvalidRequestError, ServerError
+from corral.egress import CertificateAuthority
+from corral.egress._keyring import SecretKeyring
+from corral.egress._secrets import PLACEHOLDER, Injection, Scrubber, SecretBinding, bound, new_placeholder
+
+A = SecretBinding("A", new_placeholder(), "tok-AAAA/+=", ("api.example.com",))
+B = SecretBinding("B", new_placeholder(), "b", ("*.example.org",), body=True)
+
+
+def test_placeholders_are_unique_and_shaped() -> None:
+    seen = {new_placeholder() for _ in range(1000)}
+    assert len(seen) == 1000 and all(PLACEHOLDER.fullmatch(p) for p in seen)
+
+
+def test_binding_hosts() -> None:
+    assert A.binds("api.example.com") and not A.binds("example.com") and not A.binds("x.api.example.com")
+    assert B.binds("a.example.org") and B.binds("a.b.example.org") and not B.binds("example.org")
+    assert bound((A, B), "api.example.com") == (A,)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_scrubber_finds_values_split_anywhere(seed: int) -> None:
+    rng = random.Random(seed)
+    pieces = [rng.choice([b"x" * rng.randrange(0, 50), A.value.encode(), b"tok-AAAA%2F%2B%3D", b"tok-AAA"])
+              for _ in range(40)]
+    data = b"".join(pieces)
+    expected = data.replace(A.value.encode(), A.placeholder.encode()).replace(b"tok-AAAA%2F%2B%3D",
+                                                                              A.placeholder.encode())
+    scrub = Scrubber([A])
+    out, at = [], 0
+    while at < len(data):
+        n = rng.randrange(1, 12)
+        out.append(scrub.feed(data[at:at + n]))
+        at += n
+    out.append(scrub.flush())
+    assert b"".join(out) == expected
+    assert A.value.encode() not in b"".join(out)
+
+
+def test_the_scrubber_passes_other_bytes_untouched() -> None:
+    data = bytes(range(256)) * 64
+    scrub = Scrubber([A, B])  # B's value "b" is one byte: every b goes
+    out = scrub.feed(data) + scrub.flush()
+    assert out == data.replace(b"b", B.placeholder.encode())
+    assert Scrubber([]).feed(data) == data
+
+
+def test_injection_in_text_headers_basic_and_bodies() -> None:
+    inj = Injection((A, B))
+    assert inj.text(f"/x?t={A.placeholder}") == f"/x?t={A.value}" and inj.used == {"A"}
+    basic = base64.b64encode(f"user:{A.placeholder}".encode()).decode()
+    out = inj.header("Authorization", f"Basic {basic}")
+    assert base64.b64decode(out.split()[1]).decode() == f"user:{A.value}"
+    assert inj.header("Authorization", "Basic !!notbase64") == "Basic !!notbase64"
+    assert inj.body(f"k={A.placeholder}&b={B.placeholder}".encode()) == f"k={A.placeholder}&b=b".encode()
+    only_a = Injection((A,))
+    assert not only_a.rewrites_body and only_a.text("nothing") == "nothing" and not only_a.used
+
+
+def test_the_keyring_seals_opens_and_rotates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CORRAL_SECRETS_KEY", raising=False)
+    ring = SecretKeyring.from_environment(tmp_path)
+    key_file = tmp_path / "secrets.key"
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    sealed = ring.seal("v@lue")
+    assert "v@lue" not in sealed and ring.open(sealed) == "v@lue"
+    assert SecretKeyring.from_environment(tmp_path).open(sealed) == "v@lue"  # the same key, kept
+    new = Fernet.generate_key().decode()
+    monkeypatch.setenv("CORRAL_SECRETS_KEY", f"{new},{key_file.read_text().strip()}")
+    rotated = SecretKeyring.from_environment(tmp_path)
+    assert rotated.open(sealed) == "v@lue"
+    resealed = rotated.reseal(sealed)
+    monkeypatch.setenv("CORRAL_SECRETS_KEY", new)
+    only_new = SecretKeyring.from_environment(tmp_path)
+    assert only_new.open(resealed) == "v@lue"
+    with pytest.raises(ServerError, match="key that sealed it is missing"):
+        only_new.open(sealed)
+    monkeypatch.setenv("CORRAL_SECRETS_KEY", "not-a-key")
+    with pytest.raises(InvalidRequestError, match="not Fernet keys"):
+        SecretKeyring.from_environment(tmp_path)
+
+
+def test_the_ca_is_made_once_kept_private_and_signs_leaves(tmp_path: Path) -> None:
+    ca = CertificateAuthority.load_or_create(tmp_path / "ca")
+    again = CertificateAuthority.load_or_create(tmp_path / "ca")
+    try:
+        assert again.pem == ca.pem
+        assert stat.S_IMODE((tmp_path / "ca" / "ca.key").stat().st_mode) == 0o600
+        assert b"PRIVATE" not in ca.pem
+        context = ca.server_context("api.example.com")
+        assert ca.server_context("api.example.com") is context  # cached
+        assert isinstance(context, ssl.SSLContext)
+        cert = x509.load_pem_x509_certificate(ca.pem)
+        assert cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+        ca.server_context("127.0.0.1")  # an IP literal gets an IP SAN
+    finally:
+        ca.close()
+        again.close()
+
+
+def test_a_broken_ca_directory_says_how_to_recover(tmp_path: Path) -> None:
+    (tmp_path / "ca").mkdir()
+    (tmp_path / "ca" / "ca.key").write_text("garbage")
+    (tmp_path / "ca" / "ca.crt").write_text("garbage")
+    with pytest.raises(ServerError, match="move the directory away"):
+        CertificateAuthority.load_or_create(tmp_path / "ca")
