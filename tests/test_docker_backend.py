@@ -50,7 +50,7 @@ from corral.backends.docker._container import AGENT_SOCKET
 from corral.backends.docker._image import Images
 from corral.backends.local import LocalBackend
 from corral.backends.local._bundle import MASKED_PATHS, READONLY_PATHS
-from corral.egress import EgressEvent, EgressProxy
+from corral.egress import CertificateAuthority, EgressEvent, EgressProxy, upstream_context
 from corral.engine import Engine
 from corral.eval import Exec, load_corpus
 from corral.eval.corpus import security
@@ -777,3 +777,28 @@ async def test_egress_only_through_the_proxy(home: Path, template: Template, loo
         await proxy.close()
     assert any(e.allowed and e.port == loopback.port for e in events)
     assert any(not e.allowed and e.host == "example.org" for e in events)
+
+
+async def test_secrets_at_egress_on_docker(home: Path, template: Template, tmp_path: Path) -> None:
+    """docs/secrets.md on the Docker backend: the CA reaches the container beside the proxy's socket, the bound
+    host gets the value over intercepted TLS, the echo comes back scrubbed, and the container holds a placeholder."""
+    from .test_secrets import BOUND, VALUE, Echo, make_upstream_pki, secret_spec
+
+    pki = make_upstream_pki(tmp_path)
+    server = Echo(tls=pki.server).start()
+    ca = CertificateAuthority.load_or_create(tmp_path / "egress-ca")
+    proxy = EgressProxy(ca=ca, upstream_tls=upstream_context(pki.ca_pem))
+    await proxy.start()
+    eng = make_engine(home, egress=proxy)
+    await eng.start()
+    try:
+        async with await eng.create(secret_spec(eng, server)) as sb:
+            r = await sb.exec(["bash", "-c", f'curl -sS -H "Authorization: Bearer $TOKEN" https://{BOUND}:'
+                                             f'{server.port}/docker; echo; env | grep -c "{VALUE}"'], timeout=60)
+            assert server.seen and server.seen[-1].headers["Authorization"] == f"Bearer {VALUE}", r.stderr
+            assert VALUE not in r.stdout and "corral-secret-" in r.stdout and r.stdout.endswith("0\n"), r.stdout
+    finally:
+        await eng.close(destroy_all=True)
+        await proxy.close()
+        ca.close()
+        server.close()

@@ -145,7 +145,7 @@ class UpstreamPki:
     server: ssl.SSLContext
 
 
-def _test_pki(directory: Path) -> UpstreamPki:
+def make_upstream_pki(directory: Path) -> UpstreamPki:
     """A CA of the test's own and a certificate for both of the server's names, as a real host would have."""
     ca_key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "corral test upstream CA")])
@@ -176,7 +176,7 @@ def _test_pki(directory: Path) -> UpstreamPki:
 
 @pytest.fixture
 def pki(tmp_path: Path) -> UpstreamPki:
-    return _test_pki(tmp_path)
+    return make_upstream_pki(tmp_path)
 
 
 @pytest.fixture
