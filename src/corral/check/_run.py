@@ -2,7 +2,8 @@
 
 Setup asks the server what it runs on (`GET /v1/info`: the backend, its runtimes, what it cannot give), then
 makes two tenants, `corral-check-<hex>` (where everything runs) and `corral-check-<hex>-b` (the other tenant of
-item 32), with developer, auditor and operator keys; when the server runs on this machine the runner's loopback
+item 32), with developer, auditor and operator keys (item 40 makes a third, `corral-check-<hex>-runsc`, torn down
+with them); when the server runs on this machine the runner's loopback
 server is started and the tenant may reach it. One sandbox is started and killed before any probe (a backend
 that makes an image of the template on its first sandbox, as Docker does, takes a minute there). Then the
 in-sandbox tasks run (N at a time) alongside the light item functions; the resource-abuse tasks follow, and the
@@ -144,6 +145,7 @@ async def provision(target: Target, *, loopback: str | None = None,
     suffix = secrets.token_hex(4)
     tenant, other = f"corral-check-{suffix}", f"corral-check-{suffix}-b"
     created: list[str] = []
+    ctx: CheckContext | None = None
     deployment = await fetch_deployment(target)
     async with AsyncAdmin(api_key=target.admin_key, base_url=target.url, transport=target.transport,
                           request_timeout=REQUEST_TIMEOUT) as admin:
@@ -158,9 +160,10 @@ async def provision(target: Target, *, loopback: str | None = None,
             if loopback is not None:
                 # The runner's loopback server: an exact private ip:port for this tenant (docs/egress.md).
                 await admin.tenants.set_egress(tenant, private=[loopback])
-            yield CheckContext(target, tenant, other, keys, key_ids, loopback=loopback, deployment=deployment)
+            ctx = CheckContext(target, tenant, other, keys, key_ids, loopback=loopback, deployment=deployment)
+            yield ctx
         finally:
-            for name in created:
+            for name in [*created, *(ctx.extra_tenants if ctx is not None else ())]:
                 await _teardown(admin, name, problems)
 
 
