@@ -90,7 +90,7 @@ async def item_42_volumes_bounded(ctx: CheckContext) -> str:
         refusals, refused = await _other_tenant(ctx, name)
         async with ctx.sandbox(volumes={_MOUNT: name}) as sb:
             fill = await sb.commands.run(_FILL, timeout=120)
-            own = await sb.commands.run("rm -f /mnt/corral-check/fill; echo ok > /workspace/corral-check-ok && "
+            own = await sb.commands.run(f"rm -f {_MOUNT}/fill; echo ok > /workspace/corral-check-ok && "
                                         "cat /workspace/corral-check-ok", timeout=30)
         used = (await AsyncVolume.get(name, **_sdk(ctx, "developer"))).used
         host = _host_image(ctx, vol.id)
