@@ -204,6 +204,16 @@ async def test_42_fails_when_a_volume_is_shared_or_unbounded(server: ServerProce
     assert list((server.home / "sandboxes").iterdir()) == []
 
 
+@pytest.mark.anyio
+async def test_40_fails_on_a_server_that_does_not_keep_the_policy_and_still_cleans_up() -> None:
+    fake = FakeCorral()  # a server from before tenants' runtime policy: the field is dropped
+    verdict = await _verdict(item_40_forced_runtime_holds, _context(fake))
+    assert verdict.status == "FAIL" and "did not keep the tenant's required runtime" in verdict.detail
+    assert "predates tenants' runtime policy" in verdict.fix
+    assert fake.tenants["ours-runsc"]["disabled"]
+    assert not [k for k in fake.keys.values() if k["tenant"] == "ours-runsc" and not k["revoked_at"]]
+
+
 # -- not applicable where the deployment cannot ---------------------------------------------------------------------
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from .._exceptions import CorralError
+from .._exceptions import CorralError, InvalidRequestError
 from .._sdk import AsyncAdmin, AsyncSandbox, AuditRecord
 from ._backend import gvisor_unavailable, on_gvisor, refused_runsc, sandbox_kernel
 from ._context import REQUEST_TIMEOUT, SANDBOX_TTL, CheckContext, clip
@@ -24,6 +24,7 @@ __all__ = ["item_40_forced_runtime_holds"]
 
 _SUFFIX = "-runsc"
 _UPGRADED = {"asked": "runc", "runtime": "runsc"}
+_OLD_SERVER = "upgrade Corral: this server predates tenants' runtime policy (docs/security.md, \"Runtime policy\")"
 _UPGRADE_FIX = ("upgrade Corral: the tenant's required_runtime must be applied by the service on every create, "
                 "and the audit record must carry `runtime_upgraded`")
 
@@ -34,12 +35,16 @@ async def item_40_forced_runtime_holds(ctx: CheckContext) -> str:
     name = ctx.tenant + _SUFFIX
     async with ctx.admin() as admin:
         try:
-            tenant = await admin.tenants.create(name, required_runtime="runsc")
+            try:
+                tenant = await admin.tenants.create(name, required_runtime="runsc")
+            except InvalidRequestError as exc:
+                raise ItemFailed(f"the server refused a tenant with required_runtime 'runsc': {clip(exc.message)}",
+                                 fix=_OLD_SERVER) from exc
             ctx.extra_tenants.append(name)  # torn down with the check's own tenants too, whatever happens here
             if tenant.required_runtime != "runsc":
                 raise ItemFailed(f"the server did not keep the tenant's required runtime: it answered "
                                  f"required_runtime={tenant.required_runtime!r} for a tenant created with 'runsc'",
-                                 fix="upgrade Corral: this server predates tenants' runtime policy")
+                                 fix=_OLD_SERVER)
             key = await admin.keys.create(name, "developer", name="corral check (forced runtime)")
             sid, runtime, log, kernel = await _runc_asked(ctx, key.key)
             records = await admin.audit.query(sandbox=sid, action="sandbox.create")

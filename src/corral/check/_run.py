@@ -1,16 +1,15 @@
 """`run_check`: the whole checklist against a deployment, in throwaway tenants that are always cleaned up.
 
-Setup asks the server what it runs on (`GET /v1/info`: the backend, its runtimes, what it cannot give), then
-makes two tenants, `corral-check-<hex>` (where everything runs) and `corral-check-<hex>-b` (the other tenant of
-item 32), with developer, auditor and operator keys (item 40 makes a third, `corral-check-<hex>-runsc`, torn down
-with them); when the server runs on this machine the runner's loopback
-server is started and the tenant may reach it. One sandbox is started and killed before any probe (a backend
-that makes an image of the template on its first sandbox, as Docker does, takes a minute there). Then the
-in-sandbox tasks run (N at a time) alongside the light item functions; the resource-abuse tasks follow, and the
-heavy functions (a fork bomb beside another sandbox, gigabytes of output, a swap race) run alone at the end.
-What the backend cannot give is N/A with its reason on the items it touches. Teardown, whatever happened:
-disable the tenants (their keys stop working, nothing new starts), kill their sandboxes, revoke their keys. It
-never touches another tenant.
+Setup asks the server what it runs on (`GET /v1/info`: the backend, its runtimes, what it cannot give), then makes
+two tenants, `corral-check-<hex>` (where everything runs) and `corral-check-<hex>-b` (the other tenant of item 32),
+with developer, auditor and operator keys (item 40 makes a third, `corral-check-<hex>-runsc`, torn down with them);
+when the server runs on this machine the runner's loopback server is started and the tenant may reach it. One
+sandbox is started and killed before any probe (a backend that makes an image of the template on its first sandbox,
+as Docker does, takes a minute there). Then the in-sandbox tasks run (N at a time) alongside the light item
+functions; the resource-abuse tasks follow, and the heavy functions (a fork bomb beside another sandbox, gigabytes
+of output, a swap race) run alone at the end. What the backend cannot give is N/A with its reason on the items it
+touches. Teardown, whatever happened: disable the tenants (their keys stop working, nothing new starts), kill their
+sandboxes, revoke their keys. It never touches another tenant.
 """
 
 from __future__ import annotations
