@@ -395,6 +395,20 @@ async def test_teardown_disables_kills_and_revokes_even_when_the_check_crashes()
 
 
 @pytest.mark.anyio
+async def test_teardown_also_undoes_a_tenant_an_item_function_made() -> None:
+    fake = FakeCorral()
+    with pytest.raises(RuntimeError, match="boom"):
+        async with provision(Target(URL, ADMIN, transport=fake.transport())) as ctx:
+            async with ctx.admin() as admin:
+                await admin.tenants.create(ctx.tenant + "-runsc")
+                ctx.extra_tenants.append(ctx.tenant + "-runsc")
+                await admin.keys.create(ctx.tenant + "-runsc", "developer")
+            raise RuntimeError("boom")  # the item function never got to its own clean-up
+    assert fake.tenants[ctx.tenant + "-runsc"]["disabled"]
+    assert all(k["revoked_at"] for k in fake.keys.values() if k["tenant"] == ctx.tenant + "-runsc")
+
+
+@pytest.mark.anyio
 async def test_run_check_against_the_fake_reports_the_broken_items_only() -> None:
     from corral.check import CheckOptions
 
@@ -574,7 +588,7 @@ def _printed(report: CheckReport) -> str:
 
 
 def test_every_item_has_a_title_a_fix_and_at_most_one_function() -> None:
-    assert sorted(ITEMS) == [*range(1, 37), 43]
+    assert sorted(ITEMS) == [*range(1, 37), *range(40, 45)]
     assert all(i.title and i.fix for i in ITEMS.values())
     numbers = [p.number for p in PROBES]
     assert len(numbers) == len(set(numbers))
@@ -630,6 +644,7 @@ def test_cli_json_document(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_cli_rejects_an_unknown_item_and_a_missing_key(monkeypatch: pytest.MonkeyPatch) -> None:
     result, _ = _cli(monkeypatch, _report("PASS"), "--item", "37")
     assert result.exit_code == 2 and "no checklist item 37" in result.output
+    assert "items are 1-36, 40-44" in " ".join(result.output.split())
     monkeypatch.setattr(_check, "run_check", None)
     app = typer.Typer()
     app.command()(_check.check_command)
@@ -674,7 +689,7 @@ def test_the_whole_checklist_passes_on_a_local_deployment(server: ServerProcess)
     problems = [f"{i.number} {i.title}: {i.status}: {i.detail} (fix: {i.fix})" for i in report.items
                 if i.status == "FAIL" or (i.status == "N/A" and not i.detail)]
     assert problems == [], "\n".join(problems)
-    assert [i.number for i in report.items] == [*range(1, 37), 43]
+    assert [i.number for i in report.items] == [*range(1, 37), *range(40, 45)]
     assert {t for i in report.items for t in i.tasks} == {t.id for t in tasks}  # every task ran, none skipped
     assert report.exit_code == 0 and report.cleanup_problems == []
     # The host-side parts ran (the server is on this machine), rather than being skipped.
@@ -684,11 +699,13 @@ def test_the_whole_checklist_passes_on_a_local_deployment(server: ServerProcess)
     assert "with a host canary" in detail[19]
     assert "runtime_unavailable" in detail[36]
     assert "E2B's API: 17 calls on another tenant's sandbox (404) or by an auditor (403) were refused" in detail[43]
-    # Its tenants are disabled with their keys revoked, and nothing of theirs runs any more.
+    assert "asked for runc and got gVisor" in detail[40] and "on the host its image took" in detail[42]
+    # Its tenants (item 40 makes a third) are disabled with their keys revoked, and nothing of theirs runs any more.
     assert list((server.home / "sandboxes").iterdir()) == []
+    assert list((server.home / "volumes").iterdir()) == []
     with Admin(api_key=server.admin_key, base_url=server.url) as admin:
         ours = [t for t in admin.tenants.list() if t.name.startswith(report.tenant)]
-        assert len(ours) == 2 and all(t.disabled for t in ours)
+        assert len(ours) == 3 and all(t.disabled for t in ours)
         for tenant in ours:
             assert admin.kill_all(tenant=tenant.name).killed == []
             assert all(k.revoked for k in admin.keys.list(tenant.name))

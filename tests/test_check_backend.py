@@ -203,3 +203,37 @@ async def test_check_backend_kubernetes_runs_items_on_pods_and_removes_them(tmp_
         assert ("create", "pods") in fake.requests  # its sandboxes were Pods
         assert left == {("pods", NAMESPACE, "corral-sb-theirs")}, left  # and none of them is left
     assert not kubelet.running, "an agent outlived its Pod"
+
+
+@pytest.mark.anyio
+@pytest.mark.k8s_fake
+@pytest.mark.timeout(300)
+@needs_kubelet
+@pytest.mark.parametrize("runtime_class", ["gvisor", "none"])
+async def test_item_44_reads_the_sandbox_pod_and_its_network_policy_from_the_cluster(
+        tmp_path: Path, kubelet: Kubelet, runtime_class: str) -> None:
+    # The check reaches the cluster its private server uses: the Pod and NetworkPolicy it reads are the live ones.
+    # With CORRAL_K8S_RUNTIME_CLASS=none the Pods have no RuntimeClass, and the item fails saying so.
+    fake = FakeKube(kubelet=kubelet)
+    fake.objects[("services", "corral", "corral-egress")] = {
+        "metadata": {"name": "corral-egress", "namespace": "corral", "resourceVersion": "1",
+                     "labels": {"app.kubernetes.io/name": "corral-egress"}},
+        "spec": {"clusterIP": "10.96.0.30", "ports": [{"port": 3128}]}}
+    home = template_home(tmp_path / "home")
+    async with serve(fake, tmp_path) as kubeconfig:
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig), "CORRAL_HOME": str(home),
+               "CORRAL_K8S_IMAGES": json.dumps({"default": IMAGE}), "CORRAL_K8S_RUNTIME_CLASS": runtime_class}
+        done = await asyncio.to_thread(corral, "check", "--backend", "kubernetes", "--namespace", NAMESPACE,
+                                       "-i", "44", "--json", env=env)
+        doc = json.loads(done.stdout)
+        [item] = doc["items"]
+        assert ("list", "networkpolicies") in fake.requests and ("list", "pods") in fake.requests
+        assert not [key for key in fake.objects if key[1] == NAMESPACE]  # nothing left behind
+    if runtime_class == "gvisor":
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert item["status"] == "PASS" and "RuntimeClass gvisor" in item["detail"]
+        assert f"in {NAMESPACE}, read from the cluster" in item["detail"]
+    else:
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert item["status"] == "FAIL" and "spec.runtimeClassName is not set" in item["detail"], item
+    assert not kubelet.running, "an agent outlived its Pod"

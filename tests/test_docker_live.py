@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 import pytest
 
-from corral.check import Target, checklist_tasks, run_check
+from corral.check import CheckOptions, Target, checklist_tasks, run_check
 from corral.eval import CAPABILITIES, RunResults, load_corpus
 from corral.eval._deployment import local_capabilities
 from corral.server import ServerProcess
@@ -139,6 +139,21 @@ def test_the_whole_checklist_passes_or_says_why_not_on_docker(docker_server: Ser
     assert "with no Docker daemon at its socket (docker backend)" in detail[36] and \
         "runtime_unavailable" in detail[36], detail[36]
     assert status[36] == "PASS"
+
+
+@pytest.mark.timeout(900)
+def test_ports_and_volumes_hold_on_docker_and_what_it_cannot_give_says_why(docker_server: ServerProcess) -> None:
+    # Items 41 and 42 for real on Docker (its containers' ports through the server, its volumes' images under the
+    # home); 40 needs runsc, which Docker does not run; 44 is Kubernetes' own.
+    target = Target(url=docker_server.url, admin_key=docker_server.admin_key, home=docker_server.home)
+    report = asyncio.run(run_check(target, CheckOptions(items=frozenset({40, 41, 42, 44}))))
+    status = {i.number: (i.status, i.detail) for i in report.items}
+    assert status[41][0] == "PASS" and "no credentials got 401" in status[41][1], status
+    assert status[42][0] == "PASS" and "ENOSPC" in status[42][1] and "on the host its image took" in status[42][1]
+    assert status[40][0] == "N/A" and "gVisor on the docker backend: no gVisor" in status[40][1], status
+    assert status[44] == ("N/A", "Kubernetes Pods: the server runs the docker backend")
+    assert report.exit_code == 0 and report.cleanup_problems == []
+    assert list((docker_server.home / "volumes").iterdir()) == []
 
 
 def test_the_server_names_its_backend(docker_server: ServerProcess) -> None:

@@ -1,4 +1,4 @@
-"""The items of the sandbox checklist (1-36, and 43 of the ones after them): each one's number, the property it
+"""The items of the sandbox checklist (1-36, and 40-44 of the ones after them): each one's number, the property it
 proves, and how to fix a failure.
 
 The text follows the project's checklist (CHECKLIST.md), kept here as data because the product cannot read the
@@ -92,9 +92,23 @@ ITEMS: dict[int, Item] = {i.number: i for i in (
                                   "proxy's events must be wired to the audit log"),
     Item(36, "Fail closed", "upgrade Corral: creating a sandbox must fail when the runtime, a cgroup controller "
                             "or a namespace is unavailable, never start it without them"),
+    Item(40, "A tenant's forced runtime holds",
+         "upgrade Corral: every path that starts a sandbox (create, fork, the E2B API, MCP) must apply the tenant's "
+         "required_runtime, and install runsc where the server runs; never fall back to runc"),
+    Item(41, "A sandbox's ports are its tenant's",
+         "upgrade Corral: a port host (`<port>-<sandbox id>.<domain>`) must need the owning tenant's key (401 "
+         "without one, 404 for other tenants) unless the sandbox was created with public_ports; a proxy in front "
+         "of Corral must pass the Host and Authorization headers through unchanged"),
+    Item(42, "Volumes are the tenant's and bounded",
+         "upgrade Corral: volumes must be looked up in the caller's tenant (404 otherwise) and each one must be a "
+         "fixed-size filesystem image of its own, never a directory of the host's disk"),
     Item(43, "Every front end keeps tenancy and roles",
          "upgrade Corral: every front end (E2B's API, MCP, the dashboard) must call the service layer with the "
          "caller's own principal; report the route that answered"),
+    Item(44, "Kubernetes sandbox Pods are locked down",
+         "give sandbox Pods a RuntimeClass (CORRAL_K8S_RUNTIME_CLASS: gvisor, the default, never `none`), apply "
+         "`corral k8s manifests` (Pod Security `restricted` on the sandbox namespace) and do not edit the sandbox "
+         "Pods' securityContext, automountServiceAccountToken or NetworkPolicy"),
 )}
 
 

@@ -38,6 +38,8 @@ class Target:
     * **template** - the template the probes' sandboxes use.
     * **output_bytes** - how much output item 13 produces (5 GB, as the checklist says).
     * **transport** - an httpx transport for every HTTP call the item functions make (tests: a fake deployment).
+    * **kube_namespace** - the namespace of the deployment's sandbox Pods, when this machine's Kubernetes
+      configuration reaches its cluster (`corral check --backend kubernetes`): item 44 reads the Pods themselves.
     """
 
     url: str
@@ -46,6 +48,7 @@ class Target:
     template: str = "default"
     output_bytes: int = 5 * GiB
     transport: httpx.AsyncBaseTransport | None = None
+    kube_namespace: str | None = None
 
     @property
     def on_this_machine(self) -> bool:
@@ -75,7 +78,8 @@ class Deployment:
 @dataclass
 class CheckContext:
     """What item functions work with. Keys by role: `developer`, `auditor` and `operator` of the check's tenant,
-    `other` (a developer of the second tenant) and `admin` (the caller's own)."""
+    `other` (a developer of the second tenant) and `admin` (the caller's own). An item function that makes a
+    tenant of its own (item 40) names it in `extra_tenants`, so that the teardown undoes it whatever happens."""
 
     target: Target
     tenant: str
@@ -84,6 +88,7 @@ class CheckContext:
     key_ids: dict[str, str] = field(default_factory=dict)
     loopback: str | None = None  # the runner's loopback server, when the tenant may reach it
     deployment: Deployment = field(default_factory=Deployment)
+    extra_tenants: list[str] = field(default_factory=list)  # made by item functions: torn down with the others
 
     @property
     def url(self) -> str:
@@ -121,9 +126,10 @@ def clip(data: bytes | str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-async def run_ok(sb: AsyncSandbox, cmd: str | list[str], *, timeout: float = 30, what: str = "") -> CommandResult:
+async def run_ok(sb: AsyncSandbox, cmd: str | list[str], *, timeout: float = 30, what: str = "",
+                 cwd: str | None = None) -> CommandResult:
     """Run a probe command that must succeed; a failure of the probe itself fails the item, saying so."""
-    r = await sb.commands.run(cmd, timeout=timeout)
+    r = await sb.commands.run(cmd, timeout=timeout, cwd=cwd)
     if r.exit_code != 0:
         label = what or (cmd if isinstance(cmd, str) else " ".join(cmd))[:80]
         flags = ", ".join(f for f in ("timed_out", "oom_killed") if getattr(r, f))

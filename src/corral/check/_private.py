@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from .._exceptions import RuntimeUnavailableError
+from .._settings import k8s_backend
 from ._context import Target
 
 __all__ = ["CLUSTER_TIMEOUT", "SKIPPED", "cluster_missing", "private_target"]
@@ -52,8 +53,14 @@ async def _cluster_missing(timeout: float) -> str | None:
 def private_target(backend: str, *, namespace: str | None = None, template: str = "default") -> Iterator[Target]:
     """A private `corral serve --backend <backend>` as a `Target`, with `namespace` for its sandbox Pods on
     Kubernetes (else `$CORRAL_K8S_NAMESPACE`, else `corral-sandboxes`); stopped and emptied afterwards."""
+    from ..backends.kubernetes import ClusterSettings
     from ..server import private_server  # the server's dependencies: corral[server], only when asked
 
     env = {"CORRAL_K8S_NAMESPACE": namespace} if namespace else {}
+    # On Kubernetes the check reaches the cluster its server uses (the same configuration): item 44 reads its Pods.
+    pods = None
+    if backend == "kubernetes":
+        pods = namespace or k8s_backend().get("namespace") or ClusterSettings().namespace
     with private_server(backend, env=env, prefix="corral-check-") as server:
-        yield Target(url=server.url, admin_key=server.admin_key, home=server.home, template=template)
+        yield Target(url=server.url, admin_key=server.admin_key, home=server.home, template=template,
+                     kube_namespace=pods)

@@ -18,8 +18,11 @@ from ._backend import item_31_gvisor
 from ._context import CheckContext
 from ._fronts import item_43_front_ends_keep_tenancy
 from ._host import item_02_agent_channel, item_19_symlink_swap_race, item_36_fail_closed
+from ._kubernetes import item_44_pods_locked_down
+from ._lifecycle import item_41_ports_are_the_tenants, item_42_volumes_bounded
 from ._limits import item_09_process_limit, item_13_output_cap
 from ._model import ItemFailed, NotApplicable, Status, Verdict
+from ._policy import item_40_forced_runtime_holds
 from ._tenancy import item_32_tenants_isolated, item_33_roles_hold
 
 __all__ = ["PROBES", "Probe", "run_probe"]
@@ -49,7 +52,11 @@ PROBES: tuple[Probe, ...] = (
     Probe(34, item_34_audit_tamper_evident),
     Probe(35, item_35_audit_complete),
     Probe(36, item_36_fail_closed),
+    Probe(40, item_40_forced_runtime_holds),
+    Probe(41, item_41_ports_are_the_tenants),
+    Probe(42, item_42_volumes_bounded),
     Probe(43, item_43_front_ends_keep_tenancy),
+    Probe(44, item_44_pods_locked_down),
 )
 
 

@@ -1,15 +1,15 @@
 """`run_check`: the whole checklist against a deployment, in throwaway tenants that are always cleaned up.
 
-Setup asks the server what it runs on (`GET /v1/info`: the backend, its runtimes, what it cannot give), then
-makes two tenants, `corral-check-<hex>` (where everything runs) and `corral-check-<hex>-b` (the other tenant of
-item 32), with developer, auditor and operator keys; when the server runs on this machine the runner's loopback
-server is started and the tenant may reach it. One sandbox is started and killed before any probe (a backend
-that makes an image of the template on its first sandbox, as Docker does, takes a minute there). Then the
-in-sandbox tasks run (N at a time) alongside the light item functions; the resource-abuse tasks follow, and the
-heavy functions (a fork bomb beside another sandbox, gigabytes of output, a swap race) run alone at the end.
-What the backend cannot give is N/A with its reason on the items it touches. Teardown, whatever happened:
-disable the tenants (their keys stop working, nothing new starts), kill their sandboxes, revoke their keys. It
-never touches another tenant.
+Setup asks the server what it runs on (`GET /v1/info`: the backend, its runtimes, what it cannot give), then makes
+two tenants, `corral-check-<hex>` (where everything runs) and `corral-check-<hex>-b` (the other tenant of item 32),
+with developer, auditor and operator keys (item 40 makes a third, `corral-check-<hex>-runsc`, torn down with them);
+when the server runs on this machine the runner's loopback server is started and the tenant may reach it. One
+sandbox is started and killed before any probe (a backend that makes an image of the template on its first sandbox,
+as Docker does, takes a minute there). Then the in-sandbox tasks run (N at a time) alongside the light item
+functions; the resource-abuse tasks follow, and the heavy functions (a fork bomb beside another sandbox, gigabytes
+of output, a swap race) run alone at the end. What the backend cannot give is N/A with its reason on the items it
+touches. Teardown, whatever happened: disable the tenants (their keys stop working, nothing new starts), kill their
+sandboxes, revoke their keys. It never touches another tenant.
 """
 
 from __future__ import annotations
@@ -144,6 +144,7 @@ async def provision(target: Target, *, loopback: str | None = None,
     suffix = secrets.token_hex(4)
     tenant, other = f"corral-check-{suffix}", f"corral-check-{suffix}-b"
     created: list[str] = []
+    ctx: CheckContext | None = None
     deployment = await fetch_deployment(target)
     async with AsyncAdmin(api_key=target.admin_key, base_url=target.url, transport=target.transport,
                           request_timeout=REQUEST_TIMEOUT) as admin:
@@ -158,9 +159,10 @@ async def provision(target: Target, *, loopback: str | None = None,
             if loopback is not None:
                 # The runner's loopback server: an exact private ip:port for this tenant (docs/egress.md).
                 await admin.tenants.set_egress(tenant, private=[loopback])
-            yield CheckContext(target, tenant, other, keys, key_ids, loopback=loopback, deployment=deployment)
+            ctx = CheckContext(target, tenant, other, keys, key_ids, loopback=loopback, deployment=deployment)
+            yield ctx
         finally:
-            for name in created:
+            for name in [*created, *(ctx.extra_tenants if ctx is not None else ())]:
                 await _teardown(admin, name, problems)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -34,7 +35,21 @@ from ._common import ApiKeyOption, JsonOption, UrlOption, note
 HomeOption = Annotated[Path | None, typer.Option(
     "--home", help="The server's state directory (its CORRAL_HOME), when it runs on this machine: enables the "
                    "host-side probes (agent socket, server memory, fail closed).", show_default=False)]
-ItemOption = Annotated[list[int], typer.Option("--item", "-i", help="Only this item (1-36, 43), repeatable.")]
+
+
+def _numbers(items: Iterable[int]) -> str:
+    """`1-36, 40-44`: the checklist's item numbers, runs collapsed."""
+    runs: list[list[int]] = []
+    for n in sorted(items):
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
+ItemOption = Annotated[list[int], typer.Option("--item", "-i", help=f"Only this item ({_numbers(ITEMS)}), "
+                                                                    "repeatable.")]
 BackendOption = Annotated[str | None, typer.Option(
     "--backend", help="Check a private `corral serve --backend NAME` (local, docker or kubernetes) that this command "
                       "starts on this machine (temporary state, its own admin key, templates from $CORRAL_HOME), "
@@ -80,7 +95,7 @@ def check_command(
     item: ItemOption = [],  # noqa: B006 - typer reads the default, never mutates it
     as_json: JsonOption = False,
 ) -> None:
-    """Prove the sandbox checklist (items 1-36 and 43) against a running deployment, or a private server on
+    """Prove the sandbox checklist (items 1-36 and 40-44) against a running deployment, or a private server on
     --backend; exit 1 if any item fails, 3 if it was skipped.
 
     Needs an admin's key for a deployment: the check runs in throwaway tenants (`corral-check-<hex>`) that are
@@ -91,7 +106,7 @@ def check_command(
     """
     unknown = [n for n in item if n not in ITEMS]
     if unknown:
-        raise typer.BadParameter(f"no checklist item {unknown[0]}: items are 1 to {max(ITEMS)}", param_hint="--item")
+        raise typer.BadParameter(f"no checklist item {unknown[0]}: items are {_numbers(ITEMS)}", param_hint="--item")
     options = CheckOptions(concurrency=concurrency, items=frozenset(item) if item else None)
     if backend is None:
         _check_deployment(_deployment(url, api_key, home, namespace, template), options, as_json)
