@@ -969,10 +969,9 @@ async def _close_tls(writer: asyncio.StreamWriter, below: asyncio.BaseTransport)
     peer did (a TLS shutdown that never completes would keep its socket open until the process ends)."""
     try:
         writer.close()
-        async with asyncio.timeout(1):
-            await writer.wait_closed()
-    except Exception:  # a peer gone mid-shutdown: nothing left to tell it
-        pass
+        with contextlib.suppress(Exception):  # a peer gone mid-shutdown: nothing left to tell it
+            async with asyncio.timeout(1):
+                await writer.wait_closed()
     finally:  # cancelled too (a detach): the socket must not outlive the connection
         if isinstance(below, asyncio.WriteTransport):
             below.abort()
