@@ -92,6 +92,12 @@ ITEMS: dict[int, Item] = {i.number: i for i in (
                                   "proxy's events must be wired to the audit log"),
     Item(36, "Fail closed", "upgrade Corral: creating a sandbox must fail when the runtime, a cgroup controller "
                             "or a namespace is unavailable, never start it without them"),
+    Item(37, "Secrets never enter the sandbox",
+         "upgrade Corral: a sandbox's secrets must be placeholders in its environment, their values only in the "
+         "egress proxy's memory (docs/secrets.md); do not pass secret values in `env`"),
+    Item(38, "Secrets reach only their hosts and are not reflected",
+         "upgrade Corral: the egress proxy must put a secret's value only into requests to its bound hosts, and "
+         "replace it by the placeholder in their answers (docs/secrets.md)"),
     Item(40, "A tenant's forced runtime holds",
          "upgrade Corral: every path that starts a sandbox (create, fork, the E2B API, MCP) must apply the tenant's "
          "required_runtime, and install runsc where the server runs; never fall back to runc"),

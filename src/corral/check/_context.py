@@ -7,7 +7,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,6 +87,7 @@ class CheckContext:
     keys: dict[str, str]
     key_ids: dict[str, str] = field(default_factory=dict)
     loopback: str | None = None  # the runner's loopback server, when the tenant may reach it
+    echoes: Sequence[tuple[str, dict[str, str]]] = ()  # what its /echo/ route received (path, headers)
     deployment: Deployment = field(default_factory=Deployment)
     extra_tenants: list[str] = field(default_factory=list)  # made by item functions: torn down with the others
 

@@ -23,6 +23,7 @@ from ._lifecycle import item_41_ports_are_the_tenants, item_42_volumes_bounded
 from ._limits import item_09_process_limit, item_13_output_cap
 from ._model import ItemFailed, NotApplicable, Status, Verdict
 from ._policy import item_40_forced_runtime_holds
+from ._secrets import item_37_secrets_never_inside, item_38_secrets_reach_only_their_hosts
 from ._tenancy import item_32_tenants_isolated, item_33_roles_hold
 
 __all__ = ["PROBES", "Probe", "run_probe"]
@@ -35,6 +36,7 @@ class Probe:
     number: int
     function: ItemFunction
     heavy: bool = False  # pushes the machine (CPU, processes, output): runs alone, after everything else
+    loopback: bool = False  # needs the runner's loopback server (`CheckContext.loopback`, `echoes`)
 
     @property
     def name(self) -> str:
@@ -52,6 +54,8 @@ PROBES: tuple[Probe, ...] = (
     Probe(34, item_34_audit_tamper_evident),
     Probe(35, item_35_audit_complete),
     Probe(36, item_36_fail_closed),
+    Probe(37, item_37_secrets_never_inside),
+    Probe(38, item_38_secrets_reach_only_their_hosts, loopback=True),
     Probe(40, item_40_forced_runtime_holds),
     Probe(41, item_41_ports_are_the_tenants),
     Probe(42, item_42_volumes_bounded),

@@ -72,10 +72,12 @@ async def run_check(target: Target, options: CheckOptions | None = None, *, prog
     if progress is not None:
         progress.start(len(chosen) + len(probes))
     with ExitStack() as stack:
-        loopback = None
-        if target.on_this_machine and any("loopback_server" in t.needs() for t in chosen):
-            loopback = stack.enter_context(LoopbackServer()).address
-        async with provision(target, loopback=loopback, problems=report.cleanup_problems) as ctx:
+        server = None
+        if target.on_this_machine and (any("loopback_server" in t.needs() for t in chosen) or
+                                       any(p.loopback for p in probes)):
+            server = stack.enter_context(LoopbackServer())
+        async with provision(target, loopback=server.address if server else None, problems=report.cleanup_problems,
+                             echoes=server.echoes if server else ()) as ctx:
             deployment = ctx.deployment
             report.tenant, report.backend = ctx.tenant, deployment.backend
             await _first_sandbox(ctx)
@@ -136,8 +138,8 @@ async def _run_all(ctx: CheckContext, tasks: Sequence[Task], probes: Sequence[Pr
 
 
 @asynccontextmanager
-async def provision(target: Target, *, loopback: str | None = None,
-                    problems: list[str] | None = None) -> AsyncIterator[CheckContext]:
+async def provision(target: Target, *, loopback: str | None = None, problems: list[str] | None = None,
+                    echoes: Sequence[tuple[str, dict[str, str]]] = ()) -> AsyncIterator[CheckContext]:
     """Throwaway tenants and keys for a check; on leaving, whatever happened, they are disabled, their sandboxes
     killed and their keys revoked. What could not be cleaned up is appended to `problems`."""
     problems = problems if problems is not None else []
@@ -159,7 +161,8 @@ async def provision(target: Target, *, loopback: str | None = None,
             if loopback is not None:
                 # The runner's loopback server: an exact private ip:port for this tenant (docs/egress.md).
                 await admin.tenants.set_egress(tenant, private=[loopback])
-            ctx = CheckContext(target, tenant, other, keys, key_ids, loopback=loopback, deployment=deployment)
+            ctx = CheckContext(target, tenant, other, keys, key_ids, loopback=loopback, deployment=deployment,
+                               echoes=echoes)
             yield ctx
         finally:
             for name in [*created, *(ctx.extra_tenants if ctx is not None else ())]:

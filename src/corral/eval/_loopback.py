@@ -3,15 +3,20 @@
 Download tasks must not depend on the internet, so the runner serves what they fetch itself, on 127.0.0.1, and
 the sandbox reaches it only through an explicit allowance of that exact `ip:port` (a private pair of the tenant;
 docs/egress.md). `GET /blob/<kind>/<size>/<seed>` streams `Blob(kind, size, seed)` with its Content-Length and a
-`X-Blob-Sha256` header; a single `Range: bytes=a-b` is honoured with 206. Anything else is a 404.
+`X-Blob-Sha256` header; a single `Range: bytes=a-b` is honoured with 206. `GET /echo/<anything>` answers with the
+request's headers as JSON (and its Authorization in `X-Echo-Authorization`) and keeps them in `echoes`: `corral
+check` item 38 sees what a secret's bound host received, and whether the echo reached the sandbox scrubbed.
+Anything else is a 404.
 
 Why the standard library: it is one GET route on loopback, run in a thread beside the asyncio runner.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import threading
+from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Self
@@ -34,7 +39,21 @@ class _Handler(BaseHTTPRequestHandler):
         self._serve(body=False)
 
     def do_GET(self) -> None:
+        if self.path.startswith("/echo/"):
+            self._echo()
+            return
         self._serve(body=True)
+
+    def _echo(self) -> None:
+        headers = dict(self.headers.items())
+        self.server.echoes.append((self.path, headers))  # type: ignore[attr-defined]
+        data = json.dumps({"path": self.path, "headers": headers}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("X-Echo-Authorization", headers.get("Authorization", ""))
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def _serve(self, *, body: bool) -> None:
         blob = blob_from_path(self.path.split("?", 1)[0])
@@ -93,6 +112,8 @@ class LoopbackServer:
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self._httpd = ThreadingHTTPServer((host, port), _Handler)
         self._httpd.daemon_threads = True
+        self.echoes: deque[tuple[str, dict[str, str]]] = deque(maxlen=100)  # /echo/ requests: path, headers
+        self._httpd.echoes = self.echoes  # type: ignore[attr-defined]
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="corral-eval-loopback", daemon=True)
 
     @property
