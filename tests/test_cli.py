@@ -430,3 +430,22 @@ def test_root_sandboxes_and_exec_as_root(dev: Cli, sandbox: str) -> None:
         dev.run("sandbox", "kill", info["id"])
     refused = one_error_line(dev.run("exec", "--user", "root", sandbox, "id"), "permission_denied")
     assert "root=True" in refused
+
+
+def test_secret_put_ls_rm(admin: Cli, dev: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Values go in on stdin or from a variable, never as an argument, and never come back out."""
+    op = Cli(admin.url, admin.ok("keys", "create", "--tenant", "cli", "--role", "operator").decode().splitlines()[-1])
+    assert op.ok("secret", "put", "gh", "--host", "api.github.com", stdin=b"tok-from-stdin\n").strip() == b"gh"
+    monkeypatch.setenv("MY_TOKEN", "tok-from-env")
+    assert op.ok("secret", "put", "npm", "--host", "registry.npmjs.org", "--body", "--from-env",
+                 "MY_TOKEN").strip() == b"npm"
+    listed = json.loads(dev.ok("secret", "ls", "--json"))
+    assert [(s["name"], s["hosts"], s["body"]) for s in listed] == [("gh", ["api.github.com"], False),
+                                                                    ("npm", ["registry.npmjs.org"], True)]
+    assert b"tok-from" not in dev.ok("secret", "ls") + json.dumps(listed).encode()
+    one_error_line(dev.run("secret", "put", "x", "--host", "a.example", stdin=b"v"), "permission_denied")
+    one_error_line(op.run("secret", "put", "1bad", "--host", "a.example", stdin=b"v"), "invalid_request")
+    op.ok("secret", "rm", "gh")
+    op.ok("secret", "rm", "npm")
+    one_error_line(op.run("secret", "rm", "gh"), "not_found")
+    assert json.loads(dev.ok("secret", "ls", "--json")) == []

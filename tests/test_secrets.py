@@ -25,13 +25,14 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from corral import InvalidRequestError
+from corral import AsyncSecret, InvalidRequestError
 from corral.control import ControlStore, Role
 from corral.egress import CertificateAuthority, EgressEvent, EgressProxy, upstream_context
 from corral.engine import Engine, SandboxSpec
@@ -39,7 +40,7 @@ from corral.server import create_app
 from corral.service._secrets import SecretRequest, seal_secrets
 
 from .conftest import TEMPLATE, make_engine
-from .test_server_api import Api, create, error_code, run
+from .test_server_api import BASE, Api, create, error_code, run
 
 pytestmark = [pytest.mark.anyio, pytest.mark.runc]
 
@@ -470,3 +471,38 @@ async def test_rewritten_connections_keep_bytes_exact(egress: Any, tls: Echo, pl
                 assert "413" in r.stdout and "larger than 8388608 bytes" in r.stdout, r.stdout + r.stderr
             else:
                 assert r.stdout == hashlib.sha256(bytes(len(BLOB))).hexdigest(), r.stdout + r.stderr
+
+
+# -- stored secrets: an operator stores a value once, sandboxes ask for it by name ---------------------------------
+
+
+async def test_stored_secrets_by_name(api: Api, tls: Echo, tmp_path: Path) -> None:
+    transport = httpx.ASGITransport(app=api.app)
+    async with api.client("a_op") as op, api.client("a_dev") as dev:
+        assert (await op.put("/v1/tenants/a/egress", json={"private": [f"127.0.0.1:{tls.port}"]})).status_code == 200
+        stored = await AsyncSecret.put("github", VALUE, hosts=[BOUND, "*.example.org"], api_key=api.keys["a_op"],
+                                       base_url=BASE, transport=transport)
+        assert (stored.name, stored.hosts, stored.body) == ("github", (BOUND, "*.example.org"), False)
+        r = await dev.put("/v1/secrets/mine", json={"value": "x", "hosts": ["a.example"]})
+        assert r.status_code == 403, r.text  # developers use stored secrets, operators store them
+        listed = (await dev.get("/v1/secrets")).json()["secrets"]
+        assert [s["name"] for s in listed] == ["github"] and VALUE not in json.dumps(listed)
+        sb = await create(dev, network=[BOUND], secrets={"GH": {"stored": "github", "hosts": [BOUND]}})
+        out = await run(dev, sb["id"], f'curl -sS -H "Authorization: Bearer $GH" https://{BOUND}:{tls.port}/s')
+        assert out["exit_code"] == 0 and VALUE.encode() not in base64.b64decode(out["stdout_b64"]), out
+        assert tls.seen[-1].headers["Authorization"] == f"Bearer {VALUE}"
+        for bad, words in (({"stored": "github", "hosts": ["other.example"]}, "not among them"),
+                           ({"stored": "nope"}, "no stored secret named 'nope'"),
+                           ({"stored": "github", "value": "v", "hosts": ["a.example"]}, "either a value")):
+            r = await dev.post("/v1/sandboxes", json={"template": TEMPLATE, "secrets": {"GH": bad}})
+            assert r.status_code == 400 and words in r.text, r.text
+        assert (await dev.delete("/v1/secrets/github")).status_code == 403
+        assert (await op.delete("/v1/secrets/github")).status_code == 204
+        assert (await op.delete("/v1/secrets/github")).status_code == 404
+        assert (await dev.get("/v1/secrets")).json()["secrets"] == []
+    records = await api.store.audit.query()
+    put = next(r for r in records if r.action == "secret.put")
+    assert put.params["hosts"] == [BOUND, "*.example.org"] and put.target == "github"
+    assert not any(VALUE in json.dumps([r.params, r.outcome]) for r in records)
+    database = b"".join(p.read_bytes() for p in tmp_path.glob("corral.db*"))
+    assert VALUE.encode() not in database

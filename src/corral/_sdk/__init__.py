@@ -24,6 +24,7 @@ from ._models import CommandResult, EgressDenial, Entry, SandboxInfo, SandboxMet
 from ._processes import AsyncCommandHandle, CommandHandle, ProcessInfo
 from ._pty import AsyncPty, AsyncPtySession, Pty, PtySession
 from ._sandbox import AsyncSandbox, Sandbox
+from ._secrets import AsyncSecret, Secret
 from ._snapshots import AsyncSnapshot, Snapshot
 from ._volumes import AsyncVolume, Volume
 
@@ -38,6 +39,7 @@ __all__ = [
     "AsyncPty",
     "AsyncPtySession",
     "AsyncSandbox",
+    "AsyncSecret",
     "AsyncSnapshot",
     "AsyncVolume",
     "AuditProblem",
@@ -64,6 +66,7 @@ __all__ = [
     "Sandbox",
     "SandboxInfo",
     "SandboxMetric",
+    "Secret",
     "Snapshot",
     "TenantInfo",
     "Volume",

@@ -206,6 +206,23 @@ class VolumeRow(Base):
     deleted_at: Mapped[datetime | None]
 
 
+class SecretRow(Base):
+    """A tenant's stored secret (docs/secrets.md): a sandbox asks for it by name. The value is sealed (never
+    readable through the API, never in this database in the clear); `hosts` are the only hosts it may reach."""
+
+    __tablename__ = "secrets"
+    __table_args__ = (Index("ux_secrets_tenant_name", "tenant_id", "name", unique=True),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    name: Mapped[str] = mapped_column(String(64))
+    hosts: Mapped[Any] = mapped_column(JSON)
+    body: Mapped[bool] = mapped_column(Boolean, default=False)
+    sealed: Mapped[str] = mapped_column(String(16384))
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
 class AuditRow(Base):
     __tablename__ = "audit"
 
@@ -433,6 +450,23 @@ def snapshot_from_row(row: SnapshotRow) -> SnapshotRecord:
     return SnapshotRecord(id=row.id, tenant_id=row.tenant_id, name=row.name, sandbox_id=row.sandbox_id,
                           template=row.template, backend=row.backend, size_bytes=row.size_bytes,
                           artifact=dict(row.artifact), created_at=row.created_at, deleted_at=row.deleted_at)
+
+
+@dataclass(frozen=True)
+class StoredSecret:
+    """A tenant's stored secret as the store hands it out: `sealed` only where a sandbox is being made with it."""
+
+    name: str
+    hosts: tuple[str, ...]
+    body: bool
+    created_at: datetime
+    updated_at: datetime
+    sealed: str = field(default="", repr=False)
+
+
+def secret_from_row(row: SecretRow, *, sealed: bool = False) -> StoredSecret:
+    return StoredSecret(name=row.name, hosts=tuple(row.hosts), body=row.body, created_at=row.created_at,
+                        updated_at=row.updated_at, sealed=row.sealed if sealed else "")
 
 
 def volume_from_row(row: VolumeRow) -> VolumeRecord:

@@ -43,6 +43,10 @@ class Action(StrEnum):
     VOLUME_CREATE = "volume.create"
     VOLUME_READ = "volume.read"  # get, list, and mount one in a new sandbox (docs/volumes.md)
     VOLUME_DELETE = "volume.delete"
+    # A tenant's stored secrets (docs/secrets.md): names and hosts are read by whoever makes sandboxes with them;
+    # values are written by operators, and read by nobody.
+    SECRET_READ = "secret.read"  # noqa: S105 - an action's name, not a password
+    SECRET_WRITE = "secret.write"  # noqa: S105
     # The server's Prometheus metrics: every tenant's counts, so the operator's alone (docs/operations.md).
     METRICS_READ = "metrics.read"
 
@@ -71,6 +75,8 @@ PERMISSIONS: Mapping[Action, frozenset[Role]] = MappingProxyType({
     Action.VOLUME_CREATE: _SANDBOX_USERS,
     Action.VOLUME_READ: _SANDBOX_USERS,
     Action.VOLUME_DELETE: _SANDBOX_USERS,
+    Action.SECRET_READ: _SANDBOX_USERS,
+    Action.SECRET_WRITE: frozenset({_A, _O}),
     Action.METRICS_READ: frozenset({_A}),
 })
 

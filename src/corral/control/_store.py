@@ -48,8 +48,10 @@ from ._models import (
     SandboxRecord,
     SandboxRow,
     SandboxStatus,
+    SecretRow,
     SnapshotRecord,
     SnapshotRow,
+    StoredSecret,
     Tenant,
     TenantEgress,
     TenantEgressRow,
@@ -58,6 +60,7 @@ from ._models import (
     VolumeRow,
     key_from_row,
     sandbox_from_row,
+    secret_from_row,
     snapshot_from_row,
     tenant_from_row,
     volume_from_row,
@@ -745,6 +748,45 @@ class ControlStore:
             if row.deleted_at is None:
                 row.deleted_at = self._now()
         return volume_from_row(row)
+
+    # -- stored secrets (docs/secrets.md): values sealed by the caller, never returned but to make a sandbox -----
+
+    async def put_secret(self, tenant_id: str, name: str, hosts: list[str], body: bool, sealed: str) -> StoredSecret:
+        """Store (or replace) the tenant's secret `name`; `sealed` is the value already sealed."""
+        now = self._now()
+        async with self._db.write() as session:
+            await _tenant_row(session, tenant_id)
+            row = await self._secret_named(session, tenant_id, name)
+            if row is None:
+                row = SecretRow(id=_new_id("sec"), tenant_id=tenant_id, name=name, created_at=now)
+                session.add(row)
+            row.hosts, row.body, row.sealed, row.updated_at = list(hosts), body, sealed, now
+        return secret_from_row(row)
+
+    async def get_secret(self, tenant_id: str, name: str) -> StoredSecret:
+        """The tenant's secret `name` with its sealed value (for a sandbox being made with it)."""
+        async with self._db.read() as session:
+            row = await self._secret_named(session, tenant_id, name)
+        if row is None:
+            raise NotFoundError(f"no stored secret named {name!r}", details={"secret": name})
+        return secret_from_row(row, sealed=True)
+
+    async def list_secrets(self, tenant_id: str) -> list[StoredSecret]:
+        stmt = select(SecretRow).where(SecretRow.tenant_id == tenant_id).order_by(SecretRow.name)
+        async with self._db.read() as session:
+            return [secret_from_row(r) for r in (await session.scalars(stmt)).all()]
+
+    async def delete_secret(self, tenant_id: str, name: str) -> None:
+        async with self._db.write() as session:
+            row = await self._secret_named(session, tenant_id, name)
+            if row is None:
+                raise NotFoundError(f"no stored secret named {name!r}", details={"secret": name})
+            await session.delete(row)
+
+    @staticmethod
+    async def _secret_named(session: AsyncSession, tenant_id: str, name: str) -> SecretRow | None:
+        stmt = select(SecretRow).where(SecretRow.tenant_id == tenant_id, SecretRow.name == name)
+        return (await session.scalars(stmt)).first()
 
 
 # -- helpers -----------------------------------------------------------------------------------------------------

@@ -730,8 +730,12 @@ class Engine:
         return spec.egress_policy(self.keyring if spec.secrets else None)
 
     def check_secrets(self, spec: SandboxSpec) -> None:
+        if spec.secrets:
+            self.check_secrets_supported()
+
+    def check_secrets_supported(self) -> None:
         """Refuse secrets where no proxy of ours could put them in (the Kubernetes backend's, for now)."""
-        if spec.secrets and (self.egress is None or self.egress.ca is None or self._remote_egress is not None):
+        if self.egress is None or self.egress.ca is None or self._remote_egress is not None:
             raise InvalidRequestError(f"secrets need the egress proxy of the local or docker backend, with its CA; "
                                       f"the {self.backend.name} backend here has none (docs/secrets.md)")
 

@@ -32,6 +32,7 @@ from . import (
     _prometheus,
     _pty,
     _sandboxes,
+    _secrets,
     _snapshots,
     _volumes,
 )
@@ -83,7 +84,7 @@ def create_app(engine: Engine, store: ControlStore, *, on_startup: StartupHook |
 
     app.router.routes.append(Route("/mcp", mcp))  # an ASGI app, not an endpoint: MCP's transport owns the methods
     for module in (_sandboxes, _snapshots, _egress, _exec, _code, _files, _admin, _killswitch, _processes,
-                   _pty, _info, _volumes, _eval):
+                   _pty, _info, _volumes, _secrets, _eval):
         app.include_router(module.router)
     if metrics:
         app.include_router(_prometheus.router)

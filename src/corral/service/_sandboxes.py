@@ -40,7 +40,7 @@ from ..backends import (
     backend_runtimes,
 )
 from ..backends._spec import SealedSecret
-from ..control import Action, Principal, Role, SandboxQuery, SandboxRecord, TenantEgress, authorize
+from ..control import Action, Principal, Role, SandboxQuery, SandboxRecord, StoredSecret, TenantEgress, authorize
 from ..egress import EgressPolicy
 from ._metrics import SandboxMetric
 from ._outcome import RETRY_AFTER_DETAIL
@@ -179,8 +179,9 @@ class Sandboxes:
                                status=201) as audit:
             source = await self._source(principal, request.template)
             volumes = await svc.volumes.resolve(principal, request.volumes) if request.volumes else {}
+            stored = await svc.secrets.for_sandbox(principal, request.secrets) if request.secrets else {}
             spec = self._spec(request, await svc.store.tenant_egress(principal.tenant_id), volumes,
-                              template_known=source is not None)
+                              template_known=source is not None, stored=stored)
             spec = await self._required_runtime(principal, spec, audit.outcome)
             return await self._start(principal, spec, sandbox_id, lambda: svc.engine.create(
                 spec, sandbox_id=sandbox_id, source=source))
@@ -240,7 +241,7 @@ class Sandboxes:
         return artifact_of(snapshot)
 
     def _spec(self, request: CreateSandbox, egress: TenantEgress, volumes: dict[str, str], *,
-              template_known: bool = False) -> SandboxSpec:
+              template_known: bool = False, stored: dict[str, StoredSecret] | None = None) -> SandboxSpec:
         network = check_network(request.network, egress)
         try:
             spec = SandboxSpec(template=request.template, runtime=request.runtime,  # type: ignore[arg-type]
@@ -251,7 +252,7 @@ class Sandboxes:
                                network=network if isinstance(network, str) else tuple(network),
                                network_private=tuple(egress.private), on_timeout=request.on_timeout,
                                volumes=volumes, public_ports=request.public_ports, root=request.root,
-                               secrets=self._sealed(request))
+                               secrets=self._sealed(request, stored or {}))
         except pydantic.ValidationError as exc:
             problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'spec'}: {e['msg']}"
                                  for e in exc.errors())
@@ -265,10 +266,10 @@ class Sandboxes:
             raise InvalidRequestError(exc.message, details={"template": spec.template}) from None
         return spec
 
-    def _sealed(self, request: CreateSandbox) -> tuple[SealedSecret, ...]:
+    def _sealed(self, request: CreateSandbox, stored: dict[str, StoredSecret]) -> tuple[SealedSecret, ...]:
         if not request.secrets:
             return ()
-        return seal_secrets(request.secrets, request.env, self._svc.engine.keyring)
+        return seal_secrets(request.secrets, request.env, self._svc.engine.keyring, stored)
 
     async def fork(self, principal: Principal, sandbox_id: str, request: ForkSandbox) -> builtins.list[SandboxRecord]:
         """New sandboxes (`request.count`, default one) with the parent's files at this instant and its spec

@@ -1,40 +1,69 @@
 """Secrets a sandbox is created with (docs/secrets.md): checked, bound to hosts, sealed before anything stores them.
 
-`SecretRequest` is what a caller sends per name (`secrets={"GITHUB_TOKEN": {"value": ..., "hosts": [...]}}`);
-`seal_secrets` turns those into the spec's `SealedSecret`s, each with a placeholder of its own. Values never reach
-the audit trail, logs or the sandbox: the audit keeps names and hosts only.
+`SecretRequest` is what a caller sends per name: a value and its hosts (`{"value": ..., "hosts": [...]}`), or the
+name of one of the tenant's stored secrets (`{"stored": "github"}`, optionally narrowed to some of its hosts);
+`seal_secrets` turns those into the spec's `SealedSecret`s, each with a placeholder of its own. `StoredSecrets` keeps
+a tenant's secrets (operators put them, anyone who makes sandboxes lists their names and hosts; no one reads a
+value back). Values never reach the audit trail, logs or the sandbox: the audit keeps names and hosts only.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .._exceptions import InvalidRequestError
+from .._exceptions import InvalidRequestError, NotFoundError
 from ..backends._spec import MAX_SECRETS, SealedSecret
+from ..control import Action, Principal, StoredSecret, authorize
 from ..egress._keyring import SecretKeyring
 from ..egress._policy import normalize_host
 from ..egress._secrets import new_placeholder
 
-__all__ = ["MAX_VALUE", "SecretRequest", "audit_secrets", "seal_secrets"]
+if TYPE_CHECKING:
+    from ._service import Service
+
+__all__ = ["MAX_VALUE", "SecretRequest", "StoredSecrets", "audit_secrets", "check_secret_name", "seal_secrets"]
 
 MAX_VALUE = 8192  # characters: tokens and keys, not files
 MAX_HOSTS = 16
 
 
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+
+
+def check_secret_name(name: str) -> str:
+    if not _NAME.fullmatch(name):
+        raise InvalidRequestError(f"secret name {name[:80]!r} is not valid: an environment variable name (letters, "
+                                  "digits and '_', not starting with a digit), at most 64 characters")
+    return name
+
+
 class SecretRequest(BaseModel):
-    """One secret: its value, and the hosts it may be sent to (`*.example.com` for the subdomains)."""
+    """One secret: its value and the hosts it may be sent to (`*.example.com` for the subdomains), or `stored`, the
+    name of one of the tenant's stored secrets (whose hosts `hosts` may narrow, never widen)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    value: str = Field(repr=False)
-    hosts: list[str]
+    value: str | None = Field(default=None, repr=False)
+    hosts: list[str] | None = None
     body: bool = False  # also put into request bodies (read whole, up to 8 MiB), not only the line and headers
+    stored: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SecretRequest:
+        if (self.value is None) == (self.stored is None):
+            raise ValueError("give a secret either a value (with its hosts) or the name of a stored secret")
+        if self.value is not None and self.hosts is None:
+            raise ValueError("a secret with a value needs its hosts")
+        return self
 
     @field_validator("value")
     @classmethod
-    def _value(cls, value: str) -> str:
+    def _value(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
         if not value:
             raise ValueError("a secret's value is empty")
         if len(value) > MAX_VALUE:
@@ -45,7 +74,9 @@ class SecretRequest(BaseModel):
 
     @field_validator("hosts")
     @classmethod
-    def _hosts(cls, hosts: list[str]) -> list[str]:
+    def _hosts(cls, hosts: list[str] | None) -> list[str] | None:
+        if hosts is None:
+            return None
         if not hosts:
             raise ValueError("a secret is bound to at least one host")
         if len(hosts) > MAX_HOSTS:
@@ -66,8 +97,9 @@ def _host(text: str) -> str:
     return f"*.{host}" if wildcard else host
 
 
-def seal_secrets(requests: dict[str, SecretRequest], env: dict[str, str],
-                 keyring: SecretKeyring) -> tuple[SealedSecret, ...]:
+def seal_secrets(requests: dict[str, SecretRequest], env: dict[str, str], keyring: SecretKeyring,
+                 stored: dict[str, StoredSecret] | None = None) -> tuple[SealedSecret, ...]:
+    """The spec's secrets: values sealed now, stored ones as they were sealed (`stored`: by stored name)."""
     if len(requests) > MAX_SECRETS:
         raise InvalidRequestError(f"a sandbox has at most {MAX_SECRETS} secrets")
     clash = sorted(set(requests) & set(env))
@@ -75,12 +107,66 @@ def seal_secrets(requests: dict[str, SecretRequest], env: dict[str, str],
         raise InvalidRequestError(f"{', '.join(clash)}: named both in env and in secrets; a secret's name is the "
                                   "variable that holds its placeholder")
     try:
-        return tuple(SealedSecret(name=name, placeholder=new_placeholder(), hosts=tuple(r.hosts), body=r.body,
-                                  sealed=keyring.seal(r.value)) for name, r in requests.items())
+        return tuple(_sealed(name, r, keyring, stored or {}) for name, r in requests.items())
     except ValueError as exc:  # a name that is no variable name
         raise InvalidRequestError(f"invalid secrets: {exc}") from None
 
 
+def _sealed(name: str, request: SecretRequest, keyring: SecretKeyring,
+            stored: dict[str, StoredSecret]) -> SealedSecret:
+    if request.value is not None:
+        return SealedSecret(name=name, placeholder=new_placeholder(), hosts=tuple(request.hosts or ()),
+                            body=request.body, sealed=keyring.seal(request.value))
+    found = stored[str(request.stored)]
+    hosts = found.hosts if request.hosts is None else tuple(request.hosts)
+    wider = sorted(set(hosts) - set(found.hosts))
+    if wider:
+        raise InvalidRequestError(f"secret {name}: the stored secret {found.name!r} is bound to "
+                                  f"{', '.join(found.hosts)}; {', '.join(wider)} is not among them")
+    return SealedSecret(name=name, placeholder=new_placeholder(), hosts=hosts, body=found.body or request.body,
+                        sealed=found.sealed)
+
+
 def audit_secrets(requests: dict[str, SecretRequest]) -> dict[str, Any]:
     """What the audit keeps of a sandbox's secrets: names and hosts, never a value."""
-    return {name: {"hosts": r.hosts, "body": r.body} for name, r in requests.items()}
+    return {name: {"hosts": r.hosts, "body": r.body} if r.stored is None else
+            {"stored": r.stored, **({"hosts": r.hosts} if r.hosts is not None else {})}
+            for name, r in requests.items()}
+
+
+class StoredSecrets:
+    """A tenant's stored secrets: put (operators; the value sealed at once), list and delete, each audited."""
+
+    def __init__(self, service: Service) -> None:
+        self._svc = service
+
+    async def put(self, principal: Principal, name: str, request: SecretRequest) -> StoredSecret:
+        params = {"name": name[:80], "hosts": request.hosts, "body": request.body}
+        async with self._svc.audited(principal, "secret.put", name[:80], params=params):
+            authorize(principal, Action.SECRET_WRITE, principal.tenant_id)
+            check_secret_name(name)
+            if request.value is None or request.stored is not None:
+                raise InvalidRequestError("a stored secret needs its value and hosts")
+            self._svc.engine.check_secrets_supported()
+            return await self._svc.store.put_secret(principal.tenant_id, name, list(request.hosts or ()),
+                                                    request.body, self._svc.engine.keyring.seal(request.value))
+
+    async def list(self, principal: Principal) -> list[StoredSecret]:
+        async with self._svc.audited(principal, "secret.list", None):
+            authorize(principal, Action.SECRET_READ, principal.tenant_id)
+            return await self._svc.store.list_secrets(principal.tenant_id)
+
+    async def delete(self, principal: Principal, name: str) -> None:
+        async with self._svc.audited(principal, "secret.delete", name[:80], status=204):
+            authorize(principal, Action.SECRET_WRITE, principal.tenant_id)
+            await self._svc.store.delete_secret(principal.tenant_id, name)
+
+    async def for_sandbox(self, principal: Principal, requests: dict[str, SecretRequest]) -> dict[str, StoredSecret]:
+        """The stored secrets a new sandbox asks for, by stored name, with their sealed values."""
+        names = sorted({str(r.stored) for r in requests.values() if r.stored is not None})
+        if names:
+            authorize(principal, Action.SECRET_READ, principal.tenant_id)
+        try:
+            return {n: await self._svc.store.get_secret(principal.tenant_id, n) for n in names}
+        except NotFoundError as exc:  # a name in the request, as an unknown template is
+            raise InvalidRequestError(exc.message, details=exc.details) from None

@@ -42,6 +42,7 @@ from ._reconciler import Reconciler
 from ._replicas import Replica, ReplicaConfig
 from ._requests import current_request
 from ._sandboxes import Sandboxes
+from ._secrets import StoredSecrets
 from ._snapshots import Snapshots
 from ._telemetry import Telemetry
 from ._templates import Templates
@@ -90,6 +91,7 @@ class Service:
         self.info = Info(self)
         self.eval = EvalReports(self)  # the evaluation runs kept in the server's home
         self.volumes = Volumes(self)  # docs/volumes.md
+        self.secrets = StoredSecrets(self)  # docs/secrets.md
         self.templates = Templates(self)
         self.reconciler = Reconciler(self)
         self.sampler = MetricsSampler(engine)  # what `sandboxes.metrics` serves
