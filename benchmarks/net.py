@@ -5,6 +5,8 @@ Figures (median and p95, and the ratio to the baseline):
   and through a CONNECT tunnel; the proxy's overhead is the difference of the medians (target: <= 2 ms)
 - throughput of a large download: direct, absolute-form and CONNECT (target: >= 80% of direct), the best and
   the median of the rounds (the paths interleaved, so a busy neighbour slows them alike)
+- both again as `rewritten`: absolute-form from a sandbox with a secret bound to the origin (docs/secrets.md),
+  whose requests and answers the proxy parses and scrubs byte by byte instead of copying socket to socket
 
 The origin server and the proxy each run in their own process, as in production (the proxy lives in
 `corral serve`, the client in a sandbox), so the client's loop, the proxy's and the server's do not share a core
@@ -75,13 +77,17 @@ sys.stdin.read()
 
 # The proxy, as `corral serve` runs it: one sandbox socket, policy `internet` plus the origin as a private pair.
 _PROXY = r"""
-import asyncio, sys
+import asyncio, dataclasses, sys
 from pathlib import Path
 from corral.egress import EgressPolicy, EgressProxy
+from corral.egress._secrets import SecretBinding, new_placeholder
 async def main(path, port):
     proxy = EgressProxy(on_event=lambda event: None)
     await proxy.start()
-    await proxy.attach("bench", Path(path), EgressPolicy.parse("internet", private=[f"127.0.0.1:{port}"]))
+    policy = EgressPolicy.parse("internet", private=[f"127.0.0.1:{port}"])
+    await proxy.attach("bench", Path(path), policy)
+    secret = SecretBinding("TOKEN", new_placeholder(), "v" * 40, ("127.0.0.1",))
+    await proxy.attach("bench-secret", Path(path + ".secret"), dataclasses.replace(policy, secrets=(secret,)))
     print("ready", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     await proxy.close()
@@ -126,6 +132,8 @@ def _read_response(sock: socket.socket, buf: bytearray) -> int:
     head, _, rest = head.partition(b"\r\n\r\n")
     if not head.startswith(b"HTTP/1.1 200"):
         raise ConnectionError(f"unexpected response: {head[:200]!r}")
+    if b"transfer-encoding: chunked" in head.lower():  # the rewriting path re-frames what it scrubs
+        return _read_chunked(sock, bytearray(rest))
     length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
     got = len(rest)
     while got < length:
@@ -134,6 +142,45 @@ def _read_response(sock: socket.socket, buf: bytearray) -> int:
             raise ConnectionError(f"closed after {got} of {length} bytes")
         got += n
     return got
+
+
+class _Prefixed:
+    """A socket's file, with bytes already received served first."""
+
+    def __init__(self, prefix: bytes, sock: socket.socket) -> None:
+        self.prefix = prefix
+        self.file = sock.makefile("rb")
+
+    def readline(self) -> bytes:
+        if b"\n" in self.prefix:
+            line, _, self.prefix = self.prefix.partition(b"\n")
+            return line + b"\n"
+        line, self.prefix = self.prefix + self.file.readline(), b""
+        return line
+
+    def read(self, n: int) -> bytes:
+        if self.prefix:
+            part, self.prefix = self.prefix[:n], self.prefix[n:]
+            return part
+        return self.file.read(n)
+
+
+def _read_chunked(sock: socket.socket, rest: bytes) -> int:
+    """A chunked body's size, parsed as it arrives (the rewriting path re-frames what it scrubs)."""
+    reader = _Prefixed(rest, sock)
+    total = 0
+    while size := int(reader.readline().split(b";")[0], 16):
+        left = size
+        while left:
+            part = reader.read(min(left, MIB))
+            if not part:
+                raise ConnectionError("closed inside a chunked body")
+            left -= len(part)
+        total += size
+        reader.read(2)
+    while reader.readline() not in (b"\r\n", b""):
+        pass
+    return total
 
 
 class _Client:
@@ -150,7 +197,7 @@ class _Client:
             request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
         else:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.connect(str(self.proxy_socket))
+            sock.connect(str(self.proxy_socket) + (".secret" if mode == "rewritten" else ""))
             request = f"GET http://127.0.0.1:{self.port}{path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
         with sock:
             sock.settimeout(60)
@@ -179,7 +226,7 @@ def _latency(client: _Client, mode: str, n: int, progress: Progress) -> list[flo
 def _throughput(client: _Client, size: int, rounds: int, progress: Progress) -> dict[str, dict[str, float]]:
     """Every path `rounds` times, the paths interleaved: a busy neighbour slows every path alike instead of
     whichever happened to run at the time. The best round is what a path can do, the median what it usually does."""
-    modes = ("direct", "absolute", "connect")
+    modes = ("direct", "absolute", "connect", "rewritten")
     times: dict[str, list[float]] = {m: [] for m in modes}
     for i in range(rounds):
         for mode in modes:
@@ -187,7 +234,7 @@ def _throughput(client: _Client, size: int, rounds: int, progress: Progress) -> 
             got = client.get(mode, f"/big/{size}")
             times[mode].append(time.perf_counter() - t)
             assert got == size
-        progress(f"{size // MIB} MiB downloads (direct, absolute, connect)", i + 1, rounds)
+        progress(f"{size // MIB} MiB downloads (direct, absolute, connect, rewritten)", i + 1, rounds)
     return {m: _rates(times[m], size) for m in modes}
 
 
@@ -376,16 +423,16 @@ def run(*, home: Path, template_home: Path | None = None, n: int = 300, size_mib
             assert ready == "ready", f"the proxy did not start: {ready!r}"
             client = _Client(int(port_line), proxy_socket)
             latency = {mode: summary(_latency(client, mode, n, progress))
-                       for mode in ("direct", "absolute", "connect")}
+                       for mode in ("direct", "absolute", "connect", "rewritten")}
             throughput = _throughput(client, size, rounds, progress)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     direct = latency["direct"]["p50_ms"]
     results: dict[str, Any] = {
         "latency_small_get": latency,
-        "overhead_p50_ms": {m: round(latency[m]["p50_ms"] - direct, 3) for m in ("absolute", "connect")},
+        "overhead_p50_ms": {m: round(latency[m]["p50_ms"] - direct, 3) for m in ("absolute", "connect", "rewritten")},
         "overhead_p95_ms": {m: round(latency[m]["p95_ms"] - latency["direct"]["p95_ms"], 3)
-                            for m in ("absolute", "connect")},
+                            for m in ("absolute", "connect", "rewritten")},
         "throughput": throughput,
         "throughput_ratio": _ratios(throughput, "direct", "mib_per_s"),
         "throughput_ratio_median": _ratios(throughput, "direct", "median_mib_per_s"),
