@@ -33,7 +33,7 @@ from ._common import error_line
 _EXTRA_OF_MODULE: dict[str, str] = {
     **dict.fromkeys(("fastapi", "starlette", "uvicorn", "h11", "sqlalchemy", "greenlet", "aiosqlite", "asyncpg",
                      "pydantic", "pydantic_core", "idna", "httptools", "python_multipart", "multipart", "zstandard",
-                     "prometheus_client"),
+                     "prometheus_client", "cryptography"),
                    "server"),
     "docker": "docker",
     **dict.fromkeys(("mcp", "mcp_types", "httpx2", "httpcore2", "sse_starlette"), "mcp"),
