@@ -506,3 +506,12 @@ async def test_stored_secrets_by_name(api: Api, tls: Echo, tmp_path: Path) -> No
     assert not any(VALUE in json.dumps([r.params, r.outcome]) for r in records)
     database = b"".join(p.read_bytes() for p in tmp_path.glob("corral.db*"))
     assert VALUE.encode() not in database
+
+
+async def test_a_fork_keeps_its_parents_secrets_and_trust(egress: Any, tls: Echo) -> None:
+    engine, _, _ = egress
+    async with await engine.create(secret_spec(engine, tls)) as sb:
+        async with await sb.fork() as child:
+            r = await sh(child, f'curl -sS -H "Authorization: Bearer $TOKEN" https://{BOUND}:{tls.port}/fork')
+            assert r.exit_code == 0 and VALUE not in r.stdout, r.stderr
+            assert tls.seen[-1].headers["Authorization"] == f"Bearer {VALUE}"
