@@ -1,0 +1,114 @@
+"""The audit chain's keys: HMAC-SHA256 secrets kept outside the database, newest first.
+
+A key is a line of text of at least 32 characters (a new one is 64 hex digits, 32 random bytes); its bytes are
+the HMAC key. Its id is the first 8 hex digits of the SHA-256 of those bytes: each record stores the id of the
+key that signed it, so a verifier knows which key to use and can name one it does not hold. The id says nothing
+useful about a random key, and the key itself is never written to the database or to a record.
+
+Where the keys come from: `CORRAL_AUDIT_KEY` (several separated by commas or newlines, newest first) if set,
+which replicas sharing one database must all be given; else `<CORRAL_HOME>/audit.key`, one key per line, newest
+first, made 0600 with one random key on the server's first start. New records are signed with the first key;
+records signed earlier verify with any key listed, so rotating is putting a new key first and keeping the old.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import re
+import secrets
+from collections.abc import Iterable
+from pathlib import Path
+
+from .._atomic import kept_secret, write_atomic
+from .._exceptions import InvalidRequestError
+from .._settings import audit_key
+
+__all__ = ["AUDIT_KEY_FILE", "AuditKeyring", "audit_key_id", "load_audit_keys", "read_key_file",
+           "rotate_audit_key_file"]
+
+AUDIT_KEY_FILE = "audit.key"
+KEY_MIN_CHARS = 32
+_NEW_KEY_BYTES = 32
+_SEPARATORS = re.compile(r"[,\s]+")
+
+
+def audit_key_id(key: bytes) -> str:
+    """The id records store for the key that signed them: 8 hex digits of its SHA-256."""
+    return hashlib.sha256(key).hexdigest()[:8]
+
+
+class AuditKeyring:
+    """The keys a server signs and verifies with: `signing` (the first) signs, every one verifies."""
+
+    def __init__(self, keys: Iterable[bytes] = (), source: str = "no keys") -> None:
+        listed = list(keys)
+        self._keys = {audit_key_id(key): key for key in listed}
+        self._order = list(dict.fromkeys(audit_key_id(key) for key in listed))
+        self.source = source  # where the keys came from, for messages (never the keys themselves)
+
+    @classmethod
+    def parse(cls, text: str, source: str) -> AuditKeyring:
+        """Keys separated by commas or newlines, newest first; `InvalidRequestError` naming `source` if one is
+        too short to be a secret."""
+        keys = [part for part in _SEPARATORS.split(text) if part]
+        short = [i + 1 for i, key in enumerate(keys) if len(key) < KEY_MIN_CHARS]
+        if short:
+            raise InvalidRequestError(f"audit key {short[0]} in {source} is shorter than {KEY_MIN_CHARS} "
+                                      f"characters; make one with `openssl rand -hex 32`")
+        return cls([key.encode() for key in keys], source)
+
+    @property
+    def ids(self) -> list[str]:
+        return list(self._order)
+
+    @property
+    def signing_id(self) -> str | None:
+        return self._order[0] if self._order else None
+
+    def __bool__(self) -> bool:
+        return bool(self._order)
+
+    def get(self, key_id: str) -> bytes | None:
+        return self._keys.get(key_id)
+
+    def sign(self, key_id: str, message: bytes) -> str:
+        """HMAC-SHA256 of `message` with the key `key_id` (which must be held), as hex."""
+        return hmac.new(self._keys[key_id], message, hashlib.sha256).hexdigest()
+
+
+def load_audit_keys(home: Path, *, create: bool = True) -> AuditKeyring:
+    """`CORRAL_AUDIT_KEY`, else `<home>/audit.key` (made with one new key if `create` and missing; else an empty
+    keyring when there is no file)."""
+    configured = audit_key()
+    if configured:
+        return AuditKeyring.parse(configured, "CORRAL_AUDIT_KEY")
+    path = home / AUDIT_KEY_FILE
+    if create:
+        kept_secret(path, _NEW_KEY_BYTES)  # never replaces: replicas starting at once end up with one key
+    try:
+        text = path.read_text(encoding="ascii")
+    except FileNotFoundError:
+        return AuditKeyring(source=str(path))
+    return AuditKeyring.parse(text, str(path))
+
+
+def read_key_file(path: Path) -> AuditKeyring:
+    """The keys of a key file given explicitly (`corral audit verify --key-file`)."""
+    try:
+        return AuditKeyring.parse(path.read_text(encoding="ascii"), str(path))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidRequestError(f"cannot read the audit key file {path}: {exc}") from exc
+
+
+def rotate_audit_key_file(path: Path) -> tuple[str, list[str]]:
+    """Put a new random key first in the key file at `path`, keeping the others; return (new id, kept ids)."""
+    text = path.read_text(encoding="ascii") if path.exists() else ""
+    old = AuditKeyring.parse(text, str(path))  # refuses a file with a bad key rather than keeping it
+    kept = [part for part in _SEPARATORS.split(text) if part]
+    new = secrets.token_hex(_NEW_KEY_BYTES)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, "".join(f"{key}\n" for key in [new, *kept]).encode("ascii"), mode=0o600)
+    os.chmod(path, 0o600)
+    return audit_key_id(new.encode()), old.ids
