@@ -116,7 +116,7 @@ class AuditEntry:
 
     def computed_hash(self) -> str:
         """The plain SHA-256 of this record's fields: the hash of a record from before audit keys."""
-        return hashlib.sha256(self._message()).hexdigest()
+        return hashlib.sha256(self.message()).hexdigest()
 
     def keyed_hash(self, keys: AuditKeyring) -> str | None:
         """The hash this record's fields call for (equal to `hash` unless someone edited it): the HMAC with the key
@@ -125,9 +125,10 @@ class AuditEntry:
             return self.computed_hash()
         if keys.get(self.hmac_key_id) is None:
             return None
-        return keys.sign(self.hmac_key_id, self._message())
+        return keys.sign(self.hmac_key_id, self.message())
 
-    def _message(self) -> bytes:
+    def message(self) -> bytes:
+        """The bytes its hash covers: the canonical JSON of its hashed fields."""
         return canonical_json(self._hashed_fields()).encode("ascii")
 
     def _hashed_fields(self) -> dict[str, Any]:
