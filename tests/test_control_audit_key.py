@@ -6,6 +6,7 @@ so that every link holds, with plain SHA-256 or with a key that is not the serve
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import hmac
@@ -19,8 +20,10 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from corral import InvalidRequestError
+from corral.cli import app
 from corral.control import (
     AUDIT_KEY_FILE,
     AuditEntry,
@@ -247,3 +250,52 @@ def test_rotating_refuses_a_file_with_a_bad_key(tmp_path: Path) -> None:
     with pytest.raises(InvalidRequestError, match="shorter than 32"):
         rotate_audit_key_file(path)
     assert path.read_text() == "tooshort\n"
+
+
+# -- the commands ----------------------------------------------------------------------------------------------------
+
+
+def corral(home: Path, *args: str) -> tuple[int, str]:
+    env = {k: None for k in os.environ if k.startswith("CORRAL_")} | {"CORRAL_HOME": str(home)}
+    r = CliRunner().invoke(app, list(args), env=env)
+    if r.exception is not None and not isinstance(r.exception, SystemExit):
+        raise r.exception
+    return r.exit_code, r.stdout
+
+
+def test_rotate_key_records_the_rotation_and_an_export_verifies_with_the_file(tmp_path: Path) -> None:
+    old_id = asyncio.run(_start_a_chain(tmp_path))
+    code, out = corral(tmp_path, "audit", "rotate-key")
+    assert code == 0 and "audit.key_rotated as record 4" in out, out
+    (new_id, kept_id) = load_audit_keys(tmp_path, create=False).ids
+    assert kept_id == old_id
+    rotation, export = asyncio.run(_rotation_and_export(tmp_path))
+    assert rotation.hmac_key_id == new_id and rotation.params == {"key_id": new_id, "kept": [old_id]}
+    code, out = corral(tmp_path, "audit", "verify", "--file", str(export), "--key-file", str(tmp_path / AUDIT_KEY_FILE))
+    assert code == 0 and out.startswith("ok: 4 records verified"), out
+    only_new = tmp_path / "new.key"
+    only_new.write_text((tmp_path / AUDIT_KEY_FILE).read_text().split()[0] + "\n")
+    code, out = corral(tmp_path, "audit", "verify", "--file", str(export), "--key-file", str(only_new))
+    assert code == 1 and f"signed with audit key {old_id}" in out and "(unknown-key)" in out, out
+
+
+async def _start_a_chain(home: Path) -> str:
+    async with ControlStore(home=home) as s:
+        await keyed_chain(s, 3)
+        return s.audit.keys.ids[0]
+
+
+async def _rotation_and_export(home: Path) -> tuple[AuditEntry, Path]:
+    async with ControlStore(home=home) as s:
+        (rotation,) = await s.audit.query(action="audit.key_rotated")
+        export = home / "audit.jsonl"
+        with open(export, "w", encoding="ascii") as f:
+            await s.audit.export_jsonl(f)
+    return rotation, export
+
+
+def test_rotate_key_refuses_keys_from_the_environment(tmp_path: Path) -> None:
+    env = {"CORRAL_HOME": str(tmp_path), "CORRAL_AUDIT_KEY": secrets.token_hex(32)}
+    r = CliRunner().invoke(app, ["audit", "rotate-key"], env=env)
+    assert r.exit_code == 1 and "CORRAL_AUDIT_KEY, which this command cannot change" in r.stderr, r.output
+    assert not (tmp_path / AUDIT_KEY_FILE).exists()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from corral.backends import SandboxSpec
-from corral.control import ControlStore, Principal, Quotas, Role
+from corral.control import AuditEvent, AuditKeyring, ControlStore, Principal, Quotas, Role
 
 pytestmark = pytest.mark.anyio
 
@@ -73,8 +73,6 @@ async def test_an_older_database_without_required_runtime_starts_and_reads_none(
 
 
 async def test_an_older_audit_table_gains_the_key_id_and_its_unkeyed_records_still_verify(tmp_path: Path) -> None:
-    from corral.control import AuditEvent, AuditKeyring
-
     async with ControlStore(home=tmp_path, audit_keys=AuditKeyring()) as old:  # records signed as before keys
         for i in range(3):
             await old.audit.append(AuditEvent(action="tenant.create", params={"n": i}))
