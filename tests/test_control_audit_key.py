@@ -107,7 +107,7 @@ async def store(tmp_path: Path) -> AsyncIterator[ControlStore]:
 
 
 @pytest.mark.parametrize("forge, kind, says", [
-    (plain_sha256, "edited", "re-hashed without the audit key"),
+    (plain_sha256, "edited", "re-hashed without the"),
     (wrong_key(keep_id=True), "edited", "do not match its hash"),
     (wrong_key(keep_id=False), "unknown-key", "which this verifier does not hold"),
 ], ids=["plain-sha256", "wrong-key-same-id", "wrong-key-own-id"])
@@ -144,7 +144,7 @@ async def test_every_record_names_its_key_and_is_an_hmac(store: ControlStore) ->
     (key_id,) = store.audit.keys.ids
     assert {e.hmac_key_id for e in entries} == {key_id}
     assert all(e.hash != e.computed_hash() for e in entries)  # not plain SHA-256
-    key = (store.home / AUDIT_KEY_FILE).read_bytes().strip()
+    key = (store.home / AUDIT_KEY_FILE).read_bytes().split()[0]
     assert key_id == hashlib.sha256(key).hexdigest()[:8]
 
 
@@ -156,14 +156,15 @@ async def test_the_key_file_is_made_0600_once_and_kept(tmp_path: Path) -> None:
         first = s.audit.keys.ids
     path = tmp_path / AUDIT_KEY_FILE
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert len(path.read_text().strip()) == 64  # 32 random bytes, hex
+    key, mark = path.read_text().split()
+    assert len(key) == 64 and mark == "unkeyed-until=0"  # 32 random bytes, hex; a new chain: no unkeyed records
     async with ControlStore(home=tmp_path) as s:
         assert s.audit.keys.ids == first
 
 
 async def test_the_key_is_in_neither_the_database_nor_the_records(store: ControlStore) -> None:
     await keyed_chain(store)
-    key = (store.home / AUDIT_KEY_FILE).read_bytes().strip()
+    key = (store.home / AUDIT_KEY_FILE).read_bytes().split()[0]
     await store.close()
     stored = b"".join(p.read_bytes() for p in store.home.glob("corral.db*"))
     assert stored and key not in stored and bytes.fromhex(key.decode()) not in stored
@@ -206,6 +207,20 @@ async def test_legacy_unkeyed_records_still_verify_and_the_chain_goes_on_keyed(t
         downgraded = dataclasses.replace(downgraded, hash=downgraded.computed_hash())
         problem = verify_chain([*entries[:-1], downgraded], keys=new.audit.keys).problem
         assert problem is not None and (problem.seq, problem.kind) == (7, "edited")
+        # Nor can the whole chain pass for pre-key history: the key file says only records up to 5 predate it.
+        assert (new.home / AUDIT_KEY_FILE).read_text().split()[1] == "unkeyed-until=5"
+        for victim in (2, 6):
+            problem = verify_chain(rewritten(entries, victim, plain_sha256), keys=new.audit.keys).problem
+            assert problem is not None and (problem.seq, problem.kind) == (6, "edited"), (victim, problem)
+            assert "only records up to 5 predate the audit key" in problem.message
+
+
+async def test_a_whole_chain_rewritten_unkeyed_fails(store: ControlStore) -> None:
+    """The downgrade: every record from the first re-hashed with plain SHA-256, as if all predated the key."""
+    forged = rewritten(await keyed_chain(store), 1, plain_sha256)
+    problem = verify_chain(forged, keys=store.audit.keys).problem
+    assert problem is not None and (problem.seq, problem.kind) == (1, "edited")
+    assert verify_chain(forged).ok  # a verifier without the key cannot tell: why --file wants --key-file
 
 
 # -- rotation --------------------------------------------------------------------------------------------------------
@@ -267,7 +282,7 @@ def test_rotate_key_records_the_rotation_and_an_export_verifies_with_the_file(tm
     old_id = asyncio.run(_start_a_chain(tmp_path))
     code, out = corral(tmp_path, "audit", "rotate-key")
     assert code == 0 and "audit.key_rotated as record 4" in out, out
-    (new_id, kept_id) = load_audit_keys(tmp_path, create=False).ids
+    (new_id, kept_id) = load_audit_keys(tmp_path).ids
     assert kept_id == old_id
     rotation, export = asyncio.run(_rotation_and_export(tmp_path))
     assert rotation.hmac_key_id == new_id and rotation.params == {"key_id": new_id, "kept": [old_id]}

@@ -90,7 +90,7 @@ def _offline_keys(key_file: Path | None) -> AuditKeyring:
     if key_file is not None:
         return read_key_file(key_file)
     try:
-        return load_audit_keys(corral_home(), create=False)
+        return load_audit_keys(corral_home())
     except PermissionError:  # a server's key file, readable by root only: verify without it
         return AuditKeyring()
 

@@ -276,6 +276,13 @@ class ChainChecker:
 
     def _own_problem(self, entry: AuditEntry) -> ChainProblem | None:
         """What is wrong with a record that links correctly: its hash, its key, or an unkeyed record after keys."""
+        limit = self._keys.unkeyed_until
+        if entry.hmac_key_id is None and self._keys and entry.seq > limit:
+            # A verifier without keys cannot tell; one with them knows which records predate the key.
+            return ChainProblem(entry.seq, "edited", f"record {entry.seq} was edited: it is unkeyed (plain "
+                                                     f"SHA-256), but only records up to {limit} predate the "
+                                                     f"audit key ({self._keys.source}: unkeyed-until), so it "
+                                                     f"was re-hashed without the key")
         if entry.hmac_key_id is None and self._keyed_seen:
             # Keyed servers never write unkeyed records: this one was rewritten and re-hashed without the key.
             return ChainProblem(entry.seq, "edited", f"record {entry.seq} was edited: it is unkeyed (plain "

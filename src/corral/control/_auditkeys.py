@@ -9,6 +9,12 @@ Where the keys come from: `CORRAL_AUDIT_KEY` (several separated by commas or new
 which replicas sharing one database must all be given; else `<CORRAL_HOME>/audit.key`, one key per line, newest
 first, made 0600 with one random key on the server's first start. New records are signed with the first key;
 records signed earlier verify with any key listed, so rotating is putting a new key first and keeping the old.
+
+Beside the keys, an item `unkeyed-until=<seq>` says which records may be unkeyed: those an older Corral wrote
+before the chain was keyed. Without it a verifier holding keys accepts no unkeyed record at all; otherwise
+whoever can write the database could rewrite the whole chain as plain SHA-256 and pass it off as pre-key
+history. The server writes it into the key file it makes (the chain's head then, 0 on a new database); an
+operator upgrading with `CORRAL_AUDIT_KEY` adds it there (the head from `corral audit head` before upgrading).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import secrets
 from collections.abc import Iterable
 from pathlib import Path
 
-from .._atomic import kept_secret, write_atomic
+from .._atomic import write_atomic
 from .._exceptions import InvalidRequestError
 from .._settings import audit_key
 
@@ -32,6 +38,7 @@ AUDIT_KEY_FILE = "audit.key"
 KEY_MIN_CHARS = 32
 _NEW_KEY_BYTES = 32
 _SEPARATORS = re.compile(r"[,\s]+")
+_UNKEYED_UNTIL = re.compile(r"unkeyed-until=(\d+)")
 
 
 def audit_key_id(key: bytes) -> str:
@@ -42,22 +49,25 @@ def audit_key_id(key: bytes) -> str:
 class AuditKeyring:
     """The keys a server signs and verifies with: `signing` (the first) signs, every one verifies."""
 
-    def __init__(self, keys: Iterable[bytes] = (), source: str = "no keys") -> None:
+    def __init__(self, keys: Iterable[bytes] = (), source: str = "no keys", *, unkeyed_until: int = 0) -> None:
         listed = list(keys)
         self._keys = {audit_key_id(key): key for key in listed}
         self._order = list(dict.fromkeys(audit_key_id(key) for key in listed))
         self.source = source  # where the keys came from, for messages (never the keys themselves)
+        self.unkeyed_until = unkeyed_until  # records after this seq must be keyed (module docstring)
 
     @classmethod
     def parse(cls, text: str, source: str) -> AuditKeyring:
         """Keys separated by commas or newlines, newest first; `InvalidRequestError` naming `source` if one is
         too short to be a secret."""
-        keys = [part for part in _SEPARATORS.split(text) if part]
+        parts = [part for part in _SEPARATORS.split(text) if part]
+        marks = [int(m.group(1)) for m in map(_UNKEYED_UNTIL.fullmatch, parts) if m is not None]
+        keys = [part for part in parts if _UNKEYED_UNTIL.fullmatch(part) is None]
         short = [i + 1 for i, key in enumerate(keys) if len(key) < KEY_MIN_CHARS]
         if short:
             raise InvalidRequestError(f"audit key {short[0]} in {source} is shorter than {KEY_MIN_CHARS} "
                                       f"characters; make one with `openssl rand -hex 32`")
-        return cls([key.encode() for key in keys], source)
+        return cls([key.encode() for key in keys], source, unkeyed_until=max(marks, default=0))
 
     @property
     def ids(self) -> list[str]:
@@ -78,20 +88,35 @@ class AuditKeyring:
         return hmac.new(self._keys[key_id], message, hashlib.sha256).hexdigest()
 
 
-def load_audit_keys(home: Path, *, create: bool = True) -> AuditKeyring:
-    """`CORRAL_AUDIT_KEY`, else `<home>/audit.key` (made with one new key if `create` and missing; else an empty
-    keyring when there is no file)."""
+def load_audit_keys(home: Path, *, create_after: int | None = None) -> AuditKeyring:
+    """`CORRAL_AUDIT_KEY`, else `<home>/audit.key`. A missing file is made, with one new key and
+    `unkeyed-until=<create_after>`, when `create_after` (the chain's head seq) is given; else the keyring is
+    empty."""
     configured = audit_key()
     if configured:
         return AuditKeyring.parse(configured, "CORRAL_AUDIT_KEY")
     path = home / AUDIT_KEY_FILE
-    if create:
-        kept_secret(path, _NEW_KEY_BYTES)  # never replaces: replicas starting at once end up with one key
+    if create_after is not None and not path.exists():
+        _make_key_file(path, create_after)
     try:
         text = path.read_text(encoding="ascii")
     except FileNotFoundError:
         return AuditKeyring(source=str(path))
     return AuditKeyring.parse(text, str(path))
+
+
+def _make_key_file(path: Path, unkeyed_until: int) -> None:
+    """Write a new key file, never replacing one: two servers starting at once end up with the same key."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staged = path.with_name(f".{path.name}.new-{secrets.token_hex(4)}")
+    text = f"{secrets.token_hex(_NEW_KEY_BYTES)}\nunkeyed-until={unkeyed_until}\n"
+    write_atomic(staged, text.encode("ascii"), mode=0o600)
+    try:
+        os.link(staged, path)
+    except FileExistsError:
+        pass
+    finally:
+        staged.unlink()
 
 
 def read_key_file(path: Path) -> AuditKeyring:

@@ -134,9 +134,12 @@ class ControlStore:
         return self._clock().astimezone(UTC)
 
     async def start(self) -> None:
-        if self._audit_keys is None:
-            self.audit.keys = self._load_audit_keys()  # before any record is appended: none goes out unkeyed
         await self._db.start(self._now())
+        if self._audit_keys is None:
+            # Before any record is appended, so none goes out unkeyed. A new key file says the records up to
+            # the current head are the only ones that may be unkeyed (those older versions wrote).
+            head = await self.audit.head()
+            self.audit.keys = load_audit_keys(self.home, create_after=head.seq)
 
     def _load_audit_keys(self) -> AuditKeyring:
         return load_audit_keys(self.home)
