@@ -1,4 +1,4 @@
-"""The items of the sandbox checklist (1-36, and 43 of the ones after them): each one's number, the property it
+"""The items of the sandbox checklist (1-36, and 39 and 43 of the ones after them): each one's number, the property it
 proves, and how to fix a failure.
 
 The text follows the project's checklist (CHECKLIST.md), kept here as data because the product cannot read the
@@ -92,6 +92,10 @@ ITEMS: dict[int, Item] = {i.number: i for i in (
                                   "proxy's events must be wired to the audit log"),
     Item(36, "Fail closed", "upgrade Corral: creating a sandbox must fail when the runtime, a cgroup controller "
                             "or a namespace is unavailable, never start it without them"),
+    Item(39, "The audit chain is keyed",
+         "keep the audit key outside the database (CORRAL_AUDIT_KEY or <home>/audit.key, 0600) and out of "
+         "backups of it; if verification fails, restore the audit table from a backup and rotate the key "
+         "(`corral audit rotate-key`)"),
     Item(43, "Every front end keeps tenancy and roles",
          "upgrade Corral: every front end (E2B's API, MCP, the dashboard) must call the service layer with the "
          "caller's own principal; report the route that answered"),

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import httpx
 
 from .._exceptions import CorralError
-from ._audit import item_34_audit_tamper_evident, item_35_audit_complete
+from ._audit import item_34_audit_tamper_evident, item_35_audit_complete, item_39_audit_keyed
 from ._backend import item_31_gvisor
 from ._context import CheckContext
 from ._fronts import item_43_front_ends_keep_tenancy
@@ -49,6 +49,7 @@ PROBES: tuple[Probe, ...] = (
     Probe(34, item_34_audit_tamper_evident),
     Probe(35, item_35_audit_complete),
     Probe(36, item_36_fail_closed),
+    Probe(39, item_39_audit_keyed),
     Probe(43, item_43_front_ends_keep_tenancy),
 )
 
