@@ -265,6 +265,16 @@ def test_rotating_refuses_a_file_with_a_bad_key(tmp_path: Path) -> None:
     with pytest.raises(InvalidRequestError, match="shorter than 32"):
         rotate_audit_key_file(path)
     assert path.read_text() == "tooshort\n"
+    path.unlink()
+    with pytest.raises(InvalidRequestError, match="no audit key file"):  # the server makes the first one
+        rotate_audit_key_file(path)
+
+
+def test_a_source_without_a_key_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Else the server would sign unkeyed."""
+    monkeypatch.setenv("CORRAL_AUDIT_KEY", "unkeyed-until=5")
+    with pytest.raises(InvalidRequestError, match="CORRAL_AUDIT_KEY holds no audit key"):
+        load_audit_keys(tmp_path)
 
 
 # -- the commands ----------------------------------------------------------------------------------------------------

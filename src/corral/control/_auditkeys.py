@@ -47,7 +47,7 @@ def audit_key_id(key: bytes) -> str:
 
 
 class AuditKeyring:
-    """The keys a server signs and verifies with: `signing` (the first) signs, every one verifies."""
+    """The keys a server signs and verifies with: the first (`signing_id`) signs, every one verifies."""
 
     def __init__(self, keys: Iterable[bytes] = (), source: str = "no keys", *, unkeyed_until: int = 0) -> None:
         listed = list(keys)
@@ -94,7 +94,7 @@ def load_audit_keys(home: Path, *, create_after: int | None = None) -> AuditKeyr
     empty."""
     configured = audit_key()
     if configured:
-        return AuditKeyring.parse(configured, "CORRAL_AUDIT_KEY")
+        return _with_a_key(AuditKeyring.parse(configured, "CORRAL_AUDIT_KEY"))
     path = home / AUDIT_KEY_FILE
     if create_after is not None and not path.exists():
         _make_key_file(path, create_after)
@@ -102,7 +102,14 @@ def load_audit_keys(home: Path, *, create_after: int | None = None) -> AuditKeyr
         text = path.read_text(encoding="ascii")
     except FileNotFoundError:
         return AuditKeyring(source=str(path))
-    return AuditKeyring.parse(text, str(path))
+    return _with_a_key(AuditKeyring.parse(text, str(path)))
+
+
+def _with_a_key(keys: AuditKeyring) -> AuditKeyring:
+    """Refuse a configured source that holds no key: a server would otherwise sign its records unkeyed."""
+    if not keys:
+        raise InvalidRequestError(f"{keys.source} holds no audit key; make one with `openssl rand -hex 32`")
+    return keys
 
 
 def _make_key_file(path: Path, unkeyed_until: int) -> None:
@@ -122,18 +129,20 @@ def _make_key_file(path: Path, unkeyed_until: int) -> None:
 def read_key_file(path: Path) -> AuditKeyring:
     """The keys of a key file given explicitly (`corral audit verify --key-file`)."""
     try:
-        return AuditKeyring.parse(path.read_text(encoding="ascii"), str(path))
+        return _with_a_key(AuditKeyring.parse(path.read_text(encoding="ascii"), str(path)))
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidRequestError(f"cannot read the audit key file {path}: {exc}") from exc
 
 
 def rotate_audit_key_file(path: Path) -> tuple[str, list[str]]:
-    """Put a new random key first in the key file at `path`, keeping the others; return (new id, kept ids)."""
-    text = path.read_text(encoding="ascii") if path.exists() else ""
-    old = AuditKeyring.parse(text, str(path))  # refuses a file with a bad key rather than keeping it
-    kept = [part for part in _SEPARATORS.split(text) if part]
+    """Put a new random key first in the key file at `path`, keeping the others (and `unkeyed-until`); return
+    (new id, kept ids). A missing file is refused: the server makes the first one, knowing where the unkeyed
+    records end."""
+    if not path.exists():
+        raise InvalidRequestError(f"there is no audit key file at {path}: start the server once (it makes one), "
+                                  "or pass the server's --home")
+    old = read_key_file(path)  # refuses a file with a bad key rather than keeping it
+    kept = [part for part in _SEPARATORS.split(path.read_text(encoding="ascii")) if part]
     new = secrets.token_hex(_NEW_KEY_BYTES)
-    path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, "".join(f"{key}\n" for key in [new, *kept]).encode("ascii"), mode=0o600)
-    os.chmod(path, 0o600)
     return audit_key_id(new.encode()), old.ids
