@@ -9,7 +9,9 @@ it (`hmac_key_id`, 8 hex digits of the key's SHA-256): after a rotation, older r
 keys, and a record signed with a key the verifier does not hold is a failure that names that key.
 
 Records written by versions before the key (`hmac_key_id` NULL) are plain SHA-256 and still verify, but only
-as the start of the chain: an unkeyed record after a keyed one is a record rewritten without the key. The
+as the start of the chain, up to the seq the keys' `unkeyed-until` gives (the head when the server made its key
+file): an unkeyed record after that, or after a keyed one, is a record re-hashed without the key. (A verifier
+holding no key cannot tell, and says how many records it took unkeyed.) The
 request id and the key id joined the record later, each hashed only when set: a record without them hashes
 exactly as before they existed. Editing a record breaks its hash; deleting or inserting one breaks the links
 around it; deleting the newest records is caught by comparing with a head (seq, hash) exported earlier, so
