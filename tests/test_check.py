@@ -38,12 +38,12 @@ from corral.check import (
     run_check,
     task_verdicts,
 )
-from corral.check._audit import item_34_audit_tamper_evident, item_35_audit_complete
+from corral.check._audit import item_34_audit_tamper_evident, item_35_audit_complete, item_39_audit_keyed
 from corral.check._model import Status
 from corral.check._probes import PROBES, Probe, run_probe
 from corral.check._tenancy import item_32_tenants_isolated, item_33_roles_hold
 from corral.cli import _check
-from corral.control import AuditEntry
+from corral.control import AuditEntry, AuditKeyring
 from corral.eval import TaskFailure, TaskResult
 from corral.server import ServerProcess
 
@@ -67,14 +67,15 @@ def _error(status: int, code: str, message: str = "") -> httpx.Response:
     return httpx.Response(status, json={"error": {"code": code, "message": message or code, "details": {}}})
 
 
-def _chain(n: int) -> list[str]:
-    """`n` audit records, correctly hash-chained, as an export's lines."""
+def _chain(n: int, keys: AuditKeyring | None = None) -> list[str]:
+    """`n` audit records, correctly hash-chained, as an export's lines: signed with the first of `keys`, else
+    unkeyed (as before audit keys)."""
     lines, prev = [], "0" * 64
     for seq in range(1, n + 1):
         entry = AuditEntry(seq=seq, time=datetime(2030, 1, 1, tzinfo=UTC), tenant_id="t", key_id="k",
                            role="admin", action="tenant.create", target=None, params={"n": seq}, outcome={},
-                           prev_hash=prev, hash="")
-        entry = dataclasses.replace(entry, hash=entry.computed_hash())
+                           prev_hash=prev, hash="", hmac_key_id=keys.signing_id if keys else None)
+        entry = dataclasses.replace(entry, hash=entry.keyed_hash(keys or AuditKeyring()) or "")
         lines.append(entry.to_json())
         prev = entry.hash
     return lines
@@ -337,6 +338,53 @@ def test_34_tampering_a_good_export_is_named_where_it_happened(tmp_path: Path) -
         expect_broken(export, 5, "deleting", "deleted", (5, 6))  # an untampered copy: "tampering" unnoticed
 
 
+# -- 39 really fails -----------------------------------------------------------------------------------------------
+
+AUDIT_KEY = "a" * 64
+
+
+@pytest.mark.anyio
+async def test_39_passes_when_a_rewrite_without_the_key_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CORRAL_AUDIT_KEY", AUDIT_KEY)
+    keys = AuditKeyring.parse(AUDIT_KEY, "test")
+    verdict = await _verdict(item_39_audit_keyed, _context(FakeCorral(audit_lines=_chain(12, keys))))
+    assert verdict.status == "PASS", verdict.detail
+    assert "plain SHA-256: record 7 (edited)" in verdict.detail and "a key not the server's: record 7 (edited)" \
+        in verdict.detail, verdict.detail
+
+
+def test_34_checks_a_keyed_export_with_the_key(tmp_path: Path) -> None:
+    from corral.check._audit import expect_broken, tampered_copy, verify_file
+
+    keys = AuditKeyring.parse(AUDIT_KEY, "test")
+    export = tmp_path / "audit.jsonl"
+    export.write_text("".join(line + "\n" for line in _chain(9, keys)))
+    assert verify_file(export, keys=keys).ok
+    assert tampered_copy(export, tmp_path / "e.jsonl", 4, "edit") == 5
+    assert "record 5 was edited" in expect_broken(tmp_path / "e.jsonl", 5, "editing", "edited", (5,), keys)
+    problem = verify_file(tmp_path / "e.jsonl").problem  # without the key: named, not passed
+    assert problem is not None and problem.kind == "unknown-key"
+
+
+@pytest.mark.anyio
+async def test_39_fails_on_a_chain_of_plain_sha256(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CORRAL_AUDIT_KEY", f"{AUDIT_KEY},unkeyed-until=12")  # all 12 "predate" the key
+    verdict = await _verdict(item_39_audit_keyed, _context(FakeCorral(audit_lines=_chain(12))))
+    assert verdict.status == "FAIL" and "only 0 of the 12 exported records are keyed" in verdict.detail
+    monkeypatch.setenv("CORRAL_AUDIT_KEY", AUDIT_KEY)  # none may: the whole chain is a rewrite
+    verdict = await _verdict(item_39_audit_keyed, _context(FakeCorral(audit_lines=_chain(12))))
+    assert verdict.status == "FAIL" and "record 1 (edited)" in verdict.detail, verdict.detail
+
+
+@pytest.mark.anyio
+async def test_39_fails_without_the_servers_key() -> None:
+    keys = AuditKeyring.parse(AUDIT_KEY, "test")
+    verdict = await _verdict(item_39_audit_keyed, _context(FakeCorral(audit_lines=_chain(12, keys))))
+    assert verdict.status == "FAIL" and "not readable here" in verdict.detail and "CORRAL_AUDIT_KEY" in verdict.fix
+    verdict = await _verdict(item_34_audit_tamper_evident, _context(FakeCorral(audit_lines=_chain(12, keys))))
+    assert verdict.status == "FAIL" and "cannot be checked here" in verdict.detail, verdict.detail
+
+
 # -- 35 really fails ----------------------------------------------------------------------------------------------
 
 
@@ -588,7 +636,7 @@ def _printed(report: CheckReport) -> str:
 
 
 def test_every_item_has_a_title_a_fix_and_at_most_one_function() -> None:
-    assert sorted(ITEMS) == [*range(1, 37), *range(40, 45)]
+    assert sorted(ITEMS) == [*range(1, 45)]
     assert all(i.title and i.fix for i in ITEMS.values())
     numbers = [p.number for p in PROBES]
     assert len(numbers) == len(set(numbers))
@@ -642,9 +690,9 @@ def test_cli_json_document(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_cli_rejects_an_unknown_item_and_a_missing_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    result, _ = _cli(monkeypatch, _report("PASS"), "--item", "37")
-    assert result.exit_code == 2 and "no checklist item 37" in result.output
-    assert "items are 1-36, 40-44" in " ".join(result.output.split())
+    result, _ = _cli(monkeypatch, _report("PASS"), "--item", "45")
+    assert result.exit_code == 2 and "no checklist item 45" in result.output
+    assert "items are 1-44" in " ".join(result.output.split())
     monkeypatch.setattr(_check, "run_check", None)
     app = typer.Typer()
     app.command()(_check.check_command)
@@ -689,7 +737,7 @@ def test_the_whole_checklist_passes_on_a_local_deployment(server: ServerProcess)
     problems = [f"{i.number} {i.title}: {i.status}: {i.detail} (fix: {i.fix})" for i in report.items
                 if i.status == "FAIL" or (i.status == "N/A" and not i.detail)]
     assert problems == [], "\n".join(problems)
-    assert [i.number for i in report.items] == [*range(1, 37), *range(40, 45)]
+    assert [i.number for i in report.items] == [*range(1, 45)]
     assert {t for i in report.items for t in i.tasks} == {t.id for t in tasks}  # every task ran, none skipped
     assert report.exit_code == 0 and report.cleanup_problems == []
     # The host-side parts ran (the server is on this machine), rather than being skipped.

@@ -340,7 +340,12 @@ def test_audit_verify_export_and_tampering(admin: Cli, dev: Cli, server: ServerP
     admin.ok("audit", "export", "--out", str(out))
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["seq"] for r in records] == list(range(1, len(records) + 1)) and len(records) >= int(head.split(":")[0])
-    assert admin.run("audit", "verify", "--file", str(out)).returncode == 0
+    key_file = str(server.home / "audit.key")
+    assert admin.run("audit", "verify", "--file", str(out), "--key-file", key_file).returncode == 0
+    r = admin.run("audit", "verify", "--file", str(out))  # without the key the HMACs cannot be checked: no "ok"
+    assert r.returncode == 1 and b"unknown-key" in r.stdout and b"--key-file" in r.stdout, r.stdout
+    r = admin.run("audit", "verify", "--file", str(out), "--unkeyed")
+    assert r.returncode == 0 and b"NOT checked" in r.stdout, r.stdout
     mine = [json.loads(line) for line in admin.ok("audit", "export", "--action", "sandbox.list").splitlines()]
     assert mine and all(r["action"] == "sandbox.list" for r in mine)
 

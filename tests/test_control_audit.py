@@ -22,10 +22,12 @@ from corral.control import (
     Action,
     AuditEntry,
     AuditEvent,
+    AuditKeyring,
     ChainHead,
     ControlStore,
     Principal,
     Role,
+    load_audit_keys,
     verify_chain,
 )
 
@@ -70,11 +72,11 @@ def db(store: ControlStore) -> sqlite3.Connection:
 
 def insert_raw(con: sqlite3.Connection, entry: AuditEntry) -> None:
     con.execute(
-        "INSERT INTO audit (seq, time, tenant_id, key_id, role, action, target, params, outcome, prev_hash, hash) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO audit (seq, time, tenant_id, key_id, role, action, target, params, outcome, prev_hash, hash, "
+        "hmac_key_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (entry.seq, entry.time.replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds"), entry.tenant_id,
          entry.key_id, entry.role, entry.action, entry.target, json.dumps(entry.params),
-         json.dumps(entry.outcome), entry.prev_hash, entry.hash))
+         json.dumps(entry.outcome), entry.prev_hash, entry.hash, entry.hmac_key_id))
 
 
 def shift_up_from(con: sqlite3.Connection, seq: int) -> None:
@@ -113,18 +115,19 @@ async def test_empty_log(store: ControlStore) -> None:
 
 async def test_hash_covers_every_field(store: ControlStore) -> None:
     entry = await store.audit.append(event(1))
-    assert entry.computed_hash() == entry.hash
+    assert entry.keyed_hash(store.audit.keys) == entry.hash and entry.hmac_key_id
     changes: list[tuple[str, Any]] = [
         ("seq", 2), ("time", T0 + timedelta(microseconds=1)), ("tenant_id", "tn_x"), ("key_id", "key_x"),
         ("role", "admin"), ("action", "sandbox.kill"), ("target", "sb_x"), ("params", {"cmd": "echo 2"}),
         ("outcome", {"exit_code": 1}), ("prev_hash", "1" * 64), ("request_id", "req-1"),
+        ("hmac_key_id", None), ("hmac_key_id", "0" * 8),
     ]
     for name, value in changes:
-        assert dataclasses.replace(entry, **{name: value}).computed_hash() != entry.hash, name
+        assert dataclasses.replace(entry, **{name: value}).keyed_hash(store.audit.keys) != entry.hash, name
     with_id = await store.audit.append(dataclasses.replace(event(2), request_id="req-1"))
-    assert with_id.request_id == "req-1" and with_id.computed_hash() == with_id.hash
+    assert with_id.request_id == "req-1" and with_id.keyed_hash(store.audit.keys) == with_id.hash
     for changed in ("req-2", None):  # edited, or removed: both break the hash
-        assert dataclasses.replace(with_id, request_id=changed).computed_hash() != with_id.hash
+        assert dataclasses.replace(with_id, request_id=changed).keyed_hash(store.audit.keys) != with_id.hash
 
 
 async def test_records_keep_commands_verbatim_and_file_digests(store: ControlStore) -> None:
@@ -170,7 +173,7 @@ async def test_edited_params_are_reported(chain: ControlStore) -> None:
 async def test_edited_and_rehashed_record_is_reported(chain: ControlStore) -> None:
     (victim,) = await chain.audit.query(after=99, limit=1)
     forged = dataclasses.replace(victim, params={"cmd": "echo innocent"})
-    forged = dataclasses.replace(forged, hash=forged.computed_hash())
+    forged = dataclasses.replace(forged, hash=forged.keyed_hash(chain.audit.keys) or "")  # even with the key
     with db(chain) as con:
         con.execute("DELETE FROM audit WHERE seq = 100")
         insert_raw(con, forged)
@@ -205,8 +208,9 @@ async def test_forged_record_with_a_valid_hash_is_reported(chain: ControlStore) 
     """The strongest insert: renumber the rest and forge a record that links and hashes correctly."""
     (before,) = await chain.audit.query(after=98, limit=1)
     forged = AuditEntry(seq=100, time=before.time, tenant_id="tn_0", key_id="key_1", role="admin",
-                        action="key.create", target=None, params={}, outcome={}, prev_hash=before.hash, hash="")
-    forged = dataclasses.replace(forged, hash=forged.computed_hash())
+                        action="key.create", target=None, params={}, outcome={}, prev_hash=before.hash, hash="",
+                        hmac_key_id=before.hmac_key_id)
+    forged = dataclasses.replace(forged, hash=forged.keyed_hash(chain.audit.keys) or "")  # even with the key
     with db(chain) as con:
         shift_up_from(con, 100)
         insert_raw(con, forged)
@@ -292,9 +296,10 @@ async def test_export_jsonl_round_trip(chain: ControlStore) -> None:
     assert exported == await chain.audit.query(limit=None)
     assert json.loads(lines[0])["prev_hash"] == GENESIS_HASH
     head = await chain.audit.head()
-    assert verify_chain(exported, expected_head=head).ok  # an export verifies offline
+    keys = chain.audit.keys
+    assert verify_chain(exported, expected_head=head, keys=keys).ok  # an export verifies offline, with the key
     exported[10] = dataclasses.replace(exported[10], outcome={"exit_code": 1})
-    problem = verify_chain(exported).problem
+    problem = verify_chain(exported, keys=keys).problem
     assert problem is not None and (problem.seq, problem.kind) == (11, "edited")
 
 
@@ -379,12 +384,13 @@ async def test_a_chain_from_before_request_ids_still_verifies_and_goes_on_with_t
     """A database of the old schema (no request_id column), its records hashed the old way: the new server adds
     the column, verifies the old records, appends records with ids after them, and the whole chain verifies
     (in the database, and exported)."""
-    async with ControlStore(home=tmp_path, clock=Clock()) as old:
+    async with ControlStore(home=tmp_path, clock=Clock(), audit_keys=AuditKeyring()) as old:  # unkeyed, as then
         for i in range(5):
             await old.audit.append(event(i))
         old_entries = await old.audit.query(limit=None)
     with sqlite3.connect(tmp_path / "corral.db") as con:
         con.execute("ALTER TABLE audit DROP COLUMN request_id")  # the table as older versions made it
+        con.execute("ALTER TABLE audit DROP COLUMN hmac_key_id")
     assert all(e.hash == _hash_before_request_ids(e) for e in old_entries)
 
     async with ControlStore(home=tmp_path) as new:
@@ -397,4 +403,4 @@ async def test_a_chain_from_before_request_ids_still_verifies_and_goes_on_with_t
         await new.audit.export_jsonl(stream)
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert ["request_id" in line for line in lines] == [False] * 5 + [True, False]  # absent, not null, if unset
-    assert verify_chain(AuditEntry.from_dict(line) for line in lines).ok
+    assert verify_chain((AuditEntry.from_dict(line) for line in lines), keys=load_audit_keys(tmp_path)).ok

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from corral.backends import SandboxSpec
-from corral.control import ControlStore, Principal, Quotas, Role
+from corral.control import AuditEvent, AuditKeyring, ControlStore, Principal, Quotas, Role
 
 pytestmark = pytest.mark.anyio
 
@@ -70,3 +70,20 @@ async def test_an_older_database_without_required_runtime_starts_and_reads_none(
         assert (await store.set_required_runtime(tenant.id, "runsc")).required_runtime == "runsc"
     finally:
         await store.close()
+
+
+async def test_an_older_audit_table_gains_the_key_id_and_its_unkeyed_records_still_verify(tmp_path: Path) -> None:
+    async with ControlStore(home=tmp_path, audit_keys=AuditKeyring()) as old:  # records signed as before keys
+        for i in range(3):
+            await old.audit.append(AuditEvent(action="tenant.create", params={"n": i}))
+    db = tmp_path / "corral.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("ALTER TABLE audit DROP COLUMN hmac_key_id")
+    assert "hmac_key_id" not in _columns(db, "audit")
+
+    async with ControlStore(home=tmp_path) as store:
+        assert "hmac_key_id" in _columns(db, "audit")
+        entry = await store.audit.append(AuditEvent(action="tenant.create", params={"n": 3}))
+        assert entry.hmac_key_id == store.audit.keys.signing_id
+        result = await store.audit.verify()
+        assert result.ok and result.checked == 4 and result.unkeyed == 3, result.problem

@@ -12,14 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import text, update
 
 from corral import AuthenticationError, NotFoundError, QuotaExceededError
 from corral.control import SCHEMA_VERSION, Action, ControlStore, Quotas, Role
+from corral.control._models import AuditRow
 from corral.engine import SandboxSpec
 
 from . import postgres_support
 from . import test_control_audit as audit_tests
+from . import test_control_audit_key as key_tests
 from . import test_control_auth as auth_tests
 from . import test_control_store as store_tests
 from .postgres_support import DATABASE, PG_USER, Cluster
@@ -231,3 +233,17 @@ async def test_deleted_newest_records_are_caught_by_the_exported_head(chain: Con
 def test_database_url_without_a_driver_gets_asyncpg(postgres: Cluster, tmp_path: Path) -> None:
     store = ControlStore(postgres.url().replace("postgresql+asyncpg://", "postgresql://"), home=tmp_path)
     assert store._db.url.drivername == "postgresql+asyncpg"
+
+
+async def test_a_rewrite_rehashed_without_the_audit_key_is_reported(store: ControlStore) -> None:
+    """Checklist item 39 on PostgreSQL: a middle record edited and it and every later one re-hashed (plain
+    SHA-256, links intact) fails verification with the replicas' key."""
+    entries = await key_tests.keyed_chain(store)
+    forged = key_tests.rewritten(entries, key_tests.VICTIM, key_tests.plain_sha256)
+    async with store._db.engine.begin() as conn:
+        for entry in forged[key_tests.VICTIM - 1:]:
+            await conn.execute(update(AuditRow).where(AuditRow.seq == entry.seq).values(
+                params=entry.params, prev_hash=entry.prev_hash, hash=entry.hash, hmac_key_id=entry.hmac_key_id))
+    result = await store.audit.verify()
+    assert result.problem is not None and (result.problem.seq, result.problem.kind) == (key_tests.VICTIM, "edited")
+    assert "re-hashed without the" in result.problem.message

@@ -239,11 +239,14 @@ async def test_a_database_that_cannot_answer_is_503_not_a_pass(rig: Rig, tmp_pat
 # -- the command ----------------------------------------------------------------------------------------------------
 
 
-def _proxy_env(home: Path, secret: str | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("CORRAL_ACCESS_SECRET", "CORRAL_DB_URL")}
+def _proxy_env(home: Path, secret: str | None, audit_key: str | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("CORRAL_ACCESS_SECRET", "CORRAL_DB_URL", "CORRAL_AUDIT_KEY")}
     env["CORRAL_HOME"] = str(home)
     if secret is not None:
         env["CORRAL_ACCESS_SECRET"] = secret
+    if audit_key is not None:
+        env["CORRAL_AUDIT_KEY"] = audit_key
     return env
 
 
@@ -256,7 +259,8 @@ async def test_corral_egress_proxy_serves_until_sigterm(rig: Rig, tmp_path: Path
     db = f"sqlite+aiosqlite:///{tmp_path / 'corral.db'}"
     proc = await asyncio.create_subprocess_exec(
         *_corral(), "egress-proxy", "--port", "0", "--db", db, "--no-mirror",
-        env=_proxy_env(tmp_path / "proxy-home", SECRET.decode()), stderr=subprocess.PIPE)
+        env=_proxy_env(tmp_path / "proxy-home", SECRET.decode(), (tmp_path / "audit.key").read_text()),
+        stderr=subprocess.PIPE)
     try:
         assert proc.stderr is not None
         async with asyncio.timeout(WAIT):
@@ -276,10 +280,12 @@ async def test_corral_egress_proxy_serves_until_sigterm(rig: Rig, tmp_path: Path
             code = await proc.wait()
     assert code == 0
     assert (sandbox, True) in await rig.egress_records(1)  # its audit record, in the servers' database
+    assert (await rig.store.audit.verify()).ok  # signed with the servers' audit key
 
 
 @pytest.mark.parametrize(("args", "secret", "words", "code"), [
     (["--db", "sqlite+aiosqlite:////nonexistent/x.db"], None, "CORRAL_ACCESS_SECRET is not set", 1),
+    (["--db", "sqlite+aiosqlite:////nonexistent/x.db"], "s", "CORRAL_AUDIT_KEY is not set", 1),
     ([], "s", "the servers' database is needed: set CORRAL_DB_URL or pass --db", 2),
 ])
 def test_corral_egress_proxy_says_what_it_needs(tmp_path: Path, args: list[str], secret: str | None, words: str,

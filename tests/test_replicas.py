@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import os
 import shutil
 import statistics
@@ -251,9 +252,11 @@ class Pair:
 
 def _server(home: Path, url: str, name: str, admin_key: str | None, secret: str) -> ServerProcess:
     port = free_port()
-    # Replicas share the access secret (docs/replicas.md): E2B's tokens and signed URLs hold on any of them.
+    # Replicas share the access secret (docs/replicas.md): E2B's tokens and signed URLs hold on any of them; and
+    # the audit key, so each verifies the records the other signed.
     return ServerProcess(home, template_home=TEMPLATE_HOME, port=port, admin_key=admin_key,
-                         env={"CORRAL_ACCESS_SECRET": secret},
+                         env={"CORRAL_ACCESS_SECRET": secret,
+                              "CORRAL_AUDIT_KEY": hashlib.sha256(secret.encode()).hexdigest()},
                          args=["--db", url, "--replica-id", name, "--advertise-url", f"http://127.0.0.1:{port}",
                                "--replica-ttl", str(REPLICA_TTL), "--cache-ttl", str(SERVER_CACHE_TTL)])
 

@@ -76,7 +76,7 @@ async def test_tenants_keys_and_quotas(app_and_key: tuple[object, str, ControlSt
 
 
 async def test_audit_query_verify_and_export(app_and_key: tuple[object, str, ControlStore]) -> None:
-    app, key, _ = app_and_key
+    app, key, store = app_and_key
     async with connect(app, key) as admin:
         await admin.tenants.create("acme")
         await admin.keys.create("acme", "auditor")
@@ -90,7 +90,8 @@ async def test_audit_query_verify_and_export(app_and_key: tuple[object, str, Con
         count = await admin.audit.export(out)
         lines = out.getvalue().splitlines()
         assert count == len(lines) == int(head.split(":")[0])
-        assert verify_chain(AuditEntry.from_json(line) for line in lines).ok  # the export verifies offline
+        exported = [AuditEntry.from_json(line) for line in lines]
+        assert verify_chain(exported, keys=store.audit.keys).ok  # the export verifies offline, with the key
         assert [json.loads(line)["action"] for line in lines] == [r.action for r in await admin.audit.query()]
 
         # A head from the future: the newest records look deleted.

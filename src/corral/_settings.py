@@ -8,6 +8,8 @@
 `CORRAL_API_KEY` is the API key clients send as a Bearer token.
 `CORRAL_ACCESS_SECRET` is the secret sandboxes' access tokens are derived from (several replicas share one); by
 default each server keeps one in `CORRAL_HOME/access.key`.
+`CORRAL_AUDIT_KEY` is the audit chain's HMAC key, or several separated by commas, newest first (replicas sharing
+one database share it); by default each server keeps them in `CORRAL_HOME/audit.key`.
 `CORRAL_REGISTRY_CREDS` (`USER:PASSWORD`) is what `corral templates push` logs in to a registry with, when no
 `--creds` is given (without either, skopeo reads the standard auth files).
 `KUBECONFIG` is read by the Kubernetes client itself; Corral reads it only to say where it looked.
@@ -56,6 +58,11 @@ def api_key() -> str | None:
 def access_secret() -> str | None:
     """`$CORRAL_ACCESS_SECRET`, the secret sandboxes' access tokens are derived from, if set."""
     return os.environ.get("CORRAL_ACCESS_SECRET") or None
+
+
+def audit_key() -> str | None:
+    """`$CORRAL_AUDIT_KEY`, the audit chain's HMAC keys (comma-separated, newest first), if set."""
+    return os.environ.get("CORRAL_AUDIT_KEY") or None
 
 
 def k8s_images() -> str | None:

@@ -178,7 +178,8 @@ class AuditRecord:
 
 @dataclass(frozen=True)
 class AuditProblem:
-    """The first thing wrong with the chain: record `seq` was `kind` ("edited", "inserted" or "deleted")."""
+    """The first thing wrong with the chain: record `seq` was `kind` ("edited", "inserted", "deleted", or
+    "unknown-key": signed with an audit key the verifier does not hold)."""
 
     seq: int
     kind: str
@@ -187,12 +188,16 @@ class AuditProblem:
 
 @dataclass(frozen=True)
 class AuditVerification:
-    """`ok`, how many records were `checked`, the last good `head` (`<seq>:<hash>`) and the `problem` if any."""
+    """`ok`, how many records were `checked`, the last good `head` (`<seq>:<hash>`) and the `problem` if any. Of
+    the records checked, `unkeyed` predate audit keys (plain SHA-256) and `unchecked` were keyed but checked only
+    for their links (verified without their key)."""
 
     ok: bool
     checked: int
     head: str
     problem: AuditProblem | None = None
+    unkeyed: int = 0
+    unchecked: int = 0
 
     @classmethod
     def from_wire(cls, data: Any) -> AuditVerification:
@@ -204,7 +209,7 @@ class AuditVerification:
                 problem = AuditProblem(seq=int(raw.get("seq") or 0), kind=str(raw.get("kind") or ""),
                                        message=str(raw.get("message") or ""))
             result = cls(ok=bool(d.get("ok")), checked=int(d.get("checked") or 0), head=str(d.get("head") or ""),
-                         problem=problem)
+                         problem=problem, unkeyed=int(d.get("unkeyed") or 0), unchecked=int(d.get("unchecked") or 0))
         return result
 
 

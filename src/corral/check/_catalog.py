@@ -1,4 +1,4 @@
-"""The items of the sandbox checklist (1-36, and 40-44 of the ones after them): each one's number, the property it
+"""The items of the sandbox checklist (1-44, numbered as CHECKLIST.md numbers them): each one's number, the property it
 proves, and how to fix a failure.
 
 The text follows the project's checklist (CHECKLIST.md), kept here as data because the product cannot read the
@@ -98,6 +98,10 @@ ITEMS: dict[int, Item] = {i.number: i for i in (
     Item(38, "Secrets reach only their hosts and are not reflected",
          "upgrade Corral: the egress proxy must put a secret's value only into requests to its bound hosts, and "
          "replace it by the placeholder in their answers (docs/secrets.md)"),
+    Item(39, "The audit chain is keyed",
+         "keep the audit key outside the database (CORRAL_AUDIT_KEY or <home>/audit.key, 0600) and out of "
+         "backups of it; if verification fails, restore the audit table from a backup and rotate the key "
+         "(`corral audit rotate-key`)"),
     Item(40, "A tenant's forced runtime holds",
          "upgrade Corral: every path that starts a sandbox (create, fork, the E2B API, MCP) must apply the tenant's "
          "required_runtime, and install runsc where the server runs; never fall back to runc"),

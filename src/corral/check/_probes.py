@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import httpx
 
 from .._exceptions import CorralError
-from ._audit import item_34_audit_tamper_evident, item_35_audit_complete
+from ._audit import item_34_audit_tamper_evident, item_35_audit_complete, item_39_audit_keyed
 from ._backend import item_31_gvisor
 from ._context import CheckContext
 from ._fronts import item_43_front_ends_keep_tenancy
@@ -56,6 +56,7 @@ PROBES: tuple[Probe, ...] = (
     Probe(36, item_36_fail_closed),
     Probe(37, item_37_secrets_never_inside),
     Probe(38, item_38_secrets_reach_only_their_hosts, loopback=True),
+    Probe(39, item_39_audit_keyed),
     Probe(40, item_40_forced_runtime_holds),
     Probe(41, item_41_ports_are_the_tenants),
     Probe(42, item_42_volumes_bounded),

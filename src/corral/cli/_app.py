@@ -97,7 +97,7 @@ _COMMANDS: dict[str, _Command] = {
                              "other machines (Kubernetes Pods), with the servers' database and secret."),
     "mcp": _Command("_mcp", "mcp_command", "Serve Corral's sandbox tools to an MCP client over stdio (a relay to "
                                            "the server's /mcp)."),
-    "check": _Command("_check", "check_command", "Prove the sandbox checklist (items 1-36 and 40-44) against a "
+    "check": _Command("_check", "check_command", "Prove the sandbox checklist (items 1-44) against a "
                                                  "running deployment, or a private server on --backend; exit 1 "
                                                  "if any item fails, 3 if it was skipped."),
 }

@@ -38,7 +38,7 @@ HomeOption = Annotated[Path | None, typer.Option(
 
 
 def _numbers(items: Iterable[int]) -> str:
-    """`1-36, 40-44`: the checklist's item numbers, runs collapsed."""
+    """`1-44`: the checklist's item numbers, runs collapsed."""
     runs: list[list[int]] = []
     for n in sorted(items):
         if runs and n == runs[-1][-1] + 1:
@@ -95,7 +95,7 @@ def check_command(
     item: ItemOption = [],  # noqa: B006 - typer reads the default, never mutates it
     as_json: JsonOption = False,
 ) -> None:
-    """Prove the sandbox checklist (items 1-36 and 40-44) against a running deployment, or a private server on
+    """Prove the sandbox checklist (items 1-44) against a running deployment, or a private server on
     --backend; exit 1 if any item fails, 3 if it was skipped.
 
     Needs an admin's key for a deployment: the check runs in throwaway tenants (`corral-check-<hex>`) that are

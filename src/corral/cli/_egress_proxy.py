@@ -41,10 +41,12 @@ def egress_proxy_command(
     """Run the egress proxy for sandboxes on other machines (Kubernetes Pods), with the servers' database and secret.
 
     Each request names its sandbox and credential (Proxy-Authorization) and gets that sandbox's policy from the
-    servers' database. Needs CORRAL_ACCESS_SECRET (the servers' value) and CORRAL_DB_URL (their database).
+    servers' database. Needs CORRAL_ACCESS_SECRET and CORRAL_AUDIT_KEY (the servers' values) and CORRAL_DB_URL (their
+    database).
     """
-    from .._settings import access_secret, corral_home, database_url
+    from .._settings import access_secret, audit_key, corral_home, database_url
     from ..backends.kubernetes import KEY_FILE
+    from ..control import AUDIT_KEY_FILE
 
     url = db or database_url()
     if not url:
@@ -54,6 +56,10 @@ def egress_proxy_command(
         raise InvalidRequestError("CORRAL_ACCESS_SECRET is not set (nor is there a key a server on this machine made "
                                   f"in {state}): set it to the servers' value, which sandboxes' egress credentials "
                                   "derive from")
+    if audit_key() is None and not (state / AUDIT_KEY_FILE).exists():
+        # Else the proxy would make a key of its own, and the servers could not verify its egress records.
+        raise InvalidRequestError(f"CORRAL_AUDIT_KEY is not set (nor is there a key a server on this machine made "
+                                  f"in {state}): set it to the servers' value, which the audit chain is signed with")
     asyncio.run(_run(host, port, url, state, cache_ttl, mirror))
 
 

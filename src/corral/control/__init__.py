@@ -26,6 +26,14 @@ from ._audit import (
     canonical_json,
     verify_chain,
 )
+from ._auditkeys import (
+    AUDIT_KEY_FILE,
+    AuditKeyring,
+    audit_key_id,
+    load_audit_keys,
+    read_key_file,
+    rotate_audit_key_file,
+)
 from ._db import default_url
 from ._denials import AUTH_DENIED, AuthDenials, Denial
 from ._keys import KEY_FORMAT, generate_key, hash_key, parse_key
@@ -53,6 +61,7 @@ from ._store import ADMIN_KEY_FILE, ADMIN_TENANT, CACHE_TTL, ControlStore
 __all__ = [
     "ADMIN_KEY_FILE",
     "ADMIN_TENANT",
+    "AUDIT_KEY_FILE",
     "AUTH_DENIED",
     "CACHE_TTL",
     "DEFAULT_EGRESS_CEILING",
@@ -65,6 +74,7 @@ __all__ = [
     "ApiKey",
     "AuditEntry",
     "AuditEvent",
+    "AuditKeyring",
     "AuditLog",
     "AuthDenials",
     "ChainChecker",
@@ -87,13 +97,17 @@ __all__ = [
     "TenantEgress",
     "VerifyResult",
     "VolumeRecord",
+    "audit_key_id",
     "authorize",
     "canonical_json",
     "default_url",
     "generate_key",
     "hash_key",
     "is_allowed",
+    "load_audit_keys",
     "parse_key",
+    "read_key_file",
     "require_sandbox",
+    "rotate_audit_key_file",
     "verify_chain",
 ]

@@ -1,13 +1,22 @@
-"""The tamper-evident audit trail: a hash chain of records in the `audit` table.
+"""The tamper-evident audit trail: a keyed hash chain of records in the `audit` table.
 
-Each record's `hash` is SHA-256 over the canonical JSON of its fields (seq, time, tenant, key, role, action,
-target, params, outcome, and the request id when it has one) and the previous record's hash; the first record
-chains to 64 zeros. The request id joined the record later: a record without one hashes exactly as before it
-existed, so chains written by older versions verify unchanged. Editing a
-record breaks its hash; deleting or inserting one breaks the links around it; deleting the newest records is
-caught by comparing with a head (seq, hash) exported earlier. The hash is not keyed: someone who can rewrite
-the database can also recompute every hash after the record they edit, so export the head regularly to a
-place they cannot write.
+Each record's `hash` is HMAC-SHA256, with the server's audit key, over the canonical JSON of its fields (seq,
+time, tenant, key, role, action, target, params, outcome, the request id when it has one, the audit key's id)
+and the previous record's hash; the first record chains to 64 zeros. The key lives outside the database
+(`_auditkeys`: `CORRAL_AUDIT_KEY` or `<CORRAL_HOME>/audit.key`), so someone who can rewrite the database but
+not read the key cannot recompute the hashes after a record they edit. Each record names the key that signed
+it (`hmac_key_id`, 8 hex digits of the key's SHA-256): after a rotation, older records verify with the older
+keys, and a record signed with a key the verifier does not hold is a failure that names that key.
+
+Records written by versions before the key (`hmac_key_id` NULL) are plain SHA-256 and still verify, but only
+as the start of the chain, up to the seq the keys' `unkeyed-until` gives (the head when the server made its key
+file): an unkeyed record after that, or after a keyed one, is a record re-hashed without the key. (A verifier
+holding no key cannot tell, and says how many records it took unkeyed.) The
+request id and the key id joined the record later, each hashed only when set: a record without them hashes
+exactly as before they existed. Editing a record breaks its hash; deleting or inserting one breaks the links
+around it; deleting the newest records is caught by comparing with a head (seq, hash) exported earlier, so
+export the head regularly to a place the database's owner cannot write. Whoever holds the key as well as the
+database can still rewrite history: keep the key from the database's other readers (backups, replicas' hosts).
 
 What goes in a record is the caller's: commands verbatim in `params`; file writes as path, size and sha256
 (never the contents); the outcome (status, exit code, timed out, OOM) in `outcome`.
@@ -19,6 +28,7 @@ import asyncio
 import contextlib
 import dataclasses
 import hashlib
+import hmac
 import json
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
@@ -30,6 +40,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from .._exceptions import ConflictError, InvalidRequestError, ServerError
+from ._auditkeys import AuditKeyring
 from ._db import Database
 from ._models import AuditRow
 from ._rbac import Principal
@@ -86,6 +97,7 @@ class AuditEntry:
     prev_hash: str
     hash: str
     request_id: str | None = None
+    hmac_key_id: str | None = None  # the audit key that signed it; None: a plain SHA-256 record from before keys
 
     def to_dict(self) -> dict[str, Any]:
         return {**self._hashed_fields(), "hash": self.hash}
@@ -98,15 +110,28 @@ class AuditEntry:
         return cls(seq=data["seq"], time=datetime.fromisoformat(data["time"]), tenant_id=data["tenant_id"],
                    key_id=data["key_id"], role=data["role"], action=data["action"], target=data["target"],
                    params=data["params"], outcome=data["outcome"], prev_hash=data["prev_hash"], hash=data["hash"],
-                   request_id=data.get("request_id"))
+                   request_id=data.get("request_id"), hmac_key_id=data.get("hmac_key_id"))
 
     @classmethod
     def from_json(cls, line: str) -> AuditEntry:
         return cls.from_dict(json.loads(line))
 
     def computed_hash(self) -> str:
-        """The hash this record's fields call for (equal to `hash` unless someone edited it)."""
-        return hashlib.sha256(canonical_json(self._hashed_fields()).encode("ascii")).hexdigest()
+        """The plain SHA-256 of this record's fields: the hash of a record from before audit keys."""
+        return hashlib.sha256(self.message()).hexdigest()
+
+    def keyed_hash(self, keys: AuditKeyring) -> str | None:
+        """The hash this record's fields call for (equal to `hash` unless someone edited it): the HMAC with the key
+        it names, or plain SHA-256 for an unkeyed record; None if `keys` lacks the key it names."""
+        if self.hmac_key_id is None:
+            return self.computed_hash()
+        if keys.get(self.hmac_key_id) is None:
+            return None
+        return keys.sign(self.hmac_key_id, self.message())
+
+    def message(self) -> bytes:
+        """The bytes its hash covers: the canonical JSON of its hashed fields."""
+        return canonical_json(self._hashed_fields()).encode("ascii")
 
     def _hashed_fields(self) -> dict[str, Any]:
         fields = {"seq": self.seq, "time": _iso(self.time), "tenant_id": self.tenant_id, "key_id": self.key_id,
@@ -114,6 +139,8 @@ class AuditEntry:
                   "outcome": self.outcome, "prev_hash": self.prev_hash}
         if self.request_id is not None:  # absent, not null, when unset: older records keep their hashes
             fields["request_id"] = self.request_id
+        if self.hmac_key_id is not None:  # likewise: records from before audit keys keep their hashes
+            fields["hmac_key_id"] = self.hmac_key_id
         return fields
 
 
@@ -139,7 +166,7 @@ class ChainProblem:
     """The first thing wrong with the chain: which record (`seq`) and what happened to it (`kind`)."""
 
     seq: int
-    kind: str  # "edited" | "inserted" | "deleted"
+    kind: str  # "edited" | "inserted" | "deleted" | "unknown-key" (signed with a key the verifier lacks)
     message: str
 
 
@@ -149,6 +176,8 @@ class VerifyResult:
     checked: int  # records verified before the problem (all of them when ok)
     head: ChainHead  # the last verified record
     problem: ChainProblem | None = None
+    unkeyed: int = 0  # of `checked`: records from before audit keys (plain SHA-256)
+    unchecked: int = 0  # of `checked`: keyed records whose HMAC was not checked (links only, no key given)
 
 
 def canonical_json(value: Any) -> str:
@@ -173,10 +202,20 @@ def _plain_json(value: dict[str, Any], what: str) -> dict[str, Any]:
 
 
 class ChainChecker:
-    """Walks records in seq order, one behind, so each record is judged knowing the next one."""
+    """Walks records in seq order, one behind, so each record is judged knowing the next one.
 
-    def __init__(self, expected_head: ChainHead | None = None) -> None:
+    `keys` are the audit keys to check HMACs with; a record signed with a key not among them is an "unknown-key"
+    problem, unless `links_only` (then its HMAC is skipped and counted in `unchecked`: only the links are checked).
+    """
+
+    def __init__(self, expected_head: ChainHead | None = None, keys: AuditKeyring | None = None, *,
+                 links_only: bool = False) -> None:
         self._expected_head = expected_head
+        self._keys = keys if keys is not None else AuditKeyring()
+        self._links_only = links_only
+        self._keyed_seen = False
+        self.unkeyed = 0
+        self.unchecked = 0
         self._prev: AuditEntry | None = None
         self._pending: AuditEntry | None = None
         self._hash_at_expected: str | None = None
@@ -197,13 +236,15 @@ class ChainChecker:
             self.problem = self._check_head()
         prev = self._prev
         head = ChainHead(prev.seq, prev.hash) if prev else ChainHead(0, GENESIS_HASH)
-        return VerifyResult(ok=self.problem is None, checked=self.checked, head=head, problem=self.problem)
+        return VerifyResult(ok=self.problem is None, checked=self.checked, head=head, problem=self.problem,
+                            unkeyed=self.unkeyed, unchecked=self.unchecked)
 
     def _accept_or_fail(self, entry: AuditEntry, following: AuditEntry | None) -> None:
         self.problem = self._judge(entry, following)
         if self.problem is None:
             self._prev = entry
             self.checked += 1
+            self._count_kind(entry)
             if self._expected_head is not None and entry.seq == self._expected_head.seq:
                 self._hash_at_expected = entry.hash
 
@@ -217,11 +258,48 @@ class ChainChecker:
             return ChainProblem(entry.seq, "inserted", f"record {entry.seq} was inserted: record {following.seq} "
                                                        f"chains directly to {before}")
         if entry.prev_hash == want_prev and entry.seq == want_seq:
-            if entry.computed_hash() != entry.hash:
-                return ChainProblem(entry.seq, "edited", f"record {entry.seq} was edited: its fields do not "
-                                                         f"match its hash")
-            return None
+            return self._own_problem(entry)
         return self._broken_link(entry, prev, want_prev, want_seq)
+
+    def _count_kind(self, entry: AuditEntry) -> None:
+        if entry.hmac_key_id is None:
+            self.unkeyed += 1
+            return
+        self._keyed_seen = True
+        if self._keys.get(entry.hmac_key_id) is None:
+            self.unchecked += 1  # accepted without its key only in links-only mode
+
+    def _hash_state(self, entry: AuditEntry) -> str:
+        """"ok", "bad" (fields and hash disagree), "unknown-key" or "unchecked" (links only, key not held)."""
+        want = entry.keyed_hash(self._keys)
+        if want is None:
+            return "unchecked" if self._links_only else "unknown-key"
+        return "ok" if hmac.compare_digest(want, entry.hash) else "bad"
+
+    def _own_problem(self, entry: AuditEntry) -> ChainProblem | None:
+        """What is wrong with a record that links correctly: its hash, its key, or an unkeyed record after keys."""
+        limit = self._keys.unkeyed_until
+        if entry.hmac_key_id is None and self._keys and entry.seq > limit:
+            # A verifier without keys cannot tell; one with them knows which records predate the key.
+            return ChainProblem(entry.seq, "edited", f"record {entry.seq} was edited: it is unkeyed (plain "
+                                                     f"SHA-256), but only records up to {limit} predate the "
+                                                     f"audit key ({self._keys.source}: unkeyed-until), so it "
+                                                     f"was re-hashed without the key")
+        if entry.hmac_key_id is None and self._keyed_seen:
+            # Keyed servers never write unkeyed records: this one was rewritten and re-hashed without the key.
+            return ChainProblem(entry.seq, "edited", f"record {entry.seq} was edited: it is unkeyed (plain "
+                                                     f"SHA-256) but follows keyed records, so it was re-hashed "
+                                                     f"without the audit key")
+        state = self._hash_state(entry)
+        if state == "bad":
+            return ChainProblem(entry.seq, "edited", f"record {entry.seq} was edited: its fields do not "
+                                                     f"match its hash")
+        if state == "unknown-key":
+            held = ", ".join(self._keys.ids) or "none"
+            return ChainProblem(entry.seq, "unknown-key", f"record {entry.seq} is signed with audit key "
+                                                          f"{entry.hmac_key_id}, which this verifier does not "
+                                                          f"hold (it holds: {held})")
+        return None
 
     def _broken_link(self, entry: AuditEntry, prev: AuditEntry | None, want_prev: str,
                      want_seq: int) -> ChainProblem:
@@ -232,7 +310,7 @@ class ChainChecker:
         if entry.seq > want_seq:
             return ChainProblem(entry.seq, "edited", f"record {entry.seq} was edited: its seq was changed "
                                                      f"(it chains to record {want_seq - 1})")
-        if entry.computed_hash() == entry.hash and prev is not None:
+        if prev is not None and self._hash_state(entry) in ("ok", "unchecked"):
             # This record is intact but was chained to a different hash: the record before it was rewritten
             # and re-hashed (or records between were deleted and this one re-hashed and renumbered).
             return ChainProblem(prev.seq, "edited", f"record {prev.seq} was edited and re-hashed: record "
@@ -260,9 +338,10 @@ class ChainChecker:
         return None
 
 
-def verify_chain(entries: Iterable[AuditEntry], expected_head: ChainHead | None = None) -> VerifyResult:
-    """Verify records in seq order (from the database or an exported JSONL file)."""
-    checker = ChainChecker(expected_head)
+def verify_chain(entries: Iterable[AuditEntry], expected_head: ChainHead | None = None,
+                 keys: AuditKeyring | None = None, *, links_only: bool = False) -> VerifyResult:
+    """Verify records in seq order (from the database or an exported JSONL file) with the audit `keys`."""
+    checker = ChainChecker(expected_head, keys, links_only=links_only)
     for entry in entries:
         if not checker.feed(entry):
             break
@@ -275,7 +354,8 @@ def verify_chain(entries: Iterable[AuditEntry], expected_head: ChainHead | None 
 def _entry(row: AuditRow) -> AuditEntry:
     return AuditEntry(seq=row.seq, time=row.time, tenant_id=row.tenant_id, key_id=row.key_id, role=row.role,
                       action=row.action, target=row.target, params=row.params, outcome=row.outcome,
-                      prev_hash=row.prev_hash, hash=row.hash, request_id=row.request_id)
+                      prev_hash=row.prev_hash, hash=row.hash, request_id=row.request_id,
+                      hmac_key_id=row.hmac_key_id)
 
 
 class AuditLog:
@@ -299,9 +379,14 @@ class AuditLog:
     since whether the insert landed is unknown.
     """
 
-    def __init__(self, db: Database, clock: Callable[[], datetime]) -> None:
+    def __init__(self, db: Database, clock: Callable[[], datetime], keys: AuditKeyring | None = None,
+                 reload_keys: Callable[[], AuditKeyring] | None = None) -> None:
         self._db = db
         self._clock = clock
+        # Signs new records (the first key; none: plain SHA-256, as before keys). `reload_keys` re-reads them
+        # for `verify`, so a key rotated in by `corral audit rotate-key` verifies before this server restarts.
+        self.keys = keys if keys is not None else AuditKeyring()
+        self._reload_keys = reload_keys
         self._lock = asyncio.Lock()  # one append at a time in this process (see the class docstring for others)
         self._head: ChainHead | None = None  # SQLite: the newest record this process knows of; None: read it
         self._appended = asyncio.Event()
@@ -356,10 +441,14 @@ class AuditLog:
     def _chained(self, event: AuditEvent, params: dict[str, Any], outcome: dict[str, Any],
                  head: ChainHead) -> AuditEntry:
         time: datetime = self._clock().astimezone(UTC)
+        signing = self.keys.signing_id
         draft = AuditEntry(seq=head.seq + 1, time=time, tenant_id=event.tenant_id, key_id=event.key_id,
                            role=event.role, action=event.action, target=event.target, params=params,
-                           outcome=outcome, prev_hash=head.hash, hash="", request_id=event.request_id)
-        return dataclasses.replace(draft, hash=draft.computed_hash())
+                           outcome=outcome, prev_hash=head.hash, hash="", request_id=event.request_id,
+                           hmac_key_id=signing)
+        digest = draft.keyed_hash(self.keys)
+        assert digest is not None  # signed with a key it holds
+        return dataclasses.replace(draft, hash=digest)
 
     def _wake_followers(self) -> None:
         self._appended.set()
@@ -371,8 +460,10 @@ class AuditLog:
             return await _read_head(session)
 
     async def verify(self, expected_head: ChainHead | tuple[int, str] | None = None) -> VerifyResult:
-        """Walk the whole chain; the result names the first edited, inserted or deleted record."""
-        checker = ChainChecker(ChainHead(*expected_head) if expected_head is not None else None)
+        """Walk the whole chain with every audit key this server holds; the result names the first edited,
+        inserted or deleted record, or one signed with a key it does not hold."""
+        keys = self._reload_keys() if self._reload_keys is not None else self.keys
+        checker = ChainChecker(ChainHead(*expected_head) if expected_head is not None else None, keys)
         async for entry in self._scan(select(AuditRow)):
             if not checker.feed(entry):
                 break

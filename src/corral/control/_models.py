@@ -242,6 +242,9 @@ class AuditRow(Base):
     # The HTTP request that caused the record (`X-Request-Id`); NULL in records older than it and in those no
     # request caused (the reconciler's, the egress proxy's). Hashed only when set: older chains still verify.
     request_id: Mapped[str | None] = mapped_column(String(128))
+    # The id of the audit key whose HMAC `hash` is (8 hex digits, `_auditkeys`); NULL in records from before
+    # audit keys, which are plain SHA-256. Never the key itself: that stays outside the database.
+    hmac_key_id: Mapped[str | None] = mapped_column(String(8))
 
 
 # -- what the store hands out ----------------------------------------------------------------------------

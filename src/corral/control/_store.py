@@ -34,6 +34,7 @@ from .._exceptions import (
 from .._settings import corral_home
 from ..backends._spec import SandboxSpec
 from ._audit import AuditLog
+from ._auditkeys import AuditKeyring, load_audit_keys
 from ._cache import MISSING, TTLCache
 from ._db import Database, default_url
 from ._denials import AuthDenials
@@ -104,19 +105,24 @@ class ControlStore:
 
     * **url** - a SQLAlchemy async URL; default `sqlite+aiosqlite:///<home>/corral.db`.
       PostgreSQL works too (`postgresql+asyncpg://...`).
-    * **home** - the state directory (default `CORRAL_HOME`); the bootstrap admin key is written there.
+    * **home** - the state directory (default `CORRAL_HOME`); the bootstrap admin key is written there, and the
+      audit key (`audit.key`, unless `CORRAL_AUDIT_KEY` is set) is kept there.
+    * **audit_keys** - the audit chain's keys, instead of loading them from `CORRAL_AUDIT_KEY` or the home.
     * **clock** - returns the current aware UTC time; tests pass a fake one.
     * **cache_ttl** - seconds principals and sandbox records are served from memory; 0 reads the database for
       every request. Other replicas' changes are seen within this time (see the module docstring).
     """
 
     def __init__(self, url: str | None = None, *, home: str | os.PathLike[str] | None = None,
-                 clock: Callable[[], datetime] | None = None, cache_ttl: float = CACHE_TTL) -> None:
+                 clock: Callable[[], datetime] | None = None, cache_ttl: float = CACHE_TTL,
+                 audit_keys: AuditKeyring | None = None) -> None:
         self.home: Path = corral_home(home)
         self.url = url or default_url(self.home)
         self._clock = clock or _utcnow
         self._db = Database(self.url)
-        self.audit = AuditLog(self._db, self._now)
+        self._audit_keys = audit_keys
+        reload = None if audit_keys is not None else self._load_audit_keys
+        self.audit = AuditLog(self._db, self._now, audit_keys, reload_keys=reload)
         self.auth_denials = AuthDenials(self.audit)
         ttl = timedelta(seconds=cache_ttl)
         self._principals: TTLCache[str, _KnownKey] = TTLCache(ttl, self._now)  # by key hash
@@ -132,6 +138,14 @@ class ControlStore:
 
     async def start(self) -> None:
         await self._db.start(self._now())
+        if self._audit_keys is None:
+            # Before any record is appended, so none goes out unkeyed. A new key file says the records up to
+            # the current head are the only ones that may be unkeyed (those older versions wrote).
+            head = await self.audit.head()
+            self.audit.keys = load_audit_keys(self.home, create_after=head.seq)
+
+    def _load_audit_keys(self) -> AuditKeyring:
+        return load_audit_keys(self.home)
 
     async def close(self) -> None:
         try:

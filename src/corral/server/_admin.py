@@ -200,7 +200,8 @@ async def _with_keepalive(records: AsyncIterator[AuditEntry], idle: float) -> As
 async def verify_audit(request: Request, principal: CurrentPrincipal, head: str | None = None) -> dict[str, Any]:
     result = await service(request).audit.verify(principal, head)
     problem = asdict(result.problem) if result.problem is not None else None
-    return {"ok": result.ok, "checked": result.checked, "head": str(result.head), "problem": problem}
+    return {"ok": result.ok, "checked": result.checked, "head": str(result.head), "problem": problem,
+            "unkeyed": result.unkeyed, "unchecked": result.unchecked}
 
 
 @router.get("/audit/head")

@@ -33,6 +33,7 @@ _PART_OF = {"app.kubernetes.io/part-of": "corral"}
 # Names of Secrets (noqa: S105, not their values).
 _DATABASE_SECRET = "corral-database"  # noqa: S105 key `url`: postgresql+asyncpg://... (docs/kubernetes.md)
 _ACCESS_SECRET = "corral-access"  # noqa: S105 key `secret`: what agent tokens and egress credentials derive from
+_AUDIT_SECRET = "corral-audit"  # noqa: S105 key `keys`: the audit chain's HMAC keys, newest first (docs/security.md)
 _IMAGES_CONFIG = "corral-images"  # key `images.json`: template -> image by digest (`corral templates push`)
 _DNS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
         "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}
@@ -225,6 +226,7 @@ def _server_container(s: ClusterSettings, image: str, runtime_class: str) -> dic
             {"name": "CORRAL_K8S_RUNTIME_CLASS", "value": runtime_class},
             _secret_env("CORRAL_DB_URL", _DATABASE_SECRET, "url"),  # replicas share one PostgreSQL
             _secret_env("CORRAL_ACCESS_SECRET", _ACCESS_SECRET, "secret"),  # and the key tokens derive from
+            _secret_env("CORRAL_AUDIT_KEY", _AUDIT_SECRET, "keys"),  # and the audit chain's keys
             _secret_env("CORRAL_ADMIN_KEY", "corral-admin", "key", optional=True),
             {"name": "CORRAL_K8S_IMAGES", "valueFrom": {"configMapKeyRef": {
                 "name": _IMAGES_CONFIG, "key": "images.json", "optional": True}}},
@@ -247,7 +249,8 @@ def _egress(s: ClusterSettings, image: str) -> list[dict[str, Any]]:
         "args": [*args, "--host", "0.0.0.0", "--port", str(s.egress_port)],  # noqa: S104
         "env": [_HOME_ENV,
                 _secret_env("CORRAL_DB_URL", _DATABASE_SECRET, "url"),  # each sandbox's policy
-                _secret_env("CORRAL_ACCESS_SECRET", _ACCESS_SECRET, "secret")],  # checks sandboxes' credentials
+                _secret_env("CORRAL_ACCESS_SECRET", _ACCESS_SECRET, "secret"),  # checks sandboxes' credentials
+                _secret_env("CORRAL_AUDIT_KEY", _AUDIT_SECRET, "keys")],  # signs its egress audit records
         "ports": [{"name": "proxy", "containerPort": s.egress_port, "protocol": "TCP"}],
         "readinessProbe": {"tcpSocket": {"port": "proxy"}, "periodSeconds": 5},
         "livenessProbe": {"tcpSocket": {"port": "proxy"}, "periodSeconds": 10, "failureThreshold": 3},
