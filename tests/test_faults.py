@@ -274,11 +274,21 @@ def _one_round(dep: Deployment, rng: random.Random, op: str, fault: str) -> str:
     if sandbox_id is not None:
         state = _state(dep, sandbox_id)
         _structured(state, story + " / then GET")
+        if fault == "server":
+            _check_it_still_runs(dep, sandbox_id, state, story)
         if op == "upload" and outcome.status is not None and outcome.status < 300:
             reported = json.loads(outcome.body)["size"]
             assert reported == len(data), f"{story}: a successful upload of {len(data)} bytes reported {reported}"
             _check_upload_survived(dep, sandbox_id, data, state, story)
     return story
+
+
+def _check_it_still_runs(dep: Deployment, sandbox_id: str, state: Outcome, story: str) -> None:
+    """Sandboxes outlive their server: after a SIGKILL and a restart, the sandbox runs and answers."""
+    assert state.status == 200 and json.loads(state.body)["state"] == "running", f"{story}: {state}"
+    with dep.client() as c:
+        ran = _call(lambda: c.post(f"/v1/sandboxes/{sandbox_id}/exec", json={"cmd": "echo ok", "timeout": 20}))
+    assert ran.status == 200 and base64.b64decode(json.loads(ran.body)["stdout_b64"]) == b"ok\n", f"{story}: {ran}"
 
 
 def _check_stream_ended(lines: list[str], story: str) -> None:
