@@ -11,7 +11,11 @@ names, invalid percent-escapes) at every file route.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import os
+import random
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -223,3 +227,424 @@ def test_malformed_bodies(live: Live) -> None:
             if r.status_code >= 500:
                 found.append(f"{r.status_code} POST {route} {body!r}: {r.text[:200]}")
     assert not found, "\n".join(found)
+
+
+# -- the routes outside the OpenAPI document --------------------------------------------------------------------------
+# E2B's control plane and envd/interpreter data plane (src/corral/e2b/), envd's Connect RPCs, MCP at /mcp, /metrics,
+# the dashboard and the PTY WebSocket answer beside /v1 without being in its OpenAPI document, so schemathesis never
+# sees them. `route_table()` lists them from the app and the E2B front themselves, and
+# `test_every_route_outside_the_openapi_document_is_fuzzed` fails when one has no entry in EXTRA (a new route), or
+# EXTRA names one that is gone. They are fuzzed over a real socket (a `corral serve` subprocess): MCP's session
+# manager and the WebSocket need the server's lifespan, which ASGITransport does not run.
+
+FRAMEWORK = frozenset({"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})  # FastAPI's own pages
+EXTRA_CASES = 10  # seeded requests per route: about 50 routes, about 500 cases in all
+E2B_HOSTS = ("E2B", "ENVD", "INTERPRETER")
+
+
+def _app_routes(routes: list[Any]) -> Iterator[str]:
+    from starlette.routing import Mount, Route, WebSocketRoute
+
+    for r in routes:
+        inner = getattr(r, "original_router", None)  # FastAPI's included routers
+        if inner is not None:
+            yield from _app_routes(inner.routes)
+        elif isinstance(r, WebSocketRoute) or type(r).__name__ == "APIWebSocketRoute":
+            yield f"WS {r.path}"
+        elif isinstance(r, Mount):
+            yield f"MOUNT {r.path}"
+        elif isinstance(r, Route) and r.path not in FRAMEWORK:
+            if r.methods is None:
+                yield f"* {r.path}"  # an ASGI app that owns its methods (MCP)
+            elif not r.include_in_schema:
+                yield from (f"{m} {r.path}" for m in sorted(r.methods - {"HEAD"}))
+
+
+def _starlette_routes(prefix: str, routes: list[Any]) -> Iterator[str]:
+    for r in routes:
+        yield from (f"{prefix} {m} {r.path}" for m in sorted(set(r.methods or ()) - {"HEAD"}))
+
+
+def route_table() -> set[str]:
+    """Every route outside the OpenAPI document: `METHOD /path`, `WS /path`, `MOUNT /path`, `* /path`, and
+    `E2B|ENVD|INTERPRETER METHOD /path` and `RPC package.Service/Method` for the E2B fronts."""
+    from corral.e2b import _control
+    from corral.e2b._config import E2BConfig
+    from corral.e2b._envd import envd_app
+    from corral.e2b._front import Front
+    from corral.e2b._interpreter import interpreter_app
+    from corral.e2b._routing import ENVD_RPCS
+    from corral.service import Service
+
+    app = create_app(Engine.__new__(Engine), ControlStore.__new__(ControlStore))
+    front = Front(Service.__new__(Service), E2BConfig())
+    table = set(_app_routes(app.routes))
+    table |= set(_starlette_routes("E2B", _control.routes()))
+    table |= {r for r in _starlette_routes("ENVD", envd_app(front, ENVD_RPCS).routes) if "{service}" not in r}
+    table |= set(_starlette_routes("INTERPRETER", interpreter_app(front).routes))
+    table |= {f"RPC {name}" for name in ENVD_RPCS}
+    return table
+
+
+HOSTILE_VALUES: list[Any] = [
+    None, True, False, -1, 0, 1, 2**31, 2**63, -(2**63), 10**400, 1e308, -1e308, 0.5, "", " ", "\x00", "a\x00b",
+    "\ud800", "\U0001f600" * 50, "é" * 3000, "../../etc/passwd", "/proc/self/root", "x" * 70_000, "-1", "1e999",
+    "²", "NaN", [], [None], [[[[[]]]]], {}, {"": ""}, {"\x00": "\x00"}, {"unknown": {"deeper": [1, 2]}},
+]
+HOSTILE_RAW: list[bytes] = [
+    b"", b"{", b"}", b"null", b"[]", b"1", b'"x"', b"\xff\xfe\x00", b"[" * 100_000, b'{"a":' * 50_000,
+    b'{"a": 1, "a": 2}', b"\x00" * 64, b'{"x": NaN}', b'{"x": Infinity}', b'{"\\ud800": "\\udfff"}',
+]
+HOSTILE_IDS = ["sb-0000000000000000", "sb-", "..", "%2e%2e", "%00", "x" * 5000, "\u202e", "sb-../../etc", "-1"]
+HOSTILE_HEADERS: dict[str, list[str]] = {
+    "connect-timeout-ms": ["-1", "0", "²", "١٢", "9" * 400, "abc", ""],
+    "keepalive-ping-interval": ["-1", "0", "²", "١٢", "9" * 400, "abc", ""],
+    "e2b-sandbox-port": ["0", "-1", "65536", "99999999999", "abc", "²", "049983", ""],
+    "content-encoding": ["gzip", "br", "identity, gzip"],
+}
+
+
+def _mutate(base: dict[str, Any], rng: random.Random) -> dict[str, Any] | bytes | list[Any]:
+    """A hostile variant of a valid body: a field set to a hostile value, an unknown field, a field missing, or
+    something that is not the body at all."""
+    body = dict(base)
+    choice = rng.random()
+    if choice < 0.15:
+        return rng.choice(HOSTILE_RAW)
+    if choice < 0.25:
+        return rng.choice([[], [body], body and list(body.values())])
+    if base and choice < 0.75:
+        body[rng.choice(sorted(base))] = rng.choice(HOSTILE_VALUES)
+    elif base and choice < 0.85:
+        body.pop(rng.choice(sorted(base)))
+    else:
+        body[rng.choice(["unknown", "", "\x00", "__proto__", "x" * 300])] = rng.choice(HOSTILE_VALUES)
+    return body
+
+
+@dataclass
+class Req:
+    method: str
+    path: str
+    body: dict[str, Any] | bytes | list[Any] | None = None
+    params: dict[str, Any] | None = None
+    headers: dict[str, str] | None = None
+    content_type: str = "application/json"
+
+
+@dataclass
+class Target:
+    """The real server the routes outside the OpenAPI document are fuzzed on, and a live sandbox of it."""
+
+    url: str
+    key: str
+    admin_key: str
+    sandbox_id: str
+
+    def client(self, key: str | None = None) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=httpx.Timeout(60, read=20),
+                            headers={"Authorization": f"Bearer {key or self.key}"})
+
+
+def _sid(t: Target, rng: random.Random) -> str:
+    return t.sandbox_id if rng.random() < 0.6 else rng.choice(HOSTILE_IDS)
+
+
+def _hostile_params(names: list[str], rng: random.Random) -> dict[str, str]:
+    return {n: str(rng.choice(HOSTILE_VALUES)) for n in names if rng.random() < 0.7}
+
+
+def _e2b(method: str, path: str, base: dict[str, Any] | None, query: tuple[str, ...] = ()) -> Any:
+    def build(t: Target, rng: random.Random) -> Req:
+        real = path.replace("{sandbox_id}", _sid(t, rng)).replace("{alias}", rng.choice(["base", *HOSTILE_IDS]))
+        real = real.replace("{template_id:path}", rng.choice(["base", "a/b/../..", "%00", "x" * 3000]))
+        body = None if base is None else _mutate(base, rng)
+        return Req(method, real, body, _hostile_params(list(query), rng))
+    return build
+
+
+def _data_plane(method: str, path: str, port: str, base: dict[str, Any] | None, query: tuple[str, ...] = (),
+                content_type: str = "application/json") -> Any:
+    def build(t: Target, rng: random.Random) -> Req:
+        headers = {"E2b-Sandbox-Id": _sid(t, rng), "E2b-Sandbox-Port": port}
+        for name, values in HOSTILE_HEADERS.items():
+            if rng.random() < 0.15:
+                headers[name] = rng.choice(values)
+        real = path.replace("{context_id}", rng.choice(["nope", *HOSTILE_IDS]))
+        if content_type == "multipart/form-data":
+            body: Any = rng.choice([b"", b"--x\r\nContent-Disposition: form-data; name=\"file\"; filename=\"../a\""
+                                    b"\r\n\r\ndata\r\n--x--\r\n", b"--x\r\n\r\n", b"\x00" * 100, b"--x--"])
+            return Req(method, real, body, _hostile_params(list(query), rng), headers,
+                       "multipart/form-data; boundary=x")
+        body = None if base is None else _mutate(base, rng)
+        if content_type == "application/connect+json" and not isinstance(body, bytes):
+            raw = json.dumps(body).encode()
+            flags = rng.choice([0, 0, 1, 2, 255])
+            length = rng.choice([len(raw), len(raw), 0, len(raw) + 10, 2**31 - 1])
+            body = bytes([flags]) + length.to_bytes(4, "big") + raw
+        return Req(method, real, body, _hostile_params(list(query), rng), headers, content_type)
+    return build
+
+
+def _rpc(name: str, base: dict[str, Any]) -> Any:
+    from corral.e2b._routing import ENVD_RPCS
+
+    kind = ENVD_RPCS[name].kind
+    return _data_plane("POST", f"/{name}", "49983", base,
+                       content_type="application/json" if kind == "unary" else "application/connect+json")
+
+
+def _plain(method: str, path: str, query: tuple[str, ...] = (), admin: bool = False) -> Any:
+    def build(t: Target, rng: random.Random) -> Req:
+        headers = {"Authorization": f"Bearer {t.admin_key}"} if admin else None
+        return Req(method, path, None, _hostile_params(list(query), rng), headers)
+    return build
+
+
+def _mcp(t: Target, rng: random.Random) -> Req:
+    from corral.mcp._tools import TOOLS
+
+    tool = rng.choice([*(t.name for t in TOOLS), "no_such_tool"])
+    args = _mutate({"sandbox_id": t.sandbox_id, "command": "true", "code": "1", "path": "/workspace/x",
+                    "content": "x", "timeout": 5, "template": "default", "language": "python"}, rng)
+    if isinstance(args, dict) and tool in ("create_sandbox", "kill_sandbox"):
+        args["sandbox_id"] = rng.choice(HOSTILE_IDS)  # no fuzz case may kill the shared sandbox
+        args["template"] = rng.choice(HOSTILE_IDS)  # nor make sandboxes that outlive the test
+    message: Any = {"jsonrpc": "2.0", "id": rng.choice([1, "x", None, [], 2**70]), "method": "tools/call",
+                    "params": {"name": tool, "arguments": args}}
+    if rng.random() < 0.3:
+        message = _mutate(message, rng)
+    return Req("POST", "/mcp", message, headers={"Accept": "application/json, text/event-stream"})
+
+
+EXTRA: dict[str, Any] = {
+    "* /mcp": _mcp,
+    "GET /metrics": _plain("GET", "/metrics", ("name", "format"), admin=True),
+    "GET /ui": _plain("GET", "/ui", ("next",)),
+    "MOUNT /ui": lambda t, rng: Req("GET", rng.choice(["/ui/", "/ui/../../etc/passwd", "/ui/%00", "/ui/" + "a" * 3000,
+                                                        "/ui/sandboxes/" + rng.choice(HOSTILE_IDS), "/ui/%2e%2e/"])),
+    "GET /v1/audit/follow": None,  # a stream that ends only when the client leaves: test_audit_follow_params
+    "WS /v1/sandboxes/{sandbox_id}/pty": None,  # a WebSocket: test_pty_frames
+    "E2B POST /sandboxes": _e2b("POST", "/sandboxes", {"templateID": "base", "timeout": 20}),
+    "E2B POST /v2/sandboxes": _e2b("POST", "/v2/sandboxes", {"templateID": "base", "timeout": 20, "metadata": {}}),
+    "E2B GET /sandboxes": _e2b("GET", "/sandboxes", None, ("metadata", "state", "limit", "nextToken")),
+    "E2B GET /v2/sandboxes": _e2b("GET", "/v2/sandboxes", None, ("metadata", "state", "limit", "nextToken")),
+    "E2B GET /sandboxes/{sandbox_id}": _e2b("GET", "/sandboxes/{sandbox_id}", None),
+    "E2B DELETE /sandboxes/{sandbox_id}": lambda t, rng: Req("DELETE", f"/sandboxes/{rng.choice(HOSTILE_IDS)}"),
+    "E2B POST /sandboxes/{sandbox_id}/timeout": _e2b("POST", "/sandboxes/{sandbox_id}/timeout", {"timeout": 300}),
+    "E2B POST /sandboxes/{sandbox_id}/refreshes": _e2b("POST", "/sandboxes/{sandbox_id}/refreshes", {"duration": 1}),
+    # Pausing the shared sandbox would turn the later cases into 409s: a hostile id, or a body that must be refused.
+    "E2B POST /sandboxes/{sandbox_id}/pause": lambda t, rng: Req(
+        "POST", f"/sandboxes/{rng.choice(HOSTILE_IDS)}/pause", _mutate({"memory": True}, rng)),
+    "E2B POST /sandboxes/{sandbox_id}/resume": _e2b("POST", "/sandboxes/{sandbox_id}/resume", {"timeout": 300}),
+    "E2B POST /sandboxes/{sandbox_id}/connect": _e2b("POST", "/sandboxes/{sandbox_id}/connect", {"timeout": 300}),
+    "E2B POST /v2/sandboxes/{sandbox_id}/connect": _e2b("POST", "/v2/sandboxes/{sandbox_id}/connect",
+                                                        {"timeout": 300}),
+    "E2B PUT /sandboxes/{sandbox_id}/network": _e2b("PUT", "/sandboxes/{sandbox_id}/network",
+                                                    {"allowOut": ["example.org"], "denyOut": []}),
+    "E2B GET /sandboxes/{sandbox_id}/metrics": _e2b("GET", "/sandboxes/{sandbox_id}/metrics", None,
+                                                    ("start", "end")),
+    "E2B POST /sandboxes/{sandbox_id}/fork": lambda t, rng: Req(
+        "POST", f"/sandboxes/{rng.choice(HOSTILE_IDS)}/fork", _mutate({"timeout": 20, "count": 1}, rng)),
+    "E2B POST /sandboxes/{sandbox_id}/snapshots": lambda t, rng: Req(
+        "POST", f"/sandboxes/{rng.choice(HOSTILE_IDS)}/snapshots", _mutate({"name": "fuzz"}, rng)),
+    "E2B GET /snapshots": _e2b("GET", "/snapshots", None, ("sandboxID", "limit", "nextToken")),
+    "E2B GET /templates/aliases/{alias}": _e2b("GET", "/templates/aliases/{alias}", None),
+    "E2B DELETE /templates/{template_id:path}": _e2b("DELETE", "/templates/{template_id:path}", None),
+    "ENVD GET /health": _data_plane("GET", "/health", "49983", None),
+    "ENVD GET /files": _data_plane("GET", "/files", "49983", None, ("path", "username", "signature",
+                                                                    "signature_expiration")),
+    "ENVD POST /files": _data_plane("POST", "/files", "49983", None, ("path", "username"),
+                                    content_type="multipart/form-data"),
+    "INTERPRETER POST /execute": _data_plane("POST", "/execute", "49999", {"code": "1", "language": "python",
+                                                                           "context_id": None, "env_vars": {}}),
+    "INTERPRETER POST /contexts": _data_plane("POST", "/contexts", "49999", {"language": "python", "cwd": "/"}),
+    "INTERPRETER GET /contexts": _data_plane("GET", "/contexts", "49999", None),
+    "INTERPRETER POST /contexts/{context_id}/restart": _data_plane("POST", "/contexts/{context_id}/restart",
+                                                                   "49999", None),
+    "INTERPRETER DELETE /contexts/{context_id}": _data_plane("DELETE", "/contexts/{context_id}", "49999", None),
+    "RPC filesystem.Filesystem/CreateWatcher": _rpc("filesystem.Filesystem/CreateWatcher",
+                                                    {"path": "/workspace", "recursive": False}),
+    "RPC filesystem.Filesystem/GetWatcherEvents": _rpc("filesystem.Filesystem/GetWatcherEvents",
+                                                       {"watcherId": "w"}),
+    "RPC filesystem.Filesystem/ListDir": _rpc("filesystem.Filesystem/ListDir", {"path": "/workspace", "depth": 1}),
+    "RPC filesystem.Filesystem/MakeDir": _rpc("filesystem.Filesystem/MakeDir", {"path": "/workspace/d"}),
+    "RPC filesystem.Filesystem/Move": _rpc("filesystem.Filesystem/Move", {"source": "/workspace/a",
+                                                                          "destination": "/workspace/b"}),
+    "RPC filesystem.Filesystem/Remove": _rpc("filesystem.Filesystem/Remove", {"path": "/workspace/nothing"}),
+    "RPC filesystem.Filesystem/RemoveWatcher": _rpc("filesystem.Filesystem/RemoveWatcher", {"watcherId": "w"}),
+    "RPC filesystem.Filesystem/Stat": _rpc("filesystem.Filesystem/Stat", {"path": "/workspace"}),
+    "RPC filesystem.Filesystem/WatchDir": _rpc("filesystem.Filesystem/WatchDir", {"path": "/nonexistent"}),
+    "RPC process.Process/CloseStdin": _rpc("process.Process/CloseStdin", {"process": {"pid": 1}}),
+    "RPC process.Process/Connect": _rpc("process.Process/Connect", {"process": {"pid": 999999}}),
+    "RPC process.Process/List": _rpc("process.Process/List", {}),
+    "RPC process.Process/SendInput": _rpc("process.Process/SendInput", {"process": {"pid": 999999},
+                                                                        "input": {"stdin": "eA=="}}),
+    "RPC process.Process/SendSignal": _rpc("process.Process/SendSignal", {"process": {"pid": 999999},
+                                                                          "signal": "SIGNAL_SIGTERM"}),
+    "RPC process.Process/Start": _rpc("process.Process/Start", {"process": {"cmd": "/bin/true", "args": []}}),
+    "RPC process.Process/StreamInput": _rpc("process.Process/StreamInput", {"start": {"process": {"pid": 999999}}}),
+    "RPC process.Process/Update": _rpc("process.Process/Update", {"process": {"pid": 999999},
+                                                                  "pty": {"size": {"cols": 80, "rows": 24}}}),
+}
+
+
+# E2B's SDKs ask envd's `/health` after a failed call and take its 502 to mean "the sandbox is gone" (e2b/_envd.py).
+PROTOCOL_5XX = {"ENVD GET /health": 502}
+
+
+def test_every_route_outside_the_openapi_document_is_fuzzed() -> None:
+    table = route_table() | {f"GET {p}" for p in ENDLESS}
+    assert not table - set(EXTRA), f"routes with no fuzz cases (add them to EXTRA): {sorted(table - set(EXTRA))}"
+    assert not set(EXTRA) - table, f"EXTRA names routes that are gone: {sorted(set(EXTRA) - table)}"
+
+
+@pytest.fixture(scope="module")
+def target() -> Iterator[Target]:
+    from corral import Admin
+    from corral.server import ServerProcess
+
+    from .conftest import TEMPLATE_HOME, TEST_HOME
+
+    TEST_HOME.mkdir(parents=True, exist_ok=True)
+    with ServerProcess(TEST_HOME / f"fuzz-{os.urandom(4).hex()}", template_home=TEMPLATE_HOME) as server:
+        with Admin(api_key=server.admin_key, base_url=server.url) as admin:
+            admin.tenants.create("fuzz")
+            key = admin.keys.create("fuzz", "developer").key
+        with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {key}"}, timeout=60) as c:
+            created = c.post("/v1/sandboxes", json={"template": TEMPLATE, "timeout": 600})
+            assert created.status_code == 201, created.text
+        yield Target(server.url, key, server.admin_key, created.json()["id"])
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, default=lambda raw: raw.decode("latin-1"))  # bytes nested in a body: as text
+
+
+def _utf8(value: str) -> bytes:
+    return value.encode("utf-8", "surrogatepass")  # lone surrogates too: the server gets the bytes they make
+
+
+def _send(t: Target, req: Req) -> tuple[int, bytes]:
+    headers = {k.lower().encode(): _utf8(v) for k, v in (req.headers or {}).items()}
+    content: bytes | None = None
+    if req.body is not None:
+        content = req.body if isinstance(req.body, bytes) else _dumps(req.body).encode()
+        headers.setdefault(b"content-type", _utf8(req.content_type))
+    # Query strings built here: any value (lone surrogates, NUL) percent-encoded, cut below httpx's URL limit.
+    query = urllib.parse.urlencode({k: _utf8(v)[:8000] for k, v in (req.params or {}).items()}).encode()
+    url = httpx.URL(t.url + req.path.replace("?", "%3F").replace("#", "%23"), query=query)
+    with t.client() as c:
+        try:
+            with c.stream(req.method, url, content=content, headers=headers) as r:
+                body = b""
+                for chunk in r.iter_bytes():  # a stream is read for a while, not to its end
+                    body += chunk
+                    if len(body) > 1 << 20:
+                        break
+                return r.status_code, body
+        except httpx.ReadTimeout:
+            return 200, b""  # a stream still open after 20 s: no answer yet, and no 5xx
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("route", sorted(k for k, v in EXTRA.items() if v is not None))
+def test_no_5xx_outside_the_openapi_document(target: Target, route: str) -> None:
+    rng = random.Random(f"fuzz {route}")
+    found = []
+    for _ in range(EXTRA_CASES):
+        req = EXTRA[route](target, rng)
+        status, body = _send(target, req)
+        # Connect streams carry their error in the last envelope, under a 200: `internal` is the 5xx of RPCs.
+        internal = b'"code":"internal"' in body.replace(b" ", b"")
+        # Connect's protocol answers `unimplemented` (a compressed request, an unknown RPC) with 501: the one 5xx
+        # its clients expect for a request they can change.
+        unimplemented = status == 501 and b'"code":"unimplemented"' in body.replace(b" ", b"")
+        if (status >= 500 and not unimplemented and status != PROTOCOL_5XX.get(route)) or internal:
+            found.append(f"{status} {req.method} {req.path} params={req.params} headers={req.headers} "
+                         f"body={str(req.body)[:200]}: {body[:300]!r}")
+    assert not found, f"{len(found)} of {EXTRA_CASES}:\n" + "\n".join(found[:10])
+
+
+@pytest.mark.timeout(120)
+def test_audit_follow_params(target: Target) -> None:
+    """The follow stream never ends by itself: each case reads its status and first bytes, then leaves."""
+    rng = random.Random("fuzz audit follow")
+    found = []
+    for _ in range(EXTRA_CASES):
+        params = _hostile_params(["tenant", "sandbox", "action", "key", "after", "order"], rng)
+        query = urllib.parse.urlencode({k: _utf8(v)[:8000] for k, v in params.items()}).encode()
+        with httpx.Client(timeout=httpx.Timeout(30, read=3), headers={"Authorization": f"Bearer {target.admin_key}"}
+                          ) as c, c.stream("GET", httpx.URL(f"{target.url}/v1/audit/follow", query=query)) as r:
+            if r.status_code >= 400:
+                r.read()
+                if r.status_code >= 500 or "error" not in r.json():
+                    found.append(f"{r.status_code} {params}: {r.text[:300]}")
+    assert not found, "\n".join(found)
+
+
+def _pty_frames(rng: random.Random) -> list[str | bytes]:
+    valid = {"type": "start", "cmd": "cat", "rows": 24, "cols": 80, "cwd": "/workspace", "env": {}, "timeout": 5}
+    start = valid if rng.random() < 0.4 else _mutate(valid, rng)  # a valid start, for the frames after it
+    first: str | bytes = start if isinstance(start, bytes) else _dumps(start)
+    def junk() -> str | bytes:
+        options: list[str | bytes] = [_dumps(_mutate({"type": "resize", "rows": 30, "cols": 100}, rng)), b"\x04",
+                                      b"\x00\xff" * 10, "not json", _dumps({"type": rng.choice(["kill", "", None])})]
+        return rng.choice(options)
+
+    later = [junk() for _ in range(rng.randint(0, 3))]
+    return [first, *later]
+
+
+@pytest.mark.timeout(120)
+def test_pty_frames(target: Target) -> None:
+    """Hostile start frames, resize frames and junk on the PTY WebSocket, with hostile sandbox ids: every failure
+    is an `error` frame and a close code 4000 + a 4xx status, never 45xx or a bare 1011."""
+    from websockets.exceptions import ConnectionClosed, InvalidStatus
+    from websockets.sync.client import connect
+
+    rng = random.Random("fuzz pty")
+    found = []
+    for _ in range(EXTRA_CASES):
+        sandbox_id = urllib.parse.quote(_sid(target, rng), safe="")
+        frames = _pty_frames(rng)
+        url = target.url.replace("http://", "ws://") + f"/v1/sandboxes/{sandbox_id}/pty"
+        try:
+            with connect(url, additional_headers={"Authorization": f"Bearer {target.key}"}, open_timeout=20,
+                         close_timeout=5) as ws:
+                try:
+                    for frame in frames:
+                        ws.send(frame)
+                    while True:
+                        ws.recv(timeout=3)
+                except TimeoutError:
+                    pass  # a terminal that runs `cat`: nothing more to say; leaving hangs it up
+                except ConnectionClosed:
+                    pass  # refused: the close code says why
+                code = ws.close_code
+        except InvalidStatus as exc:
+            code = exc.response.status_code
+        if code is not None and (code == 1011 or 4500 <= code < 4600 or 500 <= code < 600):
+            found.append(f"close {code} for {sandbox_id[:40]} frames={[str(f)[:120] for f in frames]}")
+    assert not found, "\n".join(found)
+
+
+def test_what_the_fuzzing_found(target: Target) -> None:
+    """The 5xx the fuzzing above found, each pinned: JSON nested deeper than Python's decoder goes (a RecursionError,
+    not a ValueError), and Connect headers of digits that int() and float() refuse or overflow on."""
+    deep = b"[" * 100_000
+    start = b'{"process": {"cmd": "/bin/true"}}'
+    rpc = {"E2b-Sandbox-Id": target.sandbox_id, "E2b-Sandbox-Port": "49983"}
+    cases = [
+        Req("POST", "/sandboxes", deep),
+        Req("POST", f"/sandboxes/{target.sandbox_id}/timeout", b'{"a":' * 50_000),
+        Req("POST", "/filesystem.Filesystem/Stat", deep, headers=rpc),
+        Req("POST", "/filesystem.Filesystem/Stat", {"path": "/"}, headers={**rpc, "connect-timeout-ms": "²"}),
+        Req("POST", "/filesystem.Filesystem/Stat", {"path": "/"}, headers={**rpc, "connect-timeout-ms": "9" * 400}),
+        Req("POST", "/process.Process/Start", b"\x00" + len(start).to_bytes(4, "big") + start,
+            content_type="application/connect+json", headers={**rpc, "keepalive-ping-interval": "²"}),
+        Req("GET", "/v2/sandboxes", params={"nextToken": base64.urlsafe_b64encode(deep).decode()}),
+    ]
+    for req in cases:
+        status, body = _send(target, req)
+        assert status < 500 and b'"internal"' not in body, f"{status} for {req.method} {req.path}: {body[:300]!r}"

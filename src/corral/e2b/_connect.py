@@ -35,6 +35,7 @@ STREAM_TYPE = "application/connect+json"
 END_STREAM = 0x02
 _ENVELOPE = struct.Struct(">BI")
 _MAX_MESSAGE = 16 * 1024 * 1024  # an input message: the largest stdin chunk a client sends is far below
+_MAX_TIMEOUT_DIGITS = 10  # `Connect-Timeout-Ms` (Connect's protocol): a longer value is no deadline
 
 # The protocol's codes and their HTTP statuses (for unary errors).
 HTTP_STATUS: Mapping[str, int] = MappingProxyType({
@@ -81,7 +82,8 @@ def _sandbox_gone(exc: BaseException) -> bool:
 def rpc_deadline(request: Request) -> float | None:
     """The client's deadline in seconds (`Connect-Timeout-Ms`), if it sent one."""
     raw = request.headers.get("connect-timeout-ms")
-    if raw is None or not raw.isdigit():
+    # Connect's grammar: at most 10 ASCII digits ("²".isdigit() holds too; 400 digits overflow a float).
+    if raw is None or not (raw.isascii() and raw.isdigit()) or len(raw) > _MAX_TIMEOUT_DIGITS:
         return None
     return int(raw) / 1000 or None
 
@@ -136,7 +138,7 @@ def _one_envelope(body: bytes) -> bytes:
 def _message(payload: bytes) -> dict[str, Any]:
     try:
         message = json.loads(payload) if payload.strip() else {}
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the decoder goes
         raise RpcError("invalid_argument", f"the message is not valid JSON: {exc}") from None
     if not isinstance(message, dict):
         raise RpcError("invalid_argument", "the message is not a JSON object")

@@ -60,7 +60,7 @@ async def body_of(request: Request, model: type[Model], principal: Principal, *,
     try:
         data = json.loads(raw) if raw.strip() else ({} if optional else None)
         return model.model_validate(data)
-    except (ValueError, pydantic.ValidationError) as exc:
+    except (ValueError, RecursionError, pydantic.ValidationError) as exc:  # Recursion: nested too deep
         problems = _problems(exc)
         svc = front_of(request).service
         target = request.path_params.get("sandbox_id")

@@ -37,6 +37,7 @@ __all__ = ["Call", "Rpc", "Send", "rpc_endpoint"]
 
 Send = Callable[[Mapping[str, Any]], Awaitable[None]]
 _DEFAULT_KEEPALIVE = 90.0  # envd's default when the client names no interval
+_MAX_KEEPALIVE = 86_400  # seconds: a larger interval is no interval at all
 
 
 @dataclass(frozen=True)
@@ -120,4 +121,5 @@ def _refused(rpc: Rpc, exc: Exception) -> Response:
 
 def _keepalive_interval(request: Request) -> float:
     raw = request.headers.get("keepalive-ping-interval", "")
-    return float(raw) if raw.isdigit() and int(raw) > 0 else _DEFAULT_KEEPALIVE
+    # ASCII digits only ("²".isdigit() holds too), and at most a day: anything else is envd's default.
+    return float(raw) if raw.isascii() and raw.isdigit() and 0 < int(raw) <= _MAX_KEEPALIVE else _DEFAULT_KEEPALIVE

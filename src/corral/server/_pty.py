@@ -113,7 +113,7 @@ def _subprotocol_key(offered: list[str]) -> str | None:
 def _json_frame(text: str) -> dict[str, Any]:
     try:
         frame = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the decoder goes
         raise InvalidRequestError("a text frame must be a JSON object") from None
     if not isinstance(frame, dict):
         raise InvalidRequestError("a text frame must be a JSON object")

@@ -127,7 +127,7 @@ def _decode_cursor(cursor: str) -> tuple[datetime, str]:
     try:
         at, last_id = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
         return datetime.fromisoformat(at), str(last_id)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, RecursionError) as exc:
         raise InvalidRequestError(f"malformed page token {cursor[:64]!r}: pass the one the previous page gave")\
             from exc
 
