@@ -69,6 +69,7 @@ async def store(request: pytest.FixtureRequest, pg_url: str, tmp_path: Path,
 chain = audit_tests.chain
 
 test_tenants = store_tests.test_tenants
+test_stored_secrets = store_tests.test_stored_secrets
 test_sandbox_lifecycle = store_tests.test_sandbox_lifecycle
 test_list_and_expired = store_tests.test_list_and_expired
 test_max_sandboxes_at_and_past_the_limit = store_tests.test_max_sandboxes_at_and_past_the_limit

@@ -337,3 +337,25 @@ def test_ttl_cache_expiry_bound_and_invalidation_race() -> None:
     assert cache.get("e") == 2
     clock.now -= timedelta(seconds=1)  # a clock that goes back does not make entries live longer
     assert cache.get("e") is MISSING
+
+
+async def test_stored_secrets(store: ControlStore) -> None:
+    """A tenant's stored secrets (docs/secrets.md): put replaces, the sealed text comes back only from `get`, names
+    are per tenant, and a long value's sealed text fits (8192 four-byte characters seal to ~60 KB)."""
+    a, b = (await store.create_tenant("a")).id, (await store.create_tenant("b")).id
+    sealed = "gAAAAA" + "x" * 60_000
+    first = await store.put_secret(a, "GH", ["api.github.com"], False, sealed)
+    assert (first.name, first.hosts, first.body, first.sealed) == ("GH", ("api.github.com",), False, "")
+    again = await store.put_secret(a, "GH", ["*.example.org"], True, "other")
+    assert again.created_at == first.created_at and again.hosts == ("*.example.org",) and again.body
+    assert (await store.get_secret(a, "GH")).sealed == "other"
+    await store.put_secret(b, "GH", ["b.example"], False, sealed)
+    assert (await store.get_secret(b, "GH")).sealed == sealed
+    assert [s.name for s in await store.list_secrets(a)] == ["GH"]
+    assert all(s.sealed == "" for s in await store.list_secrets(a))
+    await store.delete_secret(a, "GH")
+    with pytest.raises(NotFoundError):
+        await store.get_secret(a, "GH")
+    with pytest.raises(NotFoundError):
+        await store.delete_secret(a, "GH")
+    assert [s.hosts for s in await store.list_secrets(b)] == [("b.example",)]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, text
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, text
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
@@ -218,7 +218,7 @@ class SecretRow(Base):
     name: Mapped[str] = mapped_column(String(64))
     hosts: Mapped[Any] = mapped_column(JSON)
     body: Mapped[bool] = mapped_column(Boolean, default=False)
-    sealed: Mapped[str] = mapped_column(String(16384))
+    sealed: Mapped[str] = mapped_column(Text)  # a value of 8192 characters seals to ~44 KB of text
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
 
