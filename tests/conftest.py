@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from corral.backends.local import LocalBackend
+from corral.egress import EgressProxy
 from corral.engine import Engine, Limits, SandboxHandle, SandboxSpec
 from corral.templates import Template
 
@@ -59,6 +60,19 @@ def template_store():  # type: ignore[no-untyped-def]
 def make_engine(home: Path, **kwargs: object) -> Engine:
     backend = LocalBackend(home, cgroup_parent=CGROUP_PARENT)
     return Engine(home, backend=backend, templates=template_store(), **kwargs)  # type: ignore[arg-type]
+
+
+@contextlib.asynccontextmanager
+async def engine_behind(home: Path, proxy: EgressProxy) -> AsyncIterator[Engine]:
+    """A started engine whose sandboxes go out through `proxy` (started too); both closed, every sandbox destroyed."""
+    await proxy.start()
+    engine = make_engine(home, egress=proxy)
+    await engine.start()
+    try:
+        yield engine
+    finally:
+        await engine.close(destroy_all=True)
+        await proxy.close()
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from corral import InvalidRequestError
 from corral.egress import EgressEvent, EgressProxy, PackageMirror
 from corral.engine import Engine, SandboxSpec
 
-from .conftest import TEMPLATE, make_engine
+from .conftest import TEMPLATE, engine_behind
 
 pytestmark = [pytest.mark.anyio, pytest.mark.runc]
 
@@ -93,14 +93,10 @@ async def egress(test_home: Path, mirror_cache: Path) -> AsyncIterator[tuple[Eng
     events: list[EgressEvent] = []
     mirror = PackageMirror(mirror_cache)
     proxy = EgressProxy(on_event=events.append, mirror=mirror)
-    await proxy.start()
-    engine = make_engine(test_home, egress=proxy)
-    await engine.start()
     try:
-        yield engine, proxy, events
+        async with engine_behind(test_home, proxy) as engine:
+            yield engine, proxy, events
     finally:
-        await engine.close(destroy_all=True)
-        await proxy.close()
         await mirror.close()
 
 

@@ -39,7 +39,7 @@ from corral.engine import Engine, SandboxSpec
 from corral.server import create_app
 from corral.service._secrets import SecretRequest, seal_secrets
 
-from .conftest import TEMPLATE, make_engine
+from .conftest import TEMPLATE, engine_behind, make_engine
 from .test_server_api import BASE, Api, create, error_code, run
 
 pytestmark = [pytest.mark.anyio, pytest.mark.runc]
@@ -200,14 +200,10 @@ async def egress(test_home: Path, tmp_path: Path,
     events: list[EgressEvent] = []
     ca = CertificateAuthority.load_or_create(tmp_path / "egress-ca")
     proxy = EgressProxy(on_event=events.append, ca=ca, upstream_tls=upstream_context(pki.ca_pem))
-    await proxy.start()
-    engine = make_engine(test_home, egress=proxy)
-    await engine.start()
     try:
-        yield engine, proxy, events
+        async with engine_behind(test_home, proxy) as engine:
+            yield engine, proxy, events
     finally:
-        await engine.close(destroy_all=True)
-        await proxy.close()
         ca.close()
 
 
