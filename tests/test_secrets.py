@@ -1,5 +1,5 @@
-"""Secrets at egress (docs/secrets.md), with real clients inside real runc sandboxes (curl, Python's urllib, git,
-npm) against loopback servers the tests start, plain and TLS: the bound host receives the value, another host the
+"""Secrets at egress (docs/secrets.md), with real clients inside real runc sandboxes (curl, Python's urllib and
+requests, git, npm) against loopback servers the tests start, plain and TLS: the bound host receives the value, another host the
 placeholder, a server that echoes the request back cannot hand the value to the sandbox, and the value is nowhere
 inside the sandbox, in its stored spec, or in what the proxy reports.
 
@@ -307,6 +307,12 @@ async def test_https_curl_python_git_and_npm(egress: Any, tls: Echo) -> None:
         r = await sb.exec(["python3", "-c", code], timeout=60)
         assert r.exit_code == 0 and VALUE not in r.stdout, r.stderr
         assert tls.seen[-1].headers["Authorization"] == f"Bearer {VALUE}"
+        # requests (pip's own copy: the template has no other), which trusts REQUESTS_CA_BUNDLE, not the system store
+        code = ("import os; from pip._vendor import requests; print(requests.get("
+                f"'{base}/requests', headers={{'X-Token': os.environ['TOKEN']}}, timeout=30).text)")
+        r = await sb.exec(["python3", "-c", code], timeout=60)
+        assert r.exit_code == 0 and VALUE not in r.stdout and "corral-secret-" in r.stdout, r.stderr
+        assert tls.seen[-1].headers["X-Token"] == VALUE
         # git puts URL credentials in Authorization: Basic, after the server's 401
         r = await sh(sb, f'git ls-remote "https://x-access-token:$TOKEN@{BOUND}:{tls.port}/git/repo.git" 2>&1; true')
         basic = [s.headers["Authorization"] for s in tls.seen if s.path.startswith("/git/") and
