@@ -1,7 +1,7 @@
 """Secrets at egress (docs/secrets.md), with real clients inside real runc sandboxes (curl, Python's urllib and
-requests, git, npm) against loopback servers the tests start, plain and TLS: the bound host receives the value, another host the
-placeholder, a server that echoes the request back cannot hand the value to the sandbox, and the value is nowhere
-inside the sandbox, in its stored spec, or in what the proxy reports.
+requests, git, npm) against loopback servers the tests start, plain and TLS: the bound host receives the value,
+another host the placeholder, a server that echoes the request back cannot hand the value to the sandbox, and the
+value is nowhere inside the sandbox, in its stored spec, or in what the proxy reports.
 
 The loopback servers are reached by two names: `host.corral.internal` (the tenant's host service, the name the
 secrets are bound to) and `127.0.0.1` (the same server under a name no secret is bound to).
