@@ -98,7 +98,7 @@ class _Conn:
     async def recv(self) -> tuple[int, bytes]:
         """The next frame that is not a heartbeat; `AgentError` after the idle timeout without any frame."""
         while True:
-            kind, payload = await self.within_idle(self._frame)
+            kind, payload = await self._frame()
             if kind != protocol.HEARTBEAT:
                 break
         if kind == protocol.ERROR:
@@ -107,9 +107,13 @@ class _Conn:
         return kind, payload
 
     async def _frame(self) -> tuple[int, bytes]:
-        header = await self.reader.readexactly(protocol.HEADER.size)
+        # Header and payload waited for apart: a pause may freeze the agent mid-frame, and a wait that starts
+        # again must not have dropped the header it had read.
+        header = await self.within_idle(lambda: self.reader.readexactly(protocol.HEADER.size))
         kind, length = protocol.parse_header(header)
-        return kind, await self.reader.readexactly(length) if length else b""
+        if not length:
+            return kind, b""
+        return kind, await self.within_idle(lambda: self.reader.readexactly(length))
 
     async def within_idle(self, step: Callable[[], Awaitable[_T]]) -> _T:
         """`step()`, failing with `AgentError` if it makes no progress for the idle timeout. Cancelling a read or
@@ -125,7 +129,7 @@ class _Conn:
                 if not deadline.expired():
                     raise  # the step's own (a TCP ETIMEDOUT), mapped by `_op`
                 if not self.state.excused(self.idle):
-                    raise silent_agent(self.label, self.op, self.idle, self.details) from None
+                    raise _silent_agent(self.label, self.op, self.idle, self.details) from None
 
     async def event(self) -> dict[str, Any]:
         kind, payload = await self.recv()
@@ -139,7 +143,7 @@ class _Conn:
             await self.writer.wait_closed()
 
 
-def silent_agent(label: str, op: str, idle: float, details: Mapping[str, Any]) -> AgentError:
+def _silent_agent(label: str, op: str, idle: float, details: Mapping[str, Any]) -> AgentError:
     """The error of a call whose agent said nothing, not even a heartbeat, for the idle timeout."""
     during = f" during {op!r}" if op else ""
     return AgentError(f"the agent of {label} stopped answering: no frame, not even a heartbeat, for {idle:g}s"
@@ -276,7 +280,7 @@ class AgentClient:
                 try:  # the agent answers a connect at once: no heartbeats, which would corrupt the pipe
                     kind, payload = await asyncio.wait_for(_sock_read_frame(sock), idle)
                 except TimeoutError:
-                    raise silent_agent(self.label, "connect", idle or 0, self._details) from None
+                    raise _silent_agent(self.label, "connect", idle or 0, self._details) from None
                 if kind == protocol.ERROR:
                     err = protocol.decode_json(payload)
                     details = {**(err.get("details") or {}), "port": port}
