@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -20,7 +21,8 @@ import httpx
 import pytest
 
 from corral import AgentError
-from corral.agent import protocol
+from corral.agent import heartbeats, protocol
+from corral.agent.channel import Channel
 from corral.backends import UnixEndpoint
 from corral.control import ControlStore
 from corral.engine import AgentClient, Engine, Liveness, SandboxHandle, SandboxSpec
@@ -72,7 +74,7 @@ async def agents(tmp_path: Path) -> AsyncIterator[tuple[Agents, list[dict[str, A
                 pass
             finally:
                 writer.close()
-                handlers.discard(task)  # type: ignore[arg-type]
+                handlers.discard(task)
 
         path = tmp_path / f"agent-{len(servers)}.sock"
         servers.append(await asyncio.start_unix_server(handle, str(path)))
@@ -170,6 +172,72 @@ async def test_corral_s_own_freeze_is_waited_through(agents: Any) -> None:
     await thawing
 
 
+# -- the agent's side: one thread beats on every silent connection that asked ----------------------------
+
+
+def _frames(sock: socket.socket) -> list[int]:
+    """The kinds of the frames waiting on `sock` (all of them empty: heartbeats)."""
+    sock.setblocking(False)
+    kinds = []
+    with contextlib.suppress(BlockingIOError):
+        while header := sock.recv(protocol.HEADER.size):
+            kinds.append(protocol.parse_header(header)[0])
+    return kinds
+
+
+def test_a_silent_channel_gets_heartbeats_and_a_busy_one_none() -> None:
+    silent_host, silent_agent = socket.socketpair()
+    busy_host, busy_agent = socket.socketpair()
+    silent, busy = Channel(silent_agent), Channel(busy_agent)
+    try:
+        heartbeats.register(silent, 0.05)
+        heartbeats.register(busy, 0.05)
+        end = time.monotonic() + 0.5
+        while time.monotonic() < end:
+            busy.event(event="tick")  # a frame every 10 ms: never silent for 50 ms
+            time.sleep(0.01)
+        heartbeats.unregister(silent)
+        heartbeats.unregister(busy)
+        beats = _frames(silent_host)
+        assert set(beats) == {protocol.HEARTBEAT} and 5 <= len(beats) <= 11, beats
+        busy_host.setblocking(False)
+        got = busy_host.recv(1 << 20)
+        assert protocol.encode(protocol.HEARTBEAT) not in got.replace(protocol.encode_json(
+            protocol.EVENT, {"event": "tick"}), b"")
+        time.sleep(0.15)
+        assert _frames(silent_host) == []  # unregistered: no more beats
+    finally:
+        for sock in (silent_host, silent_agent, busy_host, busy_agent):
+            sock.close()
+
+
+def test_a_beat_never_blocks_on_a_host_that_stopped_reading() -> None:
+    host, agent = socket.socketpair()
+    try:
+        agent.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        agent.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                agent.send(b"x" * 4096)
+        agent.setblocking(True)  # as the agent's sockets are
+        start = time.monotonic()
+        Channel(agent).heartbeat()  # the buffer is full: skipped, at once
+        assert time.monotonic() - start < 0.1
+    finally:
+        host.close()
+        agent.close()
+
+
+def test_a_request_asks_for_a_bounded_interval() -> None:
+    assert heartbeats.interval_of(None) is None
+    assert heartbeats.interval_of(True) is None
+    assert heartbeats.interval_of("5") is None
+    assert heartbeats.interval_of(-1) is None
+    assert heartbeats.interval_of(0.001) == heartbeats.MIN_INTERVAL
+    assert heartbeats.interval_of(1e9) == heartbeats.MAX_INTERVAL
+    assert heartbeats.interval_of(5) == 5.0
+
+
 # -- real sandboxes whose agent is stopped ----------------------------------------------------------------
 
 
@@ -247,14 +315,20 @@ async def test_a_long_healthy_silence_is_carried_by_heartbeats(sandbox: SandboxH
 
 
 @pytest.mark.runc
-async def test_a_stopped_agent_ends_a_code_run_and_a_followed_process(fast_engine: Engine,
-                                                                      sandbox: SandboxHandle) -> None:
+async def test_a_stopped_agent_ends_a_followed_process_a_cell_and_a_download(fast_engine: Engine,
+                                                                             sandbox: SandboxHandle) -> None:
     proc = await sandbox.processes.start("sleep 60")
+    assert (await sandbox.run_code("print(1 + 1)")).stdout == "2\n"  # the session runs: below, a cell only computes
+    await sandbox.files.write("/workspace/a.bin", b"x" * 1000)
     with stopped(_agent_pid(fast_engine, sandbox.id), after=0.5):
         err = await _fails_in_time(sandbox.processes.attach(proc.id))
         assert "during 'attach'" in err.message
+        err = await _fails_in_time(sandbox.run_code("import time; time.sleep(60)"))
+        assert "during 'code_run'" in err.message
+        err = await _fails_in_time(sandbox.files.read("/workspace/a.bin"))
+        assert "during 'read'" in err.message
         err = await _fails_in_time(sandbox.processes.list())
-        assert "stopped answering" in err.message
+        assert "during 'ps'" in err.message
 
 
 @pytest.mark.runc
