@@ -16,6 +16,9 @@ one database share it); by default each server keeps them in `CORRAL_HOME/audit.
 `CORRAL_REPLICA_ID`, `CORRAL_ADVERTISE_URL`: this server's replica id and the URL other replicas reach it at
 (docs/replicas.md); `CORRAL_REPLICA_SECRET` the secret replicas sign forwarded requests with (default: one kept in
 the shared database).
+`CORRAL_AGENT_HEARTBEAT_INTERVAL`, `CORRAL_AGENT_IDLE_TIMEOUT` (seconds; default 5 and 30, an idle timeout of 0
+waits forever): how often a silent sandbox agent beats, and how long the server waits on one that says nothing
+(docs/architecture.md, "Agent liveness").
 """
 
 from __future__ import annotations
@@ -33,6 +36,20 @@ def corral_home(explicit: str | os.PathLike[str] | None = None) -> Path:
         return Path(explicit)
     value = os.environ.get("CORRAL_HOME")
     return Path(value) if value else DEFAULT_HOME
+
+
+def agent_seconds(name: str) -> float | None:
+    """`$CORRAL_AGENT_<NAME>` as seconds, if set; a value that is no number is an error at start, not a default."""
+    value = os.environ.get(f"CORRAL_AGENT_{name}")
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"CORRAL_AGENT_{name} must be a number of seconds, not {value!r}") from None
+    if not seconds >= 0:
+        raise ValueError(f"CORRAL_AGENT_{name} must not be negative, not {value!r}")
+    return seconds
 
 
 def admin_key() -> str | None:

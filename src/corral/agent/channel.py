@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from . import protocol
 
@@ -16,10 +17,32 @@ class Closed(Exception):
     """The host went away."""
 
 
+MSG_DONTWAIT = 64  # Linux; `_socket` has it, typeshed's stub of it does not
+_HEARTBEAT = protocol.encode(protocol.HEARTBEAT)
+
+
 class Channel:
     def __init__(self, sock: socket) -> None:
         self.sock = sock
         self._send_lock = threading.Lock()
+        self.last_sent = time.monotonic()  # what `heartbeats` measures silence from
+
+    def heartbeat(self) -> None:
+        """One heartbeat frame, unless a frame is being sent (not silent) or the host has not read what it was
+        sent (the socket buffer is full: it has frames to read, it is not waiting on silence). Never blocks: one
+        thread beats for every connection, and a host that stopped reading must not stop the others' beats."""
+        # Whatever happens, the next beat is due an interval from now: a skipped beat must not be retried at once.
+        self.last_sent = time.monotonic()
+        if not self._send_lock.acquire(blocking=False):
+            return
+        try:
+            sent = self.sock.send(_HEARTBEAT, MSG_DONTWAIT)
+            if sent < len(_HEARTBEAT):  # a 5-byte frame cut by a nearly full buffer: finish it, or break framing
+                self.sock.sendall(_HEARTBEAT[sent:])
+        except OSError:
+            pass  # full (BlockingIOError), or the host went away: the operation's own thread finds out
+        finally:
+            self._send_lock.release()
 
     def _recv_exact(self, n: int) -> bytes:
         buf = bytearray()
@@ -80,6 +103,7 @@ class Channel:
             with self._send_lock:
                 for frame in frames:
                     self.sock.sendall(frame)
+                self.last_sent = time.monotonic()
         except OSError as exc:
             raise Closed from exc
 
@@ -88,6 +112,7 @@ class Channel:
         try:
             with self._send_lock:
                 self.sock.sendall(frame)
+                self.last_sent = time.monotonic()
         except OSError as exc:
             raise Closed from exc
 

@@ -9,6 +9,10 @@ A connection carries one operation. Every frame is
 `REQUEST`, `EVENT`, `ERROR` and `CONTROL` payloads are UTF-8 JSON objects; `STDOUT`, `STDERR`, `STDIN` and `DATA`
 payloads are raw bytes, never JSON strings of bytes. The host opens with one `REQUEST` that carries the agent
 token; the agent answers with `EVENT`s and byte frames, and ends with a final `EVENT` or an `ERROR`.
+
+Liveness (version 2): a request that carries `"heartbeat": <seconds>` gets an empty `HEARTBEAT` frame whenever the
+agent has sent nothing on that connection for that long, so the host can bound every wait (docs/architecture.md,
+"Agent liveness"). Without the field no heartbeat is ever sent: a host of version 1 never sees the new kind.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is slow to import, and the agent's start-up is every sandbox's start-up
     from typing import Any
 
-VERSION = 1
+VERSION = 2  # 2: heartbeats
 
 REQUEST = 1  # host -> agent: {"op": ..., "token": ..., ...}
 EVENT = 2  # agent -> host: {"event": ...}
@@ -32,8 +36,9 @@ DATA = 7  # either way: file or archive bytes
 DATA_END = 8  # either way: end of DATA frames
 CONTROL = 9  # host -> agent: {"resize": [rows, cols]} | {"signal": n} | {"kill": true}
 ERROR = 10  # agent -> host: {"code", "message", "details"}
+HEARTBEAT = 11  # agent -> host: empty; only to a request that asked for them
 
-KINDS = frozenset({REQUEST, EVENT, STDOUT, STDERR, STDIN, STDIN_EOF, DATA, DATA_END, CONTROL, ERROR})
+KINDS = frozenset({REQUEST, EVENT, STDOUT, STDERR, STDIN, STDIN_EOF, DATA, DATA_END, CONTROL, ERROR, HEARTBEAT})
 JSON_KINDS = frozenset({REQUEST, EVENT, CONTROL, ERROR})
 
 HEADER = struct.Struct(">IB")

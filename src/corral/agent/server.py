@@ -7,7 +7,7 @@ import sys
 import time
 from _operator import _compare_digest  # what hmac.compare_digest is, without importing hashlib
 
-from . import files, protocol, threads, users
+from . import files, heartbeats, protocol, threads, users
 from .channel import Channel, Closed
 from .follow import follow, send_all_kept
 from .processes import SIGKILL, Process, ProcessError, ProcessTable, pty_size, resolve_user
@@ -35,6 +35,7 @@ class Agent:
                 ch.error("unauthenticated", "the agent token is missing or wrong")
                 return
             _act_as(req.get("user"))
+            self._beat(ch, req)
             self.dispatch(ch, req)
         except (files.FileError, ProcessError) as exc:
             _send_error(ch, exc.code, exc.message)
@@ -48,7 +49,19 @@ class Agent:
         except Exception as exc:  # the agent must outlive any one request
             _send_error(ch, "server_error", f"agent failure: {type(exc).__name__}: {exc}")
         finally:
+            heartbeats.unregister(ch)
             sock.close()
+
+    @staticmethod
+    def _beat(ch: Channel, req: dict[str, Any]) -> None:
+        """Heartbeats on this connection if the host asks (a raw pipe, `connect`, never gets them)."""
+        interval = heartbeats.interval_of(req.pop("heartbeat", None))
+        if interval is None or req.get("op") == "connect":
+            return
+        try:
+            heartbeats.register(ch, interval)
+        except RuntimeError:
+            raise ProcessError("quota_exceeded", "the sandbox's process limit is reached") from None
 
     def dispatch(self, ch: Channel, req: dict[str, Any]) -> None:
         op = req.get("op")

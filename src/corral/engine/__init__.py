@@ -1,6 +1,6 @@
 """The sandbox engine: an async Python API over isolated sandboxes (what the control plane serves)."""
 
-from ._agent_client import AgentClient, PtySession, StartCallback, WatchStream
+from ._agent_client import AgentClient, Liveness, PtySession, StartCallback, WatchStream
 from ._capacity import Capacity, MachineUsage
 from ._code import (
     LANGUAGES,
@@ -45,6 +45,7 @@ __all__ = [
     "ExecResult",
     "Files",
     "Limits",
+    "Liveness",
     "MachineUsage",
     "ProcessInfo",
     "ProcessRef",

@@ -2,6 +2,10 @@
 
 Foreign errors (OSError, asyncio.IncompleteReadError, protocol violations) are mapped to `AgentError` here, at
 the boundary; errors the agent reports come back through `error_from_code`.
+
+Every wait on an agent is bounded (docs/architecture.md, "Agent liveness"): an agent of protocol version 2 sends a
+heartbeat on a connection silent for `Liveness.heartbeat_interval`, and a connection silent for
+`Liveness.idle_timeout` fails with `AgentError` (unless Corral itself froze the sandbox: `freeze`/`thaw`).
 """
 
 from __future__ import annotations
@@ -11,8 +15,10 @@ import base64
 import builtins
 import contextlib
 import socket
+import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
-from typing import IO, Any
+from dataclasses import dataclass
+from typing import IO, Any, TypeVar
 
 from .._exceptions import AgentError, CorralError, error_from_code
 from ..agent import protocol
@@ -37,31 +43,93 @@ Source = bytes | bytearray | memoryview | str | IO[bytes] | AsyncIterable[bytes]
 _TCP_CONNECT_TIMEOUT = 10.0
 _UPLOAD_SEND_BUFFER = 1024 * 1024  # a frame in flight while the agent writes the last one
 _SO_SNDBUFFORCE = 32  # Linux; the socket module does not name it
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """How long the host waits on a silent agent: the agent beats every `heartbeat_interval` seconds of silence,
+    and `idle_timeout` seconds without any frame end the call with `AgentError` (None: wait forever)."""
+
+    heartbeat_interval: float = 5.0
+    idle_timeout: float | None = 30.0
+
+
+class _AgentState:
+    """What every client of one agent shares (`as_user` makes more): whether it beats, and whether Corral froze
+    it (its own pause: a frozen agent is silent, not wedged)."""
+
+    def __init__(self) -> None:
+        self.heartbeats: bool | None = None  # None: not known until a ping tells the agent's protocol version
+        self.frozen = False
+        self.thawed_at = -float("inf")
+
+    def excused(self, idle: float) -> bool:
+        """Whether a silence of `idle` seconds is Corral's doing: frozen now, or thawed since it began."""
+        return self.frozen or time.monotonic() - self.thawed_at < idle
 
 
 class _Conn:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, label: str) -> None:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, label: str, *, op: str = "",
+                 idle: float | None = None, state: _AgentState | None = None,
+                 details: dict[str, Any] | None = None) -> None:
         self.reader = reader
         self.writer = writer
         self.label = label
+        self.op = op
+        self.idle = idle  # None: an agent of before heartbeats, whose silences prove nothing
+        self.state = state or _AgentState()
+        self.details = details or {}
 
-    async def send(self, kind: int, payload: bytes = b"") -> None:
+    async def send(self, kind: int, payload: bytes = b"", *, bounded: bool = False) -> None:
+        """`bounded`: the agent must take the bytes within the idle timeout (file data, which it reads as fast
+        as it writes; not stdin, which waits for a process that may rightly not read it for hours)."""
         for i in range(0, max(len(payload), 1), protocol.CHUNK):
             self.writer.write(protocol.encode(kind, payload[i : i + protocol.CHUNK]))
-        await self.writer.drain()
+        if bounded:
+            await self.within_idle(self.writer.drain)
+        else:
+            await self.writer.drain()
 
     async def send_json(self, kind: int, obj: dict[str, Any]) -> None:
         self.writer.write(protocol.encode_json(kind, obj))
         await self.writer.drain()
 
     async def recv(self) -> tuple[int, bytes]:
-        header = await self.reader.readexactly(protocol.HEADER.size)
-        kind, length = protocol.parse_header(header)
-        payload = await self.reader.readexactly(length) if length else b""
+        """The next frame that is not a heartbeat; `AgentError` after the idle timeout without any frame."""
+        while True:
+            kind, payload = await self._frame()
+            if kind != protocol.HEARTBEAT:
+                break
         if kind == protocol.ERROR:
             err = protocol.decode_json(payload)
             raise error_from_code(str(err.get("code")), str(err.get("message")), err.get("details"))
         return kind, payload
+
+    async def _frame(self) -> tuple[int, bytes]:
+        # Header and payload waited for apart: a pause may freeze the agent mid-frame, and a wait that starts
+        # again must not have dropped the header it had read.
+        header = await self.within_idle(lambda: self.reader.readexactly(protocol.HEADER.size))
+        kind, length = protocol.parse_header(header)
+        if not length:
+            return kind, b""
+        return kind, await self.within_idle(lambda: self.reader.readexactly(length))
+
+    async def within_idle(self, step: Callable[[], Awaitable[_T]]) -> _T:
+        """`step()`, failing with `AgentError` if it makes no progress for the idle timeout. Cancelling a read or
+        a drain loses nothing (the bytes stay buffered), so a silence Corral caused (a pause) just waits again."""
+        if self.idle is None:
+            return await step()
+        while True:
+            deadline = asyncio.timeout(self.idle)
+            try:
+                async with deadline:
+                    return await step()
+            except TimeoutError:
+                if not deadline.expired():
+                    raise  # the step's own (a TCP ETIMEDOUT), mapped by `_op`
+                if not self.state.excused(self.idle):
+                    raise _silent_agent(self.label, self.op, self.idle, self.details) from None
 
     async def event(self) -> dict[str, Any]:
         kind, payload = await self.recv()
@@ -75,55 +143,102 @@ class _Conn:
             await self.writer.wait_closed()
 
 
+def _silent_agent(label: str, op: str, idle: float, details: Mapping[str, Any]) -> AgentError:
+    """The error of a call whose agent said nothing, not even a heartbeat, for the idle timeout."""
+    during = f" during {op!r}" if op else ""
+    return AgentError(f"the agent of {label} stopped answering: no frame, not even a heartbeat, for {idle:g}s"
+                      f"{during}; its process may be stopped, frozen (not by Corral's pause) or wedged",
+                      details={**details, "op": op, "idle_timeout": idle})
+
+
 class AgentClient:
     """Talks to one sandbox's agent at its endpoint (a Unix socket on this host, or TCP to a Pod), sending the
     sandbox's token with every request.
 
     `user`: whom the agent acts as for this client's requests (commands run as, files opened as): None is the
     sandbox user; "root" only in a sandbox created with root (the agent refuses it elsewhere). `as_user` makes
-    such a client."""
+    such a client. `liveness`: how long a silent agent is waited for; `sandbox_id` goes into its errors'
+    details."""
 
-    def __init__(self, endpoint: Endpoint, token: str, *, label: str = "sandbox", user: str | None = None) -> None:
+    def __init__(self, endpoint: Endpoint, token: str, *, label: str = "sandbox", user: str | None = None,
+                 liveness: Liveness | None = None, sandbox_id: str | None = None,
+                 _state: _AgentState | None = None) -> None:
         self.endpoint = endpoint
         self.token = token
         self.label = label
         self.user = user
+        self.liveness = liveness or Liveness()
+        self.sandbox_id = sandbox_id
+        self._state = _state or _AgentState()
 
     def as_user(self, user: str | None) -> AgentClient:
         """This agent, acting as `user` (None: the sandbox user)."""
         if user == self.user:
             return self
-        return AgentClient(self.endpoint, self.token, label=self.label, user=user)
+        return AgentClient(self.endpoint, self.token, label=self.label, user=user, liveness=self.liveness,
+                           sandbox_id=self.sandbox_id, _state=self._state)
+
+    def freeze(self) -> None:
+        """Corral is pausing the sandbox: its silence from now on is no sign of a wedged agent."""
+        self._state.frozen = True
+
+    def thaw(self) -> None:
+        """The sandbox runs again: calls that waited through the pause get a whole idle timeout from now."""
+        self._state.frozen = False
+        self._state.thawed_at = time.monotonic()
+
+    @property
+    def _details(self) -> dict[str, Any]:
+        return {"sandbox_id": self.sandbox_id} if self.sandbox_id is not None else {}
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         # The reader stops taking from the socket past twice this much buffered (readexactly of a bigger frame
         # still works): one chunk keeps a download's buffered bytes near 2 MiB instead of 16 MiB of server memory.
         limit = protocol.CHUNK
         if isinstance(self.endpoint, UnixEndpoint):
-            return await asyncio.open_unix_connection(self.endpoint.path, limit=limit)
-        # A Unix connect fails at once; a TCP one to an address that went away may hang for minutes.
+            # Fails at once if nothing listens, but waits if a stopped agent's backlog is full.
+            return await asyncio.wait_for(asyncio.open_unix_connection(self.endpoint.path, limit=limit),
+                                          self._connect_timeout())
+        # A TCP connect to an address that went away may hang for minutes.
         return await asyncio.wait_for(asyncio.open_connection(self.endpoint.host, self.endpoint.port, limit=limit),
-                                      _TCP_CONNECT_TIMEOUT)
+                                      self._connect_timeout())
+
+    def _connect_timeout(self) -> float:
+        if isinstance(self.endpoint, UnixEndpoint):
+            return self.liveness.idle_timeout or _TCP_CONNECT_TIMEOUT
+        return _TCP_CONNECT_TIMEOUT
 
     def _unreachable(self, exc: OSError) -> AgentError:
         """A connection to the agent that failed: why, and what it likely means."""
         if isinstance(exc, TimeoutError):
             return AgentError(f"the agent of {self.label} did not accept a connection within "
-                              f"{_TCP_CONNECT_TIMEOUT:g}s; the sandbox may have stopped")
+                              f"{self._connect_timeout():g}s; the sandbox may have stopped", details=self._details)
         return AgentError(f"the agent of {self.label} is unreachable ({exc.strerror or exc}); "
-                          "the sandbox may have stopped")
+                          "the sandbox may have stopped", details=self._details)
+
+    async def _heartbeat_field(self, op: str) -> dict[str, float]:
+        """What asks the agent for heartbeats, if it sends them; a ping (answered at once by any agent) learns
+        that once per agent. An agent of before them is not asked, and its silences are waited out."""
+        if op == "ping" or self.liveness.idle_timeout is None:
+            return {}
+        if self._state.heartbeats is None:
+            await self.ping()
+        return {"heartbeat": self.liveness.heartbeat_interval} if self._state.heartbeats else {}
 
     @contextlib.asynccontextmanager
     async def _op(self, op: str, **args: Any) -> AsyncIterator[_Conn]:
+        beat = await self._heartbeat_field(op)
         try:
             reader, writer = await self._connect()
         except (TimeoutError, OSError) as exc:
             raise self._unreachable(exc) from exc
-        conn = _Conn(reader, writer, self.label)
+        # A ping is bounded whatever the agent's version: every agent answers it at once.
+        idle = self.liveness.idle_timeout if beat or op == "ping" else None
+        conn = _Conn(reader, writer, self.label, op=op, idle=idle, state=self._state, details=self._details)
         try:
             # No `user` field for the sandbox user: requests stay what they were, for agents of before it.
             identity = {"user": self.user} if self.user is not None else {}
-            await conn.send_json(protocol.REQUEST, {"op": op, "token": self.token, **identity, **args})
+            await conn.send_json(protocol.REQUEST, {"op": op, "token": self.token, **identity, **beat, **args})
             yield conn
         except CorralError:
             raise
@@ -142,7 +257,9 @@ class AgentClient:
     # -- health ------------------------------------------------------------------------------------
 
     async def ping(self) -> dict[str, Any]:
-        return await self._simple("ping")
+        ev = await self._simple("ping")
+        self._state.heartbeats = int(ev.get("version") or 1) >= 2  # version 2 brought heartbeats
+        return ev
 
     # -- ports -----------------------------------------------------------------------------------
 
@@ -156,11 +273,14 @@ class AgentClient:
         request = protocol.encode_json(protocol.REQUEST, {"op": "connect", "token": self.token, "port": port})
         sock = await self._connect_socket()
         loop = asyncio.get_running_loop()
+        idle = self.liveness.idle_timeout
         try:
             with self._mapped("connect"):
                 await loop.sock_sendall(sock, request)
-                kind, length = protocol.parse_header(await _sock_read_exactly(sock, protocol.HEADER.size))
-                payload = await _sock_read_exactly(sock, length) if length else b""
+                try:  # the agent answers a connect at once: no heartbeats, which would corrupt the pipe
+                    kind, payload = await asyncio.wait_for(_sock_read_frame(sock), idle)
+                except TimeoutError:
+                    raise _silent_agent(self.label, "connect", idle or 0, self._details) from None
                 if kind == protocol.ERROR:
                     err = protocol.decode_json(payload)
                     details = {**(err.get("details") or {}), "port": port}
@@ -187,7 +307,7 @@ class AgentClient:
                 sock = socket.socket(family, kind, proto)
             sock.setblocking(False)
             try:
-                await asyncio.wait_for(loop.sock_connect(sock, address), _TCP_CONNECT_TIMEOUT)
+                await asyncio.wait_for(loop.sock_connect(sock, address), self._connect_timeout())
             except BaseException:
                 sock.close()
                 raise
@@ -756,9 +876,9 @@ def _widen_send_buffer(conn: _Conn) -> None:
 async def _send_data(conn: _Conn, data: Source) -> int:
     sent = 0
     async for chunk in _chunks(data):
-        await conn.send(protocol.DATA, chunk)
+        await conn.send(protocol.DATA, chunk, bounded=True)
         sent += len(chunk)
-    await conn.send(protocol.DATA_END)
+    await conn.send(protocol.DATA_END, bounded=True)
     return sent
 
 
@@ -783,6 +903,11 @@ async def _chunks(data: Source) -> AsyncIterator[bytes]:
     for piece in data:
         for i in range(0, len(piece), protocol.CHUNK):
             yield bytes(piece[i : i + protocol.CHUNK])
+
+
+async def _sock_read_frame(sock: socket.socket) -> tuple[int, bytes]:
+    kind, length = protocol.parse_header(await _sock_read_exactly(sock, protocol.HEADER.size))
+    return kind, await _sock_read_exactly(sock, length) if length else b""
 
 
 async def _sock_read_exactly(sock: socket.socket, n: int) -> bytes:

@@ -42,7 +42,7 @@ from .._exceptions import (
     SandboxTimeoutError,
     ServerError,
 )
-from .._settings import corral_home
+from .._settings import agent_seconds, corral_home
 from ..backends import (
     AgentAddress,
     Backend,
@@ -54,7 +54,7 @@ from ..backends import (
 )
 from ..backends._spec import check_user
 from ..templates import Template, TemplateStore
-from ._agent_client import AgentClient, OutputCallback, PtySession, Source, StartCallback, WatchStream
+from ._agent_client import AgentClient, Liveness, OutputCallback, PtySession, Source, StartCallback, WatchStream
 from ._capacity import Capacity, MachineUsage
 from ._code import CodeError, CodeResult, CodeSession, ResultCallback
 from ._models import (
@@ -197,9 +197,11 @@ class Engine:
     def __init__(self, home: str | os.PathLike[str] | None = None, backend: Backend | str = "local", *,
                  templates: TemplateStore | None = None, pool_size: int = 0,
                  pool_spec: SandboxSpec | None = None, capacity: Capacity | None = None,
-                 egress: EgressProxy | None = None, keyring: SecretKeyring | None = None) -> None:
+                 egress: EgressProxy | None = None, keyring: SecretKeyring | None = None,
+                 liveness: Liveness | None = None) -> None:
         self.home = corral_home(home)
         self._keyring = keyring
+        self.liveness = liveness or _liveness_from_settings()
         self.backend: Backend = load_backend(backend, self.home) if isinstance(backend, str) else backend
         # Asked once: every exec builds an environment, and a Protocol's isinstance costs ~8 us.
         self._remote_egress = self.backend if isinstance(self.backend, RemoteEgress) else None
@@ -431,7 +433,13 @@ class Engine:
         if memory:
             if sb.state == SandboxState.PAUSED:
                 raise ConflictError(f"sandbox {sandbox_id} is paused already")
-            await self.backend.pause(sb.record)
+            # Calls in flight (a long command, a terminal) wait through the pause: not a wedged agent's silence.
+            sb.agent.freeze()
+            try:
+                await self.backend.pause(sb.record)
+            except BaseException:
+                sb.agent.thaw()
+                raise
             sb.state = SandboxState.PAUSED
             self._save(sb)
             return
@@ -440,6 +448,7 @@ class Engine:
     async def _pause_to_disk(self, sb: _Sandbox) -> None:
         if sb.state == SandboxState.PAUSED:  # frozen: thaw it so its agent can save /tmp, then stop it
             await self.backend.resume(sb.record)
+            sb.agent.thaw()
             sb.state = SandboxState.RUNNING
         await self._save_tmp(sb)
         if self.egress is not None:
@@ -463,6 +472,7 @@ class Engine:
             await self._boot(sb)
             return
         await self.backend.resume(sb.record)
+        sb.agent.thaw()
         sb.state = SandboxState.RUNNING
         self._save(sb)
 
@@ -812,9 +822,9 @@ class Engine:
             env.update(extra)
         return env
 
-    @staticmethod
-    def _agent_client(sandbox_id: str, address: AgentAddress) -> AgentClient:
-        return AgentClient(address.endpoint, address.token, label=f"sandbox {sandbox_id}")
+    def _agent_client(self, sandbox_id: str, address: AgentAddress) -> AgentClient:
+        return AgentClient(address.endpoint, address.token, label=f"sandbox {sandbox_id}", liveness=self.liveness,
+                           sandbox_id=sandbox_id)
 
     def _lookup(self, sandbox_id: str) -> _Sandbox:
         sb = self._sandboxes.get(sandbox_id)
@@ -1194,3 +1204,13 @@ class Processes:
         """Follow the process to its end: the output kept so far (not with `replay=False`: only what comes
         after), then every new byte. Cancelling only detaches."""
         return await self._agent().attach(ref, on_stdout, on_stderr, replay=replay, on_start=on_start)
+
+
+def _liveness_from_settings() -> Liveness:
+    """`Liveness` from the environment (`_settings.agent_seconds`), else its defaults; an idle timeout of 0 is
+    none."""
+    default = Liveness()
+    interval = agent_seconds("HEARTBEAT_INTERVAL")
+    idle = agent_seconds("IDLE_TIMEOUT")
+    return Liveness(heartbeat_interval=interval or default.heartbeat_interval,
+                    idle_timeout=default.idle_timeout if idle is None else (idle or None))
