@@ -66,12 +66,10 @@ def make_engine(home: Path, **kwargs: object) -> Engine:
 async def engine_behind(home: Path, proxy: EgressProxy) -> AsyncIterator[Engine]:
     """A started engine whose sandboxes go out through `proxy` (started too); both closed, every sandbox destroyed."""
     await proxy.start()
-    engine = make_engine(home, egress=proxy)
-    await engine.start()
     try:
-        yield engine
+        async with started_engine(home, egress=proxy) as engine:
+            yield engine
     finally:
-        await engine.close(destroy_all=True)
         await proxy.close()
 
 
@@ -81,14 +79,21 @@ def test_home() -> Path:
     return TEST_HOME
 
 
-@pytest.fixture
-async def engine(test_home: Path) -> AsyncIterator[Engine]:
-    eng = make_engine(test_home)
+@contextlib.asynccontextmanager
+async def started_engine(home: Path, **kwargs: object) -> AsyncIterator[Engine]:
+    """A started engine (`make_engine`'s arguments) that destroys every sandbox it still has when the block ends."""
+    eng = make_engine(home, **kwargs)
     await eng.start()
     try:
         yield eng
     finally:
         await eng.close(destroy_all=True)
+
+
+@pytest.fixture
+async def engine(test_home: Path) -> AsyncIterator[Engine]:
+    async with started_engine(test_home) as eng:
+        yield eng
 
 
 @pytest.fixture

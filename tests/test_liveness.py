@@ -25,10 +25,10 @@ from corral.agent import heartbeats, protocol
 from corral.agent.channel import Channel
 from corral.backends import UnixEndpoint
 from corral.control import ControlStore
-from corral.engine import AgentClient, Engine, Liveness, SandboxHandle, SandboxSpec
+from corral.engine import AgentClient, Engine, Liveness, SandboxHandle
 from corral.server import create_app
 
-from .conftest import TEMPLATE, make_engine
+from .conftest import TEMPLATE, started_engine
 
 pytestmark = pytest.mark.anyio
 
@@ -242,23 +242,10 @@ def test_a_request_asks_for_a_bounded_interval() -> None:
 
 
 @pytest.fixture
-async def fast_engine(test_home: Path) -> AsyncIterator[Engine]:
-    eng = make_engine(test_home, liveness=FAST)
-    await eng.start()
-    try:
+async def engine(test_home: Path) -> AsyncIterator[Engine]:
+    """conftest's `engine` (and so its `sandbox`), with heartbeats every 0.5 s and a 2 s idle timeout."""
+    async with started_engine(test_home, liveness=FAST) as eng:
         yield eng
-    finally:
-        await eng.close(destroy_all=True)
-
-
-@pytest.fixture
-async def sandbox(fast_engine: Engine) -> AsyncIterator[SandboxHandle]:
-    sb = await fast_engine.create(SandboxSpec(template=TEMPLATE))
-    try:
-        yield sb
-    finally:
-        if sb.id in {s.id for s in fast_engine.list()}:
-            await sb.destroy()
 
 
 def _agent_pid(engine: Engine, sandbox_id: str) -> int:
@@ -289,9 +276,9 @@ async def _fails_in_time(call: Awaitable[Any]) -> AgentError:
 
 
 @pytest.mark.runc
-async def test_a_stopped_agent_ends_a_long_command_with_agent_error(fast_engine: Engine,
+async def test_a_stopped_agent_ends_a_long_command_with_agent_error(engine: Engine,
                                                                     sandbox: SandboxHandle) -> None:
-    with stopped(_agent_pid(fast_engine, sandbox.id), after=0.5):
+    with stopped(_agent_pid(engine, sandbox.id), after=0.5):
         err = await _fails_in_time(sandbox.exec("sleep 60", timeout=120))
     assert f"the agent of sandbox {sandbox.id} stopped answering" in err.message
     assert err.details["sandbox_id"] == sandbox.id and err.details["idle_timeout"] == 2.0
@@ -300,9 +287,9 @@ async def test_a_stopped_agent_ends_a_long_command_with_agent_error(fast_engine:
 
 
 @pytest.mark.runc
-async def test_a_stopped_agent_ends_a_command_silent_for_a_while(fast_engine: Engine,
+async def test_a_stopped_agent_ends_a_command_silent_for_a_while(engine: Engine,
                                                                  sandbox: SandboxHandle) -> None:
-    with stopped(_agent_pid(fast_engine, sandbox.id), after=0.5):
+    with stopped(_agent_pid(engine, sandbox.id), after=0.5):
         err = await _fails_in_time(sandbox.exec("sleep 3; echo late", timeout=60))
     assert "not even a heartbeat, for 2s during 'exec'" in err.message
 
@@ -315,12 +302,12 @@ async def test_a_long_healthy_silence_is_carried_by_heartbeats(sandbox: SandboxH
 
 
 @pytest.mark.runc
-async def test_a_stopped_agent_ends_a_followed_process_a_cell_and_a_download(fast_engine: Engine,
+async def test_a_stopped_agent_ends_a_followed_process_a_cell_and_a_download(engine: Engine,
                                                                              sandbox: SandboxHandle) -> None:
     proc = await sandbox.processes.start("sleep 60")
     assert (await sandbox.run_code("print(1 + 1)")).stdout == "2\n"  # the session runs: below, a cell only computes
     await sandbox.files.write("/workspace/a.bin", b"x" * 1000)
-    with stopped(_agent_pid(fast_engine, sandbox.id), after=0.5):
+    with stopped(_agent_pid(engine, sandbox.id), after=0.5):
         err = await _fails_in_time(sandbox.processes.attach(proc.id))
         assert "during 'attach'" in err.message
         err = await _fails_in_time(sandbox.run_code("import time; time.sleep(60)"))
@@ -343,7 +330,7 @@ async def test_a_command_waits_through_corral_s_own_pause(sandbox: SandboxHandle
 
 
 @pytest.mark.runc
-async def test_the_api_answers_a_stopped_agent_with_a_structured_502(fast_engine: Engine, tmp_path: Path) -> None:
+async def test_the_api_answers_a_stopped_agent_with_a_structured_502(engine: Engine, tmp_path: Path) -> None:
     store = ControlStore(home=tmp_path)
     await store.start()
     try:
@@ -352,14 +339,14 @@ async def test_the_api_answers_a_stopped_agent_with_a_structured_502(fast_engine
         from corral.control import Role
 
         key = (await store.create_key(tenant.id, Role.DEVELOPER, "dev")).key
-        app = create_app(fast_engine, store)
+        app = create_app(engine, store)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://corral.test",
                                      headers={"Authorization": f"Bearer {key}"}, timeout=30) as client:
             r = await client.post("/v1/sandboxes", json={"template": TEMPLATE})
             assert r.status_code == 201, r.text
             sid = r.json()["id"]
             try:
-                with stopped(_agent_pid(fast_engine, sid), after=0.5):
+                with stopped(_agent_pid(engine, sid), after=0.5):
                     start = time.monotonic()
                     r = await client.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "sleep 60", "timeout": 120})
                     assert time.monotonic() - start < 0.5 + 2.0 + MARGIN

@@ -17,7 +17,7 @@ from corral.backends.local import LocalRecord
 from corral.egress import EgressProxy
 from corral.engine import Engine, SandboxSpec
 
-from .conftest import TEMPLATE, TEST_HOME, leaks, make_engine
+from .conftest import TEMPLATE, TEST_HOME, engine_behind, leaks, make_engine
 
 pytestmark = [pytest.mark.anyio, pytest.mark.runsc]
 
@@ -43,15 +43,8 @@ attempt("egress-write", lambda: open("/.corral/egress/fill", "wb"))
 
 @pytest.fixture
 async def engine_with_egress(test_home: Path) -> AsyncIterator[Engine]:
-    proxy = EgressProxy()
-    await proxy.start()
-    engine = make_engine(test_home, egress=proxy)
-    await engine.start()
-    try:
+    async with engine_behind(test_home, EgressProxy()) as engine:
         yield engine
-    finally:
-        await engine.close(destroy_all=True)
-        await proxy.close()
 
 
 def _record(engine: Engine, sandbox_id: str) -> LocalRecord:
