@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from corral.backends.local import LocalRecord
+from corral.backends.local._backend import EGRESS_TMPFS_SIZE
 from corral.backends.local._disk import is_mounted
 from corral.engine import Engine, SandboxHandle
 
@@ -70,7 +71,8 @@ async def test_agent_and_egress_mounts_on_the_host(engine, sandbox):
     info = Path("/proc/self/mountinfo").read_text()
     mounts = {fields[4]: fields for fields in (line.split() for line in info.splitlines())}
     egress_mount, agent_mount = mounts[str(egress)], mounts[str(agent)]
-    assert egress_mount[egress_mount.index("-") + 1] == "tmpfs" and "size=16k" in egress_mount[-1]
+    size = f"size={EGRESS_TMPFS_SIZE // 1024}k"  # room for a secrets sandbox's trust bundle (docs/secrets.md)
+    assert egress_mount[egress_mount.index("-") + 1] == "tmpfs" and size in egress_mount[-1].split(","), egress_mount
     st = egress.stat()
     assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o700, record.uid_base + 1000,
                                                                 record.uid_base + 1000)

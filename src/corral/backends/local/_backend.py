@@ -88,7 +88,7 @@ SOCKET_POLL = 0.005  # runsc: how often `create` looks for the agent's socket
 ALIVE_POLL = 0.25  # and how often, meanwhile, whether the sandbox still runs
 # The egress socket's directory holds the socket and, for a sandbox with secrets, the deployment's CA and a trust
 # bundle (~250 KiB, docs/secrets.md): bounded, and never on disk.
-EGRESS_TMPFS_SIZE = 512 * 1024
+EGRESS_TMPFS_SIZE = 1024 * 1024  # room to rewrite the bundle (old and new side by side) at a reattach
 EGRESS_TMPFS_INODES = 8
 
 
