@@ -155,9 +155,10 @@ while time.monotonic() < end:
     if libc.renameat2(-100, b"d", -100, b"d.alt", 2) != 0:  # RENAME_EXCHANGE: an atomic swap
         os.rename("d", "d.tmp"); os.rename("d.alt", "d"); os.rename("d.tmp", "d.alt")
     n += 1
-    if n % 500 == 0:
-        with open("/tmp/swaps", "w") as f:
+    if n % 500 == 0:  # replaced whole, never truncated in place: a read between truncate and write saw "0"
+        with open("/tmp/swaps.new", "w") as f:
             f.write(str(n))
+        os.replace("/tmp/swaps.new", "/tmp/swaps")
 """
 RACE_OPS = 150
 MIN_SWAPS = 1000
