@@ -109,6 +109,11 @@ def registry_creds() -> str | None:
     return os.environ.get("CORRAL_REGISTRY_CREDS") or None
 
 
+def warm_pools() -> str | None:
+    """`CORRAL_POOLS`: warm pools for `corral serve` (`default=50:10 default/root=20`; docs/performance.md)."""
+    return os.environ.get("CORRAL_POOLS") or None
+
+
 def replica_id() -> str | None:
     """`$CORRAL_REPLICA_ID`, this server's replica id, if set (else one kept in `CORRAL_HOME/replica.id`)."""
     return os.environ.get("CORRAL_REPLICA_ID") or None

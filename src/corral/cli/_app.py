@@ -200,12 +200,15 @@ def serve(
                                             help="A PEM file of CA certificates the egress proxy also trusts when it "
                                             "verifies hosts that secrets are bound to (a TLS-inspecting gateway's "
                                             "CA). See docs/secrets.md."),
+    pool: list[str] = typer.Option([], "--pool", help="TEMPLATE[/root][/runsc]=SIZE[:REFILL]: keep SIZE sandboxes "
+                                   "of the template started ahead of demand, refilled at most REFILL a second "
+                                   "(repeatable; default $CORRAL_POOLS). See docs/performance.md."),
 ) -> None:
     """Run the API server (state, templates and sandboxes in $CORRAL_HOME, default /var/lib/corral)."""
     from .. import _settings as settings
     from ..backends import BACKEND_NAMES
     from ..e2b import DEFAULT_ALIASES, E2BConfig, parse_alias
-    from ..engine import Capacity
+    from ..engine import Capacity, parse_pools
     from ..server import MetricsPort
     from ..server import serve as run_server
     from ..service import ReplicaConfig  # FastAPI and uvicorn load only for this command
@@ -223,6 +226,10 @@ def serve(
         raise typer.BadParameter(str(exc), param_hint="--e2b-alias") from None
     capacity = Capacity(max_sandboxes=max_sandboxes, memory_overcommit=memory_overcommit)
     try:
+        pools = parse_pools(pool or [settings.warm_pools() or ""])
+    except CorralError as exc:
+        raise typer.BadParameter(exc.message, param_hint="--pool") from None
+    try:
         replica = ReplicaConfig(id=replica_id or settings.replica_id(),
                                 url=advertise_url or settings.advertise_url() or f"http://{host}:{port}",
                                 secret=settings.replica_secret(), ttl=replica_ttl)
@@ -232,7 +239,7 @@ def serve(
                e2b=E2BConfig(aliases=aliases, root=e2b_root), replica=replica, cache_ttl=cache_ttl,
                log_format=log_format, metrics=metrics,
                metrics_port=None if metrics_port is None else MetricsPort(metrics_port, metrics_host),
-               upstream_ca=upstream_ca)
+               upstream_ca=upstream_ca, pools=pools)
 
 
 @app.command()

@@ -82,6 +82,19 @@ def engine(
     _run("engine", out, template=template, n=n, concurrent=concurrent, pool=pool, docker=docker)
 
 
+@bench_app.command("burst")
+def burst(
+    n: int = typer.Option(50, help="Agents that create a sandbox and run `true` at the same instant."),
+    serial: int = typer.Option(20, help="Sandboxes created one after another for the serial baseline."),
+    template: str = typer.Option("default"),
+    docker: str | None = typer.Option(None, "--docker", metavar="IMAGE", help="Also time `docker run --rm IMAGE "
+                                      "true` as the peer baseline (a running dockerd)."),
+    out: Path = typer.Option(Path("bench-results/burst.json"), help="Where to write the JSON figures."),
+) -> None:
+    """A burst of N creates through the API, without a warm pool and with one of N, against the serial rate."""
+    _run("burst", out, template=template, n=n, serial=serial, docker=docker)
+
+
 @bench_app.command("api")
 def api(
     n: int = typer.Option(200, help="Samples per latency measurement."),

@@ -30,6 +30,7 @@ from ._models import (
     WatchEventType,
     parse_size,
 )
+from ._pool import PoolStats, WarmPool, parse_pools
 
 __all__ = [
     "DEFAULT_FILE_ROOTS",
@@ -47,6 +48,7 @@ __all__ = [
     "Limits",
     "Liveness",
     "MachineUsage",
+    "PoolStats",
     "ProcessInfo",
     "ProcessRef",
     "ProcessSelector",
@@ -60,11 +62,13 @@ __all__ = [
     "SandboxSpec",
     "SandboxState",
     "StartCallback",
+    "WarmPool",
     "WatchEvent",
     "WatchEventType",
     "WatchStream",
     "default_context",
     "normalize_language",
+    "parse_pools",
     "parse_size",
     "read_agent_address",
 ]

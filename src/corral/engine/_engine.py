@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from .._atomic import write_atomic, write_json_atomic
 from .._exceptions import (
     AgentError,
+    CapacityError,
     ConflictError,
     CorralError,
     InvalidRequestError,
@@ -46,6 +47,7 @@ from .._settings import agent_seconds, corral_home
 from ..backends import (
     AgentAddress,
     Backend,
+    BackendCapacity,
     BackendRecord,
     RemoteEgress,
     SandboxUsage,
@@ -68,6 +70,7 @@ from ._models import (
     SandboxState,
     WatchEvent,
 )
+from ._pool import PoolState, PoolStats, WarmPool
 
 if TYPE_CHECKING:
     from ..egress import EgressEvent, EgressPolicy, EgressProxy
@@ -82,6 +85,13 @@ TOMBSTONES_KEPT = 1000
 STATE_DIR = "engine"  # under the home: one `<sandbox id>.json` per sandbox
 _READY_POLL = 0.02  # seconds between pings while a new sandbox's agent starts
 _ALIVE_POLL = 0.25  # ... and between asking the backend whether it still runs at all
+_CLAIM_PING_TIMEOUT = 2.0  # a pool member's agent answers a ping in a millisecond; one that does not is dead
+_POOL_QUIET = 0.5  # seconds after the last create or claim before pools start refilling (a burst goes first)
+_POOL_PARALLEL = max(1, os.cpu_count() or 1)  # members started at once: one per core
+_POOL_IDLE_POLL = 2.0  # seconds between looks at the pools when nothing wakes the filler
+_POOL_PRESSURE_POLL = 1.0  # ... while memory is short
+_POOL_RETRY = 5.0  # seconds before a pool whose member failed to start tries again
+_GiB = 1024**3
 
 # Every sandbox reaches out only through the egress proxy, bridged by the agent to 127.0.0.1:3128 (docs/egress.md).
 # Lower-case twins: curl and wget read only those.
@@ -187,7 +197,9 @@ class Engine:
     * **home** - the state directory (default: `$CORRAL_HOME` or `/var/lib/corral`).
     * **backend** - where isolation comes from: a `corral.backends.Backend`, or the name of one to load with
       `corral.backends.load_backend(name, home)` (default `"local"`: OCI bundles on this host, runc or runsc).
-    * **pool_size** - how many sandboxes of the default spec to keep started ahead of demand.
+    * **pools** - warm pools (`WarmPool`): sandboxes started ahead of demand, per spec, that `create` (and the
+      service, through `claim`) hands out instead of starting one (docs/performance.md, "Warm pools").
+    * **pool_size** - shorthand for one pool of `pool_spec` (default: the default spec) of this size.
     * **capacity** - how much of the backend's room sandboxes may take (`Capacity`); past it `create` raises
       `CapacityError` and starts nothing.
     * **egress** - the egress proxy (`corral.egress.EgressProxy`, started by the caller) that enforces each
@@ -195,7 +207,7 @@ class Engine:
     """
 
     def __init__(self, home: str | os.PathLike[str] | None = None, backend: Backend | str = "local", *,
-                 templates: TemplateStore | None = None, pool_size: int = 0,
+                 templates: TemplateStore | None = None, pools: Sequence[WarmPool] = (), pool_size: int = 0,
                  pool_spec: SandboxSpec | None = None, capacity: Capacity | None = None,
                  egress: EgressProxy | None = None, keyring: SecretKeyring | None = None,
                  liveness: Liveness | None = None) -> None:
@@ -206,8 +218,11 @@ class Engine:
         # Asked once: every exec builds an environment, and a Protocol's isinstance costs ~8 us.
         self._remote_egress = self.backend if isinstance(self.backend, RemoteEgress) else None
         self.templates = templates or TemplateStore(self.home)
-        self.pool_size = pool_size
-        self.pool_spec = pool_spec or SandboxSpec()
+        if pool_size:
+            pools = [*pools, WarmPool(pool_spec or SandboxSpec(), pool_size)]
+        self._pools = {pool.key: PoolState(pool) for pool in pools}
+        # Pools give members back while the backend has less memory available (None: 10% of its total, >= 1 GiB).
+        self.pool_memory_floor: int | None = None
         self.capacity = capacity or Capacity()
         self.egress = egress
         # Where a `RemoteEgress` backend's refusals are found (the service: the shared audit trail).
@@ -216,8 +231,12 @@ class Engine:
         self._creating: dict[str, int] = {}  # sandbox id -> memory limit, while the backend creates it
         self._sandboxes: dict[str, _Sandbox] = {}
         self._tombstones: dict[str, str] = {}
-        self._pool: list[_Sandbox] = []
+        self._pooled: dict[str, _Sandbox] = {}  # ready pool members, by id
+        self._claimed: dict[str, _Sandbox] = {}  # taken from a pool by `claim`, not yet `adopt`ed or `release`d
+        self._pool_starting: set[str] = set()  # pool members being created (not a caller's create)
+        self._pool_tasks: set[asyncio.Task[None]] = set()
         self._pool_wake = asyncio.Event()
+        self._last_demand = 0.0  # monotonic time of the last create or claim: pools fill in the quiet after it
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
         self._lock_fd: int | None = None
@@ -238,7 +257,7 @@ class Engine:
         await self._recover()
         if expire:
             self._tasks.append(asyncio.create_task(self._reaper(), name="corral-reaper"))
-        if self.pool_size:
+        if self._pools:
             self._tasks.append(asyncio.create_task(self._pool_filler(), name="corral-pool"))
 
     async def close(self, *, destroy_all: bool = False) -> None:
@@ -249,7 +268,14 @@ class Engine:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
-        pool, self._pool = self._pool, []
+        for task in list(self._pool_tasks):
+            task.cancel()
+        await asyncio.gather(*self._pool_tasks, return_exceptions=True)
+        pool = [*self._pooled.values(), *self._claimed.values()]
+        self._pooled.clear()
+        self._claimed.clear()
+        for state in self._pools.values():
+            state.members.clear()
         victims = pool + (list(self._sandboxes.values()) if destroy_all else [])
         await asyncio.gather(*(self._destroy(sb, reason="engine closed") for sb in victims),
                              return_exceptions=True)
@@ -293,17 +319,104 @@ class Engine:
             self._check_unused(sandbox_id)
         # NotFoundError names the available ones; a snapshot's template is the exact build it was taken on.
         template = self.templates.get(source.template if source is not None else spec.template)
-        sb = None if sandbox_id is not None or source is not None else self._take_pooled(spec)
-        pooled = sb is not None
-        if sb is None:
-            sb = await self._create(spec, template, sandbox_id=sandbox_id, source=source)
-        else:
-            sb.pooled = False
-            self._save(sb)  # its new spec and times, and no longer a pool member
+        claimed = None if sandbox_id is not None or source is not None else self.claim(spec)
+        if claimed is not None:
+            try:
+                return await self.adopt(claimed, spec)
+            except BaseException:
+                if self.is_claimed(claimed):
+                    self.release(claimed)
+                raise
+        self._last_demand = time.monotonic()
+        sb = await self._create(spec, template, sandbox_id=sandbox_id, source=source)
         self._sandboxes[sb.id] = sb
         logger.info("sandbox.created", extra={"sandbox": sb.id, "template": spec.template,
-                                              "runtime": spec.runtime.value, "pooled": pooled})
+                                              "runtime": spec.runtime.value, "pooled": False})
         return SandboxHandle(self, sb.id)
+
+    # -- warm pools (docs/performance.md, "Warm pools") ----------------------------------------------------
+
+    def claim(self, spec: SandboxSpec) -> str | None:
+        """Take a ready pool member that can serve `spec` aside, and return its id (None: no pool for `spec`, or
+        it is empty). No await: a burst's concurrent claims never get the same member. The caller then `adopt`s
+        it (with the id it was told, e.g. after recording it) or `release`s it; until then nobody sees it."""
+        self._last_demand = time.monotonic()
+        if spec.volumes:
+            return None
+        state = self._pools.get(spec.pool_key())
+        if state is None:
+            return None
+        self._pool_wake.set()
+        if not state.members:
+            state.stats.missed += 1
+            return None
+        sandbox_id = state.members.pop()  # the newest: its pages are the likeliest still in memory
+        self._claimed[sandbox_id] = self._pooled.pop(sandbox_id)
+        state.stats.claimed += 1
+        return sandbox_id
+
+    async def adopt(self, sandbox_id: str, spec: SandboxSpec) -> SandboxHandle:
+        """Make a claimed member the sandbox `spec` asks for: its env, network policy, secrets' trust files,
+        metadata and timeout, applied now. A member whose agent no longer answers is replaced by a sandbox
+        created cold under the same id, so a claim never hands out a dead sandbox."""
+        sb = self._claimed.pop(sandbox_id)
+        try:
+            answers = await self._answers(sb)
+        except BaseException:  # cancelled: still the caller's to release
+            self._claimed[sandbox_id] = sb
+            raise
+        if not answers:
+            logger.warning("pool.member_dead", extra={"sandbox": sandbox_id})
+            await self._destroy(sb, reason="pool member stopped answering")
+            self._tombstones.pop(sandbox_id, None)
+            sb = await self._create(spec, self.templates.get(spec.template), sandbox_id=sandbox_id)
+        else:
+            now = time.time()
+            sb.spec, sb.pooled = spec, False
+            sb.created_at, sb.expires_at = now, now + spec.timeout
+            if self.egress is not None:
+                self.egress.set_policy(sb.id, self._policy(spec))
+                self._write_trust(sb.record, spec)
+            self._save(sb)  # its spec and times, and no longer a pool member
+        self._sandboxes[sb.id] = sb
+        logger.info("sandbox.created", extra={"sandbox": sb.id, "template": spec.template,
+                                              "runtime": spec.runtime.value, "pooled": True})
+        return SandboxHandle(self, sb.id)
+
+    @staticmethod
+    async def _answers(sb: _Sandbox) -> bool:
+        try:
+            await asyncio.wait_for(sb.agent.ping(), _CLAIM_PING_TIMEOUT)
+        except (AgentError, TimeoutError):
+            return False
+        return True
+
+    def is_claimed(self, sandbox_id: str) -> bool:
+        """Claimed and neither adopted nor released yet."""
+        return sandbox_id in self._claimed
+
+    def release(self, sandbox_id: str, *, reuse: bool = True) -> None:
+        """Give a claimed member back unused (the caller's create failed before `adopt`): nothing ran in it. With
+        `reuse=False` (its id was shown to someone, e.g. in a refused create's audit record) it is destroyed."""
+        sb = self._claimed.pop(sandbox_id)
+        state = self._pools.get(sb.spec.pool_key())
+        if not reuse or state is None or len(state.members) >= state.pool.size:
+            self._evict(sb, state)
+            return
+        state.members.append(sandbox_id)
+        self._pooled[sandbox_id] = sb
+
+    def pool_stats(self) -> dict[str, PoolStats]:
+        """Each pool's figures, by its description (`default=50:10`)."""
+        out = {}
+        for state in self._pools.values():
+            state.stats.ready, state.stats.starting = len(state.members), state.starting
+            out[state.pool.describe()] = replace(state.stats)
+        return out
+
+    @property
+    def pools(self) -> builtins.list[WarmPool]:
+        return [state.pool for state in self._pools.values()]
 
     async def _create(self, spec: SandboxSpec, template: Template, *, pooled: bool = False,
                       sandbox_id: str | None = None, source: SnapshotArtifact | None = None) -> _Sandbox:
@@ -313,7 +426,7 @@ class Engine:
         # Checked and counted with no await in between, so concurrent creates cannot all squeeze past the check
         # (nor two of them take the same id).
         self._check_unused(sandbox_id)
-        self.capacity.check(self.usage(), spec.limits.memory, figures, retry_after=self._retry_after())
+        self._check_capacity(spec, figures, pooled=pooled)
         self._creating[sandbox_id] = spec.limits.memory
         try:
             record = await self.backend.create(sandbox_id, spec, template, source)
@@ -331,6 +444,16 @@ class Engine:
         finally:
             self._creating.pop(sandbox_id, None)
         return sb
+
+    def _check_capacity(self, spec: SandboxSpec, figures: BackendCapacity, *, pooled: bool) -> None:
+        """`Capacity.check`; a caller's create that does not fit takes the room of ready pool members first."""
+        while True:
+            try:
+                self.capacity.check(self.usage(), spec.limits.memory, figures, retry_after=self._retry_after())
+                return
+            except CapacityError:
+                if pooled or not self._evict_one():
+                    raise
 
     def _check_unused(self, sandbox_id: str) -> None:
         if sandbox_id in self._sandboxes or sandbox_id in self._creating or self._state_path(sandbox_id).exists():
@@ -378,7 +501,8 @@ class Engine:
 
     def usage(self) -> MachineUsage:
         """Sandboxes and memory limits promised on this machine: running, pooled and being created."""
-        held = [*(sb for sb in self._sandboxes.values() if not sb.paused_to_disk), *self._pool]
+        held = [*(sb for sb in self._sandboxes.values() if not sb.paused_to_disk), *self._pooled.values(),
+                *self._claimed.values()]
         return MachineUsage(sandboxes=len(held) + len(self._creating),
                             memory=sum(sb.spec.limits.memory for sb in held) + sum(self._creating.values()))
 
@@ -388,21 +512,6 @@ class Engine:
             return 10
         soonest = min(sb.expires_at for sb in self._sandboxes.values()) - time.time()
         return max(1, min(300, int(soonest) + 1))
-
-    def _take_pooled(self, spec: SandboxSpec) -> _Sandbox | None:
-        key = spec.pool_key()
-        for i, sb in enumerate(self._pool):
-            if sb.spec.pool_key() == key:
-                self._pool.pop(i)
-                self._pool_wake.set()
-                now = time.time()
-                sb.spec = spec
-                sb.created_at, sb.expires_at = now, now + spec.timeout
-                if self.egress is not None:
-                    self.egress.set_policy(sb.id, self._policy(spec))
-                    self._write_trust(sb.record, spec)
-                return sb
-        return None
 
     def get(self, sandbox_id: str) -> SandboxHandle:
         self._lookup(sandbox_id)
@@ -932,22 +1041,93 @@ class Engine:
                     logger.exception("sandbox.reap_failed", extra={"sandbox": sb.id})
 
     async def _pool_filler(self) -> None:
+        """Keep the pools full in idle time: start members while no caller's create is starting and none came in
+        the last `_POOL_QUIET` seconds, at most one per core at once and each pool's refill rate; give members
+        back while the backend's available memory is under `pool_memory_floor`."""
         while True:
-            if len(self._pool) < self.pool_size:
-                try:
-                    template = self.templates.get(self.pool_spec.template)
-                    self._pool.append(await self._create(self.pool_spec, template, pooled=True))
-                    continue
-                except CorralError:
-                    logger.exception("pool.fill_failed")
-                    await asyncio.sleep(5)
-                    continue
             self._pool_wake.clear()
-            await self._pool_wake.wait()
+            delay = await self._pool_step()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._pool_wake.wait(), delay)
+
+    async def _pool_step(self) -> float:
+        """Start what the pools lack now; the seconds until the next look."""
+        try:
+            figures = await self.backend.capacity()
+        except Exception:
+            logger.exception("pool.capacity_failed")
+            return 5.0
+        floor = self._pool_memory_floor(figures)
+        available = figures.memory_available
+        if available is not None and available < floor:
+            if self._evict_one():
+                logger.warning("pool.memory_pressure", extra={"available": available, "floor": floor})
+            return _POOL_PRESSURE_POLL
+        quiet = self._last_demand + _POOL_QUIET - time.monotonic()
+        if quiet > 0 or len(self._creating) > len(self._pool_starting):
+            return max(quiet, _POOL_QUIET / 4)
+        if available is not None and available < 2 * floor:
+            return _POOL_PRESSURE_POLL
+        now, delay = time.monotonic(), _POOL_IDLE_POLL
+        for state in sorted(self._pools.values(), key=lambda st: len(st.members) / max(1, st.pool.size)):
+            while state.deficit() > 0 and len(self._pool_tasks) < _POOL_PARALLEL:
+                if now < state.next_start:
+                    delay = min(delay, state.next_start - now)
+                    break
+                state.next_start = now + (1 / state.pool.refill if state.pool.refill else 0)
+                state.starting += 1
+                task = asyncio.create_task(self._make_member(state), name="corral-pool-member")
+                self._pool_tasks.add(task)
+                task.add_done_callback(self._pool_tasks.discard)
+        return delay
+
+    async def _make_member(self, state: PoolState) -> None:
+        sandbox_id = f"sb-{secrets.token_hex(8)}"
+        self._pool_starting.add(sandbox_id)
+        try:
+            template = self.templates.get(state.pool.spec.template)
+            sb = await self._create(state.pool.spec, template, pooled=True, sandbox_id=sandbox_id)
+        except Exception:
+            state.stats.failed += 1
+            state.next_start = time.monotonic() + _POOL_RETRY  # a broken template must not spin
+            logger.exception("pool.fill_failed", extra={"pool": state.pool.describe()})
+        else:
+            state.stats.made += 1
+            if self._pools.get(state.pool.key) is state and len(state.members) < state.pool.size:
+                state.members.append(sb.id)
+                self._pooled[sb.id] = sb
+            else:
+                self._evict(sb, None)
+        finally:
+            state.starting -= 1
+            self._pool_starting.discard(sandbox_id)
+            self._pool_wake.set()
+
+    def _pool_memory_floor(self, figures: BackendCapacity) -> int:
+        if self.pool_memory_floor is not None:
+            return self.pool_memory_floor
+        return max(_GiB, int((figures.memory_total or 0) * 0.1))
+
+    def _evict_one(self) -> bool:
+        """Give back the oldest ready member of the fullest pool; False when every pool is empty."""
+        candidates = [st for st in self._pools.values() if st.members]
+        if not candidates:
+            return False
+        state = max(candidates, key=lambda st: len(st.members) / max(1, st.pool.size))
+        self._evict(self._pooled.pop(state.members.pop(0)), state)
+        return True
+
+    def _evict(self, sb: _Sandbox, state: PoolState | None) -> None:
+        """Destroy a pool member in the background; its room counts as free at once (`usage` no longer has it)."""
+        if state is not None:
+            state.stats.evicted += 1
+        task = asyncio.create_task(self._destroy(sb, reason="pool member given back"), name="corral-pool-evict")
+        self._pool_tasks.add(task)
+        task.add_done_callback(self._pool_tasks.discard)
 
     @property
     def pool_ready(self) -> int:
-        return len(self._pool)
+        return len(self._pooled)
 
 
 class SandboxHandle:

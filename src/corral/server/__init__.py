@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .._logging import LOG_FORMATS, log_as_json
@@ -19,7 +19,7 @@ from .._settings import admin_key, corral_home, database_url
 from ..control import CACHE_TTL, ControlStore
 from ..e2b import E2BConfig
 from ..egress import CA_DIR, CertificateAuthority, EgressProxy, PackageMirror, upstream_context
-from ..engine import Capacity, Engine
+from ..engine import Capacity, Engine, WarmPool
 from ..service import DEFAULT_DOMAIN, STATUS_BY_CODE, ReplicaConfig, status_for
 from ._app import create_app
 from ._metrics_port import MetricsPort, serve_with_metrics_port
@@ -39,7 +39,8 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
           capacity: Capacity | None = None, backend: str = "local", domain: str = DEFAULT_DOMAIN,
           e2b: E2BConfig | None = None, replica: ReplicaConfig | None = None,
           cache_ttl: float = CACHE_TTL, log_format: str = "text", metrics: bool = True,
-          metrics_port: MetricsPort | None = None, upstream_ca: Path | None = None) -> None:
+          metrics_port: MetricsPort | None = None, upstream_ca: Path | None = None,
+          pools: Sequence[WarmPool] = ()) -> None:
     """Run the API server until interrupted, with its state in `home` (default `CORRAL_HOME`), its control
     database at `db_url` (default `CORRAL_DB_URL`, else SQLite in `home`; PostgreSQL for several replicas),
     the machine's `capacity` for sandboxes (past it, creates answer 503 with `Retry-After`), and sandboxes on
@@ -50,7 +51,8 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
     `cache_ttl` seconds (how late another replica's revocation may be seen here), logging as `log_format`
     ("text", or "json": one JSON object per line, a line per request), counting Prometheus `metrics` (served to
     admins at /metrics, and to anyone at `metrics_port` if given; docs/operations.md), trusting `upstream_ca` too
-    where the egress proxy checks the hosts that secrets are bound to (docs/secrets.md)."""
+    where the egress proxy checks the hosts that secrets are bound to (docs/secrets.md), keeping the warm `pools`
+    filled (docs/performance.md)."""
     import uvicorn
     from uvicorn.config import LOGGING_CONFIG
 
@@ -67,7 +69,7 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
     proxy = EgressProxy(mirror=PackageMirror(state / "cache" / "packages"),
                         ca=CertificateAuthority.load_or_create(state / CA_DIR),
                         upstream_tls=upstream_context(upstream_ca))
-    engine = Engine(state, backend, capacity=capacity, egress=proxy)
+    engine = Engine(state, backend, capacity=capacity, egress=proxy, pools=pools)
     store = ControlStore(db_url or database_url(), home=state, cache_ttl=cache_ttl)
     explicit = admin_key()
 

@@ -243,7 +243,7 @@ def private_server(backend: str = "local", *, args: list[str] | None = None, env
     shared_cache = corral_home() / "cache"
     shared_cache.mkdir(parents=True, exist_ok=True)
     (home / "cache").symlink_to(shared_cache)
-    own = {"CORRAL_DB_URL": "", "CORRAL_ADVERTISE_URL": "", "CORRAL_K8S_POOL": "",
+    own = {"CORRAL_DB_URL": "", "CORRAL_ADVERTISE_URL": "", "CORRAL_K8S_POOL": "", "CORRAL_POOLS": "",
            "CORRAL_REPLICA_ID": f"{prefix}{secrets.token_hex(4)}".strip("-"), **(env or {})}
     try:
         with ServerProcess(home, template_home=corral_home(), args=args, backend=backend, env=own) as server:

@@ -183,8 +183,20 @@ class Sandboxes:
             spec = self._spec(request, await svc.store.tenant_egress(principal.tenant_id), volumes,
                               template_known=source is not None, stored=stored)
             spec = await self._required_runtime(principal, spec, audit.outcome)
-            return await self._start(principal, spec, sandbox_id, lambda: svc.engine.create(
-                spec, sandbox_id=sandbox_id, source=source))
+            claimed = svc.engine.claim(spec) if source is None else None
+            if claimed is None:
+                return await self._start(principal, spec, sandbox_id, lambda: svc.engine.create(
+                    spec, sandbox_id=sandbox_id, source=source))
+            # A warm pool's member (docs/performance.md): it takes the member's id, recorded before the engine
+            # hands it over, like any create. If the record cannot be made (quota), the member is destroyed, not
+            # pooled again: the refused create's audit record names it, and no tenant may know another's id.
+            audit.target = claimed
+            try:
+                return await self._start(principal, spec, claimed, lambda: svc.engine.adopt(claimed, spec))
+            except BaseException:
+                if svc.engine.is_claimed(claimed):
+                    svc.engine.release(claimed, reuse=False)
+                raise
 
     async def _required_runtime(self, principal: Principal, spec: SandboxSpec,
                                 outcome: dict[str, Any]) -> SandboxSpec:

@@ -24,12 +24,13 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .._exceptions import CorralError
 from ..control import Action, Principal, authorize
 from ..egress import EgressEvent, rule_class
+from ..engine import PoolStats
 
 if TYPE_CHECKING:
     from prometheus_client import Metric
@@ -185,9 +186,10 @@ class _StateCollector(Collector):
         usage = engine.usage()
         yield sandboxes
         yield GaugeMetricFamily("corral_pool_size", "Warm sandboxes the engine keeps started ahead of demand "
-                                "(configured).", value=engine.pool_size)
+                                "(configured, all pools).", value=sum(pool.size for pool in engine.pools))
         yield GaugeMetricFamily("corral_pool_ready", "Warm sandboxes started and waiting now.",
                                 value=engine.pool_ready)
+        yield from _pool_metrics(engine.pool_stats())
         yield GaugeMetricFamily("corral_machine_sandboxes", "Sandboxes that hold room on this machine now "
                                 "(running, pooled, being created): what the capacity check counts.",
                                 value=usage.sandboxes)
@@ -196,3 +198,19 @@ class _StateCollector(Collector):
         if engine.capacity.max_sandboxes is not None:
             yield GaugeMetricFamily("corral_capacity_max_sandboxes", "The machine's cap on sandboxes "
                                     "(`corral serve --max-sandboxes`).", value=engine.capacity.max_sandboxes)
+
+
+def _pool_metrics(stats: Mapping[str, PoolStats]) -> Iterable[Metric]:
+    """Per pool (labelled with its `--pool` description): ready members, and how creates were served."""
+    ready = GaugeMetricFamily("corral_pool_members_ready", "Ready members of each warm pool.", labels=["pool"])
+    counters = {name: CounterMetricFamily(f"corral_pool_{name}", help_, labels=["pool"]) for name, help_ in (
+        ("claimed", "Creates served by a warm pool's ready member."),
+        ("missed", "Creates that matched a warm pool and found it empty (started cold)."),
+        ("made", "Members a warm pool started."),
+        ("evicted", "Members given back (memory pressure, or room for a caller's create)."))}
+    for pool, figures in sorted(stats.items()):
+        ready.add_metric([pool], figures.ready)
+        for name, family in counters.items():
+            family.add_metric([pool], getattr(figures, name))
+    yield ready
+    yield from counters.values()

@@ -1,0 +1,186 @@
+"""Warm pools (docs/performance.md): real runc sandboxes started ahead of demand, claimed by creates through the
+engine and through the API, with the caller's env, policy and metadata applied at claim; never shared, never
+counted against a tenant; given back under memory pressure and for a caller's create that needs the room."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import signal
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from corral import CapacityError, InvalidRequestError
+from corral.cli import app
+from corral.control import Quotas
+from corral.engine import Capacity, Engine, SandboxSpec, WarmPool, parse_pools
+from corral.engine._models import Runtime
+
+from .conftest import TEMPLATE, spec, started_engine
+from .test_server_api import Api, create, error_code, run
+from .test_server_api import api as api  # the fixture: the app over `engine` (here: with a pool), tenants a and b
+
+pytestmark = [pytest.mark.anyio]
+
+POOL = 2
+_FILL_TIMEOUT = 60.0
+
+
+async def _filled(engine: Engine, size: int = POOL) -> None:
+    """Wait, bounded, until the pools hold `size` ready members."""
+    deadline = time.monotonic() + _FILL_TIMEOUT
+    while engine.pool_ready < size:
+        assert time.monotonic() < deadline, f"the pool holds {engine.pool_ready} of {size} after {_FILL_TIMEOUT}s"
+        await asyncio.sleep(0.05)
+
+
+def _stats(engine: Engine) -> dict[str, int]:
+    (stats,) = engine.pool_stats().values()
+    return {"claimed": stats.claimed, "missed": stats.missed, "made": stats.made, "evicted": stats.evicted}
+
+
+@pytest.fixture
+async def engine(test_home: Path) -> AsyncIterator[Engine]:
+    async with started_engine(test_home, pools=[WarmPool(SandboxSpec(template=TEMPLATE), POOL)]) as eng:
+        await _filled(eng)
+        yield eng
+
+
+# -- configuration -------------------------------------------------------------------------------------------
+
+
+def test_pool_descriptions_parse_and_bad_ones_say_what_is_expected() -> None:
+    pool = WarmPool.parse("default/root/runsc=20:5")
+    assert (pool.spec.template, pool.spec.root, pool.spec.runtime, pool.size, pool.refill) == \
+        ("default", True, Runtime.RUNSC, 20, 5.0)
+    assert pool.describe() == "default/root/runsc=20:5"
+    assert [p.describe() for p in parse_pools(["default=50 python=3", "default/root=2"])] == \
+        ["default=50", "python=3", "default/root=2"]
+    assert parse_pools([""]) == []
+    for bad, says in [("default", "expected TEMPLATE"), ("default=-1", "expected TEMPLATE"),
+                      ("default/gpu=2", "unknown flag 'gpu'"), ("default=20001", "between 0 and"),
+                      ("=3", "expected TEMPLATE")]:
+        with pytest.raises(InvalidRequestError, match=says):
+            parse_pools([bad])
+    with pytest.raises(InvalidRequestError, match="same sandboxes"):
+        parse_pools(["default=2", "default=3"])
+
+
+# -- the engine ------------------------------------------------------------------------------------------------
+
+
+async def test_create_is_served_from_the_pool_with_the_callers_spec_applied(engine: Engine) -> None:
+    members = set(engine._pooled)
+    mine = SandboxSpec(template=TEMPLATE, env={"MINE": "yes"}, metadata={"who": "caller"}, timeout=77)
+    sb = await engine.create(mine)
+    assert sb.id in members and _stats(engine)["claimed"] == 1
+    info = sb.info
+    assert info.metadata == {"who": "caller"} and info.env == {"MINE": "yes"}
+    assert 76 <= (info.expires_at - info.created_at).total_seconds() <= 77.5  # the claim's own timeout, from now
+    result = await sb.exec("echo $MINE; hostname")
+    assert result.stdout == "yes\nsandbox\n"
+    # refilled in the quiet after the claim: back to full, with a new member
+    await _filled(engine)
+    assert sb.id not in engine._pooled and _stats(engine)["made"] == POOL + 1
+
+
+async def test_a_destroyed_sandbox_never_returns_to_the_pool(engine: Engine) -> None:
+    first = await engine.create(SandboxSpec(template=TEMPLATE))
+    await first.files.write("/workspace/secret.txt", b"tenant a was here")
+    await first.exec("sleep 300 & echo started")
+    await first.destroy()
+    await _filled(engine)
+    for _ in range(POOL + 1):  # every member there is, and one made cold after them
+        sb = await engine.create(SandboxSpec(template=TEMPLATE))
+        assert sb.id != first.id
+        assert (await sb.exec("ls /workspace; pgrep -c sleep || true")).stdout == "0\n"
+
+
+async def test_a_spec_the_pool_cannot_serve_starts_cold_and_leaves_the_pool_alone(engine: Engine) -> None:
+    sb = await engine.create(spec(memory="256M"))  # other limits: another pool key
+    assert sb.id not in engine._pooled and engine.pool_ready == POOL
+    assert _stats(engine)["claimed"] == 0 and sb.info.limits.memory == 256 * 1024**2
+
+
+async def test_a_member_whose_agent_died_is_replaced_under_the_same_id(engine: Engine) -> None:
+    # Kill the agent (the sandbox's PID 1) of the newest member, the one a claim takes, from the host.
+    newest = engine._pools[SandboxSpec(template=TEMPLATE).pool_key()].members[-1]
+    record = engine._pooled[newest].record
+    os.kill(int((record.dir / "pid").read_text()), signal.SIGKILL)  # type: ignore[attr-defined]
+    sb = await engine.create(SandboxSpec(template=TEMPLATE))
+    assert sb.id == newest
+    assert (await sb.exec("echo alive")).stdout == "alive\n"
+
+
+async def test_pools_give_members_back_under_memory_pressure_and_do_not_refill(engine: Engine) -> None:
+    engine.pool_memory_floor = 1 << 60  # more than any machine has: always under pressure
+    engine._pool_wake.set()
+    deadline = time.monotonic() + _FILL_TIMEOUT
+    while engine.pool_ready and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert engine.pool_ready == 0 and _stats(engine)["evicted"] == POOL
+    await asyncio.sleep(1.5)  # a few looks of the filler: still nothing started
+    assert engine.pool_ready == 0 and _stats(engine)["made"] == POOL
+    sb = await engine.create(SandboxSpec(template=TEMPLATE))  # creates still work, cold
+    assert (await sb.exec("true")).exit_code == 0 and _stats(engine)["missed"] == 1
+
+
+async def test_a_callers_create_takes_the_room_of_pool_members(test_home: Path) -> None:
+    pools = [WarmPool(SandboxSpec(template=TEMPLATE), POOL)]
+    async with started_engine(test_home, pools=pools, capacity=Capacity(max_sandboxes=POOL)) as engine:
+        await _filled(engine)
+        sb = await engine.create(spec(memory="256M"))  # not the pool's spec, and the machine is "full"
+        assert (await sb.exec("true")).exit_code == 0
+        assert engine.pool_ready == POOL - 1 and _stats(engine)["evicted"] == 1
+        other = await engine.create(spec(memory="256M"))
+        assert engine.pool_ready == 0
+        with pytest.raises(CapacityError):  # no member left to give back
+            await engine.create(spec(memory="256M"))
+        await other.destroy()
+
+
+# -- through the API ---------------------------------------------------------------------------------------
+
+
+async def test_api_creates_claim_members_and_the_pool_counts_against_no_tenant(api: Api) -> None:
+    await api.store.set_quotas(api.tenants["a"], Quotas(max_sandboxes=1))
+    members = set(api.engine._pooled)
+    async with api.client("a_dev") as dev, api.client("admin") as admin:
+        sb = await create(dev, env={"WHO": "a"}, metadata={"k": "v"}, network="none")
+        assert sb["id"] in members and sb["metadata"] == {"k": "v"}
+        assert base64.b64decode((await run(dev, sb["id"], "echo $WHO"))["stdout_b64"]) == b"a\n"
+        # The tenant's quota of one is used by its sandbox, not by the pool's ready members.
+        r = await dev.post("/v1/sandboxes", json={"template": TEMPLATE})
+        assert r.status_code == 429 and error_code(r) == "quota_exceeded"
+        # The member claimed for the refused create is named in its audit record: destroyed, never pooled again.
+        audit = (await admin.get("/v1/audit", params={"action": "sandbox.create"})).json()["records"]
+        assert audit[0]["target"] == sb["id"]
+        refused = audit[1]["target"]
+        assert refused not in api.engine._pooled and refused not in api.engine._claimed
+        assert _stats(api.engine)["evicted"] == 1
+        # Another tenant cannot see the sandbox, nor the pool's members.
+    async with api.client("b_dev") as other:
+        listed = (await other.get("/v1/sandboxes")).json()["sandboxes"]
+        assert listed == []
+        for member in set(api.engine._pooled):
+            assert (await other.post(f"/v1/sandboxes/{member}/exec", json={"cmd": "true"})).status_code == 404
+
+
+async def test_pool_metrics_count_claims_and_misses(api: Api) -> None:
+    async with api.client("a_dev") as dev, api.client("admin") as admin:
+        for _ in range(POOL + 1):
+            await create(dev)
+        text = (await admin.get("/metrics")).text
+    assert f'corral_pool_claimed_total{{pool="{TEMPLATE}={POOL}"}} {float(POOL)}' in text
+    assert f'corral_pool_missed_total{{pool="{TEMPLATE}={POOL}"}} 1.0' in text
+
+
+def test_serve_refuses_a_bad_pool_with_a_clear_error(tmp_path: Path) -> None:
+    r = CliRunner().invoke(app, ["serve", "--pool", "default=many"], env={"CORRAL_HOME": str(tmp_path)})
+    assert r.exit_code == 2 and "--pool" in r.output and "TEMPLATE[/root][/runsc]=SIZE" in r.output, r.output
+    assert not (tmp_path / "engine").exists()  # refused before anything started
