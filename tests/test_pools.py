@@ -102,9 +102,29 @@ async def test_a_destroyed_sandbox_never_returns_to_the_pool(engine: Engine) -> 
 
 
 async def test_a_spec_the_pool_cannot_serve_starts_cold_and_leaves_the_pool_alone(engine: Engine) -> None:
-    sb = await engine.create(spec(memory="256M"))  # other limits: another pool key
+    sb = await engine.create(spec(disk="512M"))  # a disk is made at start: another pool key
     assert sb.id not in engine._pooled and engine.pool_ready == POOL
-    assert _stats(engine)["claimed"] == 0 and sb.info.limits.memory == 256 * 1024**2
+    assert _stats(engine)["claimed"] == 0 and sb.info.limits.disk == 512 * 1024**2
+
+
+async def test_memory_cpu_and_pids_limits_are_applied_at_the_claim_and_enforced(engine: Engine) -> None:
+    # Both differ from the pool's (512M, 1 CPU, 256 pids) only in what the local backend resizes in place (at
+    # 384M and more, /tmp and /dev/shm keep their default sizes: the same pool key).
+    small = await engine.create(spec(memory="384M", cpus=0.5, pids=40))
+    big = await engine.create(spec(memory="1G", cpus=2))
+    assert _stats(engine)["claimed"] == 2, _stats(engine)
+    assert small.info.limits.memory == 384 * 1024**2 and big.info.limits.memory == 1024**3
+
+    def hog(mib: int) -> str:  # touch every page, so the memory is really charged
+        return f"python3 -c 'b = bytearray({mib} * 2**20); b[::4096] = bytes(len(b[::4096])); print(len(b))'"
+
+    result = await small.exec(hog(450))  # fits the pool's 512M, not the claim's 384M
+    assert result.oom_killed, result
+    assert (await big.exec(hog(700))).stdout == f"{700 * 2**20}\n"  # over the pool's 512M, within the claim's 1G
+    forks = await small.exec("for i in $(seq 60); do sleep 5 & done 2>&1 | grep -c fork || true")
+    assert int(forks.stdout) > 0, forks  # 40 pids: some of the 60 sleeps could not start
+    quota = await big.exec("cat /sys/fs/cgroup/cpu.max 2>/dev/null || cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us")
+    assert quota.stdout.split()[0] == "200000", quota
 
 
 async def test_a_member_whose_agent_died_is_replaced_under_the_same_id(engine: Engine) -> None:
@@ -162,7 +182,7 @@ async def test_api_creates_claim_members_and_the_pool_counts_against_no_tenant(a
         assert audit[0]["target"] == sb["id"]
         refused = audit[1]["target"]
         assert refused not in api.engine._pooled and refused not in api.engine._claimed
-        assert _stats(api.engine)["evicted"] == 1
+        assert refused not in {info.id for info in api.engine.list()}
         # Another tenant cannot see the sandbox, nor the pool's members.
     async with api.client("b_dev") as other:
         listed = (await other.get("/v1/sandboxes")).json()["sandboxes"]

@@ -6,6 +6,7 @@ so that choosing one never imports another's dependencies.
 
 from ._contract import (
     BACKEND_NAMES,
+    RESIZABLE_LIMITS,
     AgentAddress,
     Backend,
     BackendCapacity,
@@ -13,6 +14,7 @@ from ._contract import (
     DeclaresLimitations,
     Endpoint,
     RemoteEgress,
+    Resizable,
     SandboxUsage,
     SnapshotArtifact,
     TCPEndpoint,
@@ -39,6 +41,7 @@ from ._spec import (
 __all__ = [
     "BACKEND_NAMES",
     "DEFAULT_FILE_ROOTS",
+    "RESIZABLE_LIMITS",
     "ROOT_FILE_ROOTS",
     "USERS",
     "AgentAddress",
@@ -49,6 +52,7 @@ __all__ = [
     "Endpoint",
     "Limits",
     "RemoteEgress",
+    "Resizable",
     "Runtime",
     "SandboxSpec",
     "SandboxState",

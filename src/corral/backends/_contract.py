@@ -28,7 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from .._exceptions import RuntimeUnavailableError
 from ..templates import Template
-from ._spec import Runtime, SandboxSpec
+from ._spec import Limits, Runtime, SandboxSpec
 
 __all__ = [
     "BACKEND_NAMES",
@@ -267,6 +267,19 @@ def backend_limitations(backend: object) -> Mapping[str, str]:
     """What `backend` declares it cannot give (`DeclaresLimitations`); empty when it declares nothing."""
     found = backend.limitations if isinstance(backend, DeclaresLimitations) else {}
     return MappingProxyType(dict(found))
+
+
+@runtime_checkable
+class Resizable(Protocol):
+    """Optional beside `Backend`: it can change a running sandbox's memory, CPU and pids limits in place. Warm
+    pools (docs/performance.md) then serve specs that differ from the pool's in those limits only, resized at the
+    claim; other limits (disk, open files, /tmp, /dev/shm) are fixed when a sandbox starts and stay in the pool key.
+    A refusal (e.g. memory under what the sandbox uses) raises; the engine then starts one cold instead."""
+
+    async def resize(self, record: BackendRecord, limits: Limits) -> None: ...
+
+
+RESIZABLE_LIMITS = ("memory", "cpus", "pids")  # what `Resizable.resize` changes
 
 
 @runtime_checkable

@@ -359,18 +359,19 @@ class ControlStore:
     # -- sandboxes --------------------------------------------------------------------------------------------
 
     async def reserve_sandbox(self, principal: Principal, spec: SandboxSpec, *, sandbox_id: str | None = None,
-                              owner: str | None = None) -> SandboxRecord:
+                              owner: str | None = None, running: bool = False) -> SandboxRecord:
         """Check the tenant's quotas and record a sandbox in state `creating`, in one transaction; `owner` is the
         replica whose backend will run it (docs/replicas.md).
 
-        Create it in the engine next, then `mark_running` (or `mark_destroyed(failed=True)` if that fails).
+        Create it in the engine next, then `mark_running` (or `mark_destroyed(failed=True)` if that fails). With
+        `running`, the engine has it already (a warm pool's member, adopted): it is recorded `running` at once.
         """
         authorize(principal, Action.SANDBOX_CREATE, principal.tenant_id)
         now = self._now()
         row = SandboxRow(id=sandbox_id or _new_id("sb"), tenant_id=principal.tenant_id, key_id=principal.key_id,
                          template=spec.template, spec=_stored_spec(spec), metadata_=dict(spec.metadata),
                          memory_bytes=spec.limits.memory, cpus=spec.limits.cpus, disk_bytes=spec.limits.disk,
-                         state=SandboxStatus.CREATING.value, created_at=now,
+                         state=(SandboxStatus.RUNNING if running else SandboxStatus.CREATING).value, created_at=now,
                          expires_at=now + timedelta(seconds=spec.timeout), destroyed_at=None, owner=owner)
         async with self._create_lock:
             try:
@@ -528,6 +529,14 @@ class ControlStore:
         return sandbox_from_row(row)
 
     # -- egress settings of tenants ------------------------------------------------------------------------
+
+    async def tenant_settings(self, tenant_id: str) -> tuple[Tenant, TenantEgress]:
+        """The tenant and its egress settings in one read (what every create needs)."""
+        async with self._db.read() as session:
+            tenant = tenant_from_row(await _tenant_row(session, tenant_id))
+            row = await session.get(TenantEgressRow, tenant_id)
+        return tenant, (TenantEgress() if row is None else TenantEgress(ceiling=row.ceiling,
+                                                                        private=list(row.private or [])))
 
     async def tenant_egress(self, tenant_id: str) -> TenantEgress:
         async with self._db.read() as session:

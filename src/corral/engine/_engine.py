@@ -45,11 +45,13 @@ from .._exceptions import (
 )
 from .._settings import agent_seconds, corral_home
 from ..backends import (
+    RESIZABLE_LIMITS,
     AgentAddress,
     Backend,
     BackendCapacity,
     BackendRecord,
     RemoteEgress,
+    Resizable,
     SandboxUsage,
     SnapshotArtifact,
     load_backend,
@@ -62,6 +64,7 @@ from ._code import CodeError, CodeResult, CodeSession, ResultCallback
 from ._models import (
     Entry,
     ExecResult,
+    Limits,
     ProcessInfo,
     ProcessSelector,
     PtySize,
@@ -217,10 +220,16 @@ class Engine:
         self.backend: Backend = load_backend(backend, self.home) if isinstance(backend, str) else backend
         # Asked once: every exec builds an environment, and a Protocol's isinstance costs ~8 us.
         self._remote_egress = self.backend if isinstance(self.backend, RemoteEgress) else None
+        self._resizable = self.backend if isinstance(self.backend, Resizable) else None
         self.templates = templates or TemplateStore(self.home)
         if pool_size:
             pools = [*pools, WarmPool(pool_spec or SandboxSpec(), pool_size)]
-        self._pools = {pool.key: PoolState(pool) for pool in pools}
+        self._pools: dict[tuple[object, ...], PoolState] = {}
+        for pool in pools:
+            if self._pool_key(pool.spec) in self._pools:
+                raise InvalidRequestError(f"warm pools {self._pools[self._pool_key(pool.spec)].pool.describe()!r} "
+                                          f"and {pool.describe()!r} serve the same sandboxes on this backend")
+            self._pools[self._pool_key(pool.spec)] = PoolState(pool)
         # Pools give members back while the backend has less memory available (None: 10% of its total, >= 1 GiB).
         self.pool_memory_floor: int | None = None
         self.capacity = capacity or Capacity()
@@ -268,8 +277,8 @@ class Engine:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
-        for task in list(self._pool_tasks):
-            task.cancel()
+        # Members being started finish (a create cancelled half-way undoes itself in a shielded task that this
+        # close would not wait for), then every member goes with the rest.
         await asyncio.gather(*self._pool_tasks, return_exceptions=True)
         pool = [*self._pooled.values(), *self._claimed.values()]
         self._pooled.clear()
@@ -343,7 +352,7 @@ class Engine:
         self._last_demand = time.monotonic()
         if spec.volumes:
             return None
-        state = self._pools.get(spec.pool_key())
+        state = self._pools.get(self._pool_key(spec))
         if state is None:
             return None
         self._pool_wake.set()
@@ -365,9 +374,10 @@ class Engine:
         except BaseException:  # cancelled: still the caller's to release
             self._claimed[sandbox_id] = sb
             raise
+        if answers and self._differs_in_resizable(sb.spec.limits, spec.limits):
+            answers = await self._resize(sb, spec)
         if not answers:
-            logger.warning("pool.member_dead", extra={"sandbox": sandbox_id})
-            await self._destroy(sb, reason="pool member stopped answering")
+            await self._destroy(sb, reason="pool member unusable")
             self._tombstones.pop(sandbox_id, None)
             sb = await self._create(spec, self.templates.get(spec.template), sandbox_id=sandbox_id)
         else:
@@ -388,6 +398,33 @@ class Engine:
         try:
             await asyncio.wait_for(sb.agent.ping(), _CLAIM_PING_TIMEOUT)
         except (AgentError, TimeoutError):
+            logger.warning("pool.member_dead", extra={"sandbox": sb.id})
+            return False
+        return True
+
+    def _pool_key(self, spec: SandboxSpec) -> tuple[object, ...]:
+        """Which pool can serve `spec`: its `pool_key`, without the limits a `Resizable` backend sets at claim."""
+        if self._resizable is None:
+            return spec.pool_key()
+        fixed = spec.limits.model_dump(exclude=set(RESIZABLE_LIMITS))
+        return (spec.template, spec.runtime.value, tuple(sorted(fixed.items())), bool(spec.volumes), spec.root)
+
+    def _differs_in_resizable(self, mine: Limits, wanted: Limits) -> bool:
+        return any(getattr(mine, name) != getattr(wanted, name) for name in RESIZABLE_LIMITS)
+
+    async def _resize(self, sb: _Sandbox, spec: SandboxSpec) -> bool:
+        """Give a claimed member `spec`'s memory, CPU and pids limits; False if the backend refused (the claim
+        then starts one cold). More memory than the member had must fit the machine (`CapacityError`)."""
+        assert self._resizable is not None
+        extra = spec.limits.memory - sb.spec.limits.memory
+        if extra > 0:
+            usage = self.usage()  # the member is counted in it already: one sandbox, its old memory
+            self.capacity.check(MachineUsage(sandboxes=usage.sandboxes - 1, memory=usage.memory), extra,
+                                await self.backend.capacity(), retry_after=self._retry_after())
+        try:
+            await self._resizable.resize(sb.record, spec.limits)
+        except CorralError:
+            logger.exception("pool.resize_failed", extra={"sandbox": sb.id})
             return False
         return True
 
@@ -399,7 +436,7 @@ class Engine:
         """Give a claimed member back unused (the caller's create failed before `adopt`): nothing ran in it. With
         `reuse=False` (its id was shown to someone, e.g. in a refused create's audit record) it is destroyed."""
         sb = self._claimed.pop(sandbox_id)
-        state = self._pools.get(sb.spec.pool_key())
+        state = self._pools.get(self._pool_key(sb.spec))
         if not reuse or state is None or len(state.members) >= state.pool.size:
             self._evict(sb, state)
             return
@@ -1093,7 +1130,7 @@ class Engine:
             logger.exception("pool.fill_failed", extra={"pool": state.pool.describe()})
         else:
             state.stats.made += 1
-            if self._pools.get(state.pool.key) is state and len(state.members) < state.pool.size:
+            if self._pools.get(self._pool_key(state.pool.spec)) is state and len(state.members) < state.pool.size:
                 state.members.append(sb.id)
                 self._pooled[sb.id] = sb
             else:

@@ -40,7 +40,17 @@ from ..backends import (
     backend_runtimes,
 )
 from ..backends._spec import SealedSecret
-from ..control import Action, Principal, Role, SandboxQuery, SandboxRecord, StoredSecret, TenantEgress, authorize
+from ..control import (
+    Action,
+    Principal,
+    Role,
+    SandboxQuery,
+    SandboxRecord,
+    StoredSecret,
+    Tenant,
+    TenantEgress,
+    authorize,
+)
 from ..egress import EgressPolicy
 from ._metrics import SandboxMetric
 from ._outcome import RETRY_AFTER_DETAIL
@@ -180,31 +190,42 @@ class Sandboxes:
             source = await self._source(principal, request.template)
             volumes = await svc.volumes.resolve(principal, request.volumes) if request.volumes else {}
             stored = await svc.secrets.for_sandbox(principal, request.secrets) if request.secrets else {}
-            spec = self._spec(request, await svc.store.tenant_egress(principal.tenant_id), volumes,
-                              template_known=source is not None, stored=stored)
-            spec = await self._required_runtime(principal, spec, audit.outcome)
+            tenant, egress = await svc.store.tenant_settings(principal.tenant_id)
+            spec = self._spec(request, egress, volumes, template_known=source is not None, stored=stored)
+            spec = await self._required_runtime(principal, spec, audit.outcome, tenant)
             claimed = svc.engine.claim(spec) if source is None else None
             if claimed is None:
                 return await self._start(principal, spec, sandbox_id, lambda: svc.engine.create(
                     spec, sandbox_id=sandbox_id, source=source))
-            # A warm pool's member (docs/performance.md): it takes the member's id, recorded before the engine
-            # hands it over, like any create. If the record cannot be made (quota), the member is destroyed, not
-            # pooled again: the refused create's audit record names it, and no tenant may know another's id.
             audit.target = claimed
-            try:
-                return await self._start(principal, spec, claimed, lambda: svc.engine.adopt(claimed, spec))
-            except BaseException:
-                if svc.engine.is_claimed(claimed):
-                    svc.engine.release(claimed, reuse=False)
-                raise
+            return await self._adopt(principal, spec, claimed)
 
-    async def _required_runtime(self, principal: Principal, spec: SandboxSpec,
-                                outcome: dict[str, Any]) -> SandboxSpec:
+    async def _adopt(self, principal: Principal, spec: SandboxSpec, claimed: str) -> SandboxRecord:
+        """A create served by a warm pool's member (docs/performance.md): the engine applies `spec` to it (in
+        memory, a millisecond), then it is recorded running, quotas checked, in one transaction. A refusal
+        destroys it (never pooled again: the refused create's audit record names it, and no tenant may know
+        another's sandbox id). Until the record exists nobody can reach it; the reconciler spares young
+        sandboxes, and one left by a crash here has no record and is swept as an orphan."""
+        engine = self._svc.engine
+        try:
+            await engine.adopt(claimed, spec)
+        except BaseException:
+            if engine.is_claimed(claimed):
+                engine.release(claimed, reuse=False)
+            raise
+        try:
+            return await self._reserve(principal, spec, claimed, running=True)
+        except BaseException:
+            await asyncio.shield(engine.destroy(claimed))
+            raise
+
+    async def _required_runtime(self, principal: Principal, spec: SandboxSpec, outcome: dict[str, Any],
+                                tenant: Tenant | None = None) -> SandboxSpec:
         """`spec` on the runtime the tenant requires (docs/security.md, "Runtime policy"), whatever it asked for:
         a sandbox asked for on runc is upgraded, and the audit `outcome` says so. Every path that starts a
         sandbox for a tenant (create, from a snapshot too, and fork) comes through here. A backend that cannot
         run the required runtime refuses, naming the policy: it never falls back to a weaker one."""
-        required = (await self._svc.store.get_tenant(principal.tenant_id)).required_runtime
+        required = (tenant or await self._svc.store.get_tenant(principal.tenant_id)).required_runtime
         if required is None:
             return spec
         runtime = Runtime(required)
@@ -308,10 +329,11 @@ class Sandboxes:
             return await self._start_many(principal, spec, child_ids, lambda: svc.engine.fork_many(
                 sandbox_id, child_ids, spec=spec))
 
-    async def _reserve(self, principal: Principal, spec: SandboxSpec, sandbox_id: str) -> SandboxRecord:
+    async def _reserve(self, principal: Principal, spec: SandboxSpec, sandbox_id: str, *,
+                       running: bool = False) -> SandboxRecord:
         try:
             return await self._svc.store.reserve_sandbox(principal, spec, sandbox_id=sandbox_id,
-                                                         owner=self._svc.replica.id)
+                                                         owner=self._svc.replica.id, running=running)
         except QuotaExceededError as exc:
             if exc.details.get("limit") in _TOTAL_QUOTAS:
                 exc.details[RETRY_AFTER_DETAIL] = await self._retry_after(principal.tenant_id)

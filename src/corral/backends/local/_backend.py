@@ -66,11 +66,11 @@ from .._contract import (
     SnapshotArtifact,
     UnixEndpoint,
 )
-from .._spec import Runtime, SandboxSpec
+from .._spec import Limits, Runtime, SandboxSpec
 from .._volumes import HostVolumes, prepare_mountpoints
 from . import _cgroups, _disk, _preflight
 from ._agent_files import agent_layers, install_agent, root_layer
-from ._bundle import AGENT_RUN_DIR, ID_RANGE, SANDBOX_UID, BundleParams, build_config
+from ._bundle import AGENT_RUN_DIR, CPU_PERIOD, ID_RANGE, SANDBOX_UID, BundleParams, build_config, cpu_quota
 from ._layers import MAX_DEPTH, Layers, check_layers, mount_views
 from ._runtime import OCIRuntime
 from ._system import free_disk, meminfo
@@ -347,6 +347,15 @@ class LocalBackend:
         rec = _local(record)
         state = await self.runtimes[rec.runtime].state(rec.sandbox_id)
         return state is not None and state.get("status") in ("running", "paused")
+
+    async def resize(self, record: BackendRecord, limits: Limits) -> None:
+        """`Resizable`: the cgroup's memory (no swap), CPU quota and pids limits, written in place."""
+        rec = _local(record)
+        try:
+            _cgroups.resize(rec.cgroups_path, memory=limits.memory, cpu_quota=cpu_quota(limits.cpus),
+                            cpu_period=CPU_PERIOD, pids=limits.pids, swap=_cgroups.swap_accounting())
+        except OSError as exc:
+            raise ServerError(f"resizing sandbox {rec.sandbox_id} failed: {exc}") from exc
 
     async def oom_kills(self, record: BackendRecord) -> int:
         return _cgroups.oom_kills(_local(record).cgroups_path)

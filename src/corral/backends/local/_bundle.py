@@ -154,6 +154,11 @@ def _resources(p: BundleParams) -> dict[str, Any]:
     return {
         "devices": [{"allow": False, "access": "rwm"}],
         "memory": memory,
-        "cpu": {"quota": max(1000, int(lim.cpus * CPU_PERIOD)), "period": CPU_PERIOD},
+        "cpu": {"quota": cpu_quota(lim.cpus), "period": CPU_PERIOD},
         "pids": {"limit": lim.pids},
     }
+
+
+def cpu_quota(cpus: float) -> int:
+    """The CFS quota per `CPU_PERIOD` for `cpus` CPUs (the kernel's floor is 1 ms)."""
+    return max(1000, int(cpus * CPU_PERIOD))
