@@ -129,7 +129,7 @@ async def test_memory_cpu_and_pids_limits_are_applied_at_the_claim_and_enforced(
 
 async def test_a_member_whose_agent_died_is_replaced_under_the_same_id(engine: Engine) -> None:
     # Kill the agent (the sandbox's PID 1) of the newest member, the one a claim takes, from the host.
-    newest = engine._pools[SandboxSpec(template=TEMPLATE).pool_key()].members[-1]
+    newest = engine._pools[engine._pool_key(SandboxSpec(template=TEMPLATE))].members[-1]
     record = engine._pooled[newest].record
     os.kill(int((record.dir / "pid").read_text()), signal.SIGKILL)  # type: ignore[attr-defined]
     sb = await engine.create(SandboxSpec(template=TEMPLATE))
