@@ -185,7 +185,9 @@ def eval_(
     concurrency: int = typer.Option(50, help="Concurrent agents (tasks at once)."),
     sample: int | None = typer.Option(None, help="A seeded sample instead of the whole corpus."),
     seed: int = typer.Option(0, help="Seed of the sample."),
+    pool: int = typer.Option(0, help="Warm pool of this many `default` sandboxes (and a fifth as many with root) "
+                             "on the server (docs/performance.md); 0: none."),
     out: Path = typer.Option(Path("bench-results/eval.json"), help="Where to write the JSON figures."),
 ) -> None:
     """The whole eval corpus against a real server: wall time, per-category latency, against empty tasks."""
-    _run("eval", out, concurrency=concurrency, sample=sample, seed=seed)
+    _run("eval", out, concurrency=concurrency, sample=sample, seed=seed, pool=pool)
