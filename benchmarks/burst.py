@@ -3,7 +3,8 @@
 
 Figures, each for a server without a pool and for one with `--pool <template>=N` (filled before the burst):
 - serial: one client creating a sandbox and running `true`, one after another: p50/p95 and the rate (creates/s);
-  the baseline a burst is compared with (a burst on 2 cores should at least beat it)
+  the baseline a burst is compared with (a burst on 2 cores should at least beat it); and the machine's CPU time
+  per create (/proc/stat), whose inverse times the cores bounds a burst that has to start every sandbox
 - burst: N threads released by a barrier, each `Sandbox.create` + `commands.run(["true"])`: the wall time until
   the last one answered, errors, p50/p95 per agent, and the rate against the serial one
 - create to first exec of one sandbox alone (p50/p95): cold, and from the pool (claim + first exec)
@@ -53,16 +54,29 @@ def _first_exec(key: str, url: str, template: str) -> tuple[float, Sandbox]:
     return elapsed, sb
 
 
+def _cpu_seconds() -> float:
+    """CPU time the whole machine has spent (user, nice, system, irq, softirq) since boot, from /proc/stat."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    busy = sum(int(fields[i]) for i in (0, 1, 2, 5, 6))
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
 def _serial(key: str, url: str, template: str, n: int, progress: Progress, label: str) -> dict[str, Any]:
-    samples = []
+    samples, cpu = [], 0.0
     start = time.perf_counter()
     for i in range(n):
+        before = _cpu_seconds()
         elapsed, sb = _first_exec(key, url, template)
+        cpu += _cpu_seconds() - before
         samples.append(elapsed)
         sb.kill()
         progress(label, i + 1, n)
     wall = time.perf_counter() - start
-    return {**summary(samples), "rate_per_s": round(n / wall, 1)}
+    # The machine's CPU per create (everything: client, server, runc, the agent; and whatever else runs): the
+    # cores divided by it bound the rate of a burst that has to start every sandbox.
+    cpu_ms = 1000 * cpu / n
+    return {**summary(samples), "rate_per_s": round(n / wall, 1), "machine_cpu_ms_per_create": round(cpu_ms, 1),
+            "cpu_bound_rate_per_s": round((os.cpu_count() or 1) * 1000 / cpu_ms, 1) if cpu_ms else None}
 
 
 def _burst(key: str, url: str, template: str, n: int, progress: Progress, label: str) -> dict[str, Any]:
