@@ -53,7 +53,9 @@ def _admin(server: ServerProcess) -> httpx.Client:
 def e2b_server() -> Iterator[E2BServer]:
     TEST_HOME.mkdir(parents=True, exist_ok=True)
     home = TEST_HOME / f"e2b-{uuid.uuid4().hex[:8]}"  # not pytest's 0700 tmp_path: sandboxes must reach it
-    with ServerProcess(home, template_home=TEMPLATE_HOME) as server, _admin(server) as admin:
+    # A warm pool of the root sandboxes E2B creates: the whole E2B suite runs on claimed members (docs/performance.md).
+    with ServerProcess(home, template_home=TEMPLATE_HOME, args=["--pool", "default/root=2"]) as server, \
+            _admin(server) as admin:
         keys = {}
         for tenant in ("a", "b"):
             assert admin.post("/v1/tenants", json={"name": tenant}).status_code == 201
