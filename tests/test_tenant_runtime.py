@@ -16,7 +16,8 @@ from corral._sdk import _admin
 from corral.backends import Runtime
 from corral.cli import app
 from corral.control import ControlStore
-from corral.engine import Engine
+from corral.engine import Engine, SandboxSpec, WarmPool
+from corral.engine._pool import PoolState
 from corral.mcp._args import CreateArgs
 from corral.mcp._progress import Progress
 from corral.mcp._tools import Call, create_sandbox
@@ -104,10 +105,13 @@ async def test_the_warm_pool_never_hands_a_required_runsc_tenant_a_runc_sandbox(
     await _require_runsc(s)
     # A pooled runc sandbox of the default spec: taken only by a spec of the same pool key (runtime included).
     handle = await s.engine.create()
-    s.engine._pool.append(s.engine._sandboxes.pop(handle.id))  # stand in for the pool filler
+    member = s.engine._sandboxes.pop(handle.id)  # stand in for the pool filler: a pool of one, this sandbox
+    state = PoolState(WarmPool(SandboxSpec(), 1), members=[member.id])
+    s.engine._pools[s.engine._pool_key(SandboxSpec())] = state
+    s.engine._pooled[member.id] = member
     record = await s.service.sandboxes.create(s.who["a_dev"], CreateSandbox())
     assert record.spec.runtime is Runtime.RUNSC and record.id != handle.id
-    assert [sb.id for sb in s.engine._pool] == [handle.id]  # the runc one is still there
+    assert list(s.engine._pooled) == [handle.id] and state.stats.claimed == 0  # the runc one is still there
     assert s.engine.spec(record.id).runtime is Runtime.RUNSC
 
 
