@@ -9,11 +9,13 @@ Figures, each for a server without a pool and for one with `--pool <template>=N`
   the last one answered, errors, p50/p95 per agent, and the rate against the serial one
 - create to first exec of one sandbox alone (p50/p95): cold, and from the pool (claim + first exec)
 - the pool's own counters from /metrics (claimed, missed, made) so a burst half-served from the pool shows
-- `docker run --rm <image> true` as the peer baseline when a `dockerd` answers (`--docker`)
+- `docker run --rm <the template's image> true`, serial and N at once, as the peer (`--docker`, a running dockerd)
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import os
 import re
 import shutil
@@ -161,22 +163,42 @@ def _server_figures(home: Path, template_home: Path, template: str, n: int, seri
         return out
 
 
-def _docker(image: str, n: int, progress: Progress) -> dict[str, Any] | None:
+def _docker_run(image: str) -> float:
+    t = time.perf_counter()
+    subprocess.run(["docker", "run", "--rm", "--network=none", image, "true"], check=True, capture_output=True)
+    return time.perf_counter() - t
+
+
+def _docker(home: Path, template_home: Path, template: str, n: int, serial: int,
+            progress: Progress) -> dict[str, Any]:
+    """The peer: `docker run --rm <the template's image> true`, one after another and N at once."""
     if shutil.which("docker") is None or subprocess.run(["docker", "info"], capture_output=True).returncode:
-        return None
-    if subprocess.run(["docker", "image", "inspect", image], capture_output=True).returncode:
-        return {"skipped": f"image {image} is not present (docker pull it, or run `corral templates build`)"}
+        return {"skipped": "no dockerd answers"}
+    from corral.backends.docker import DockerBackend  # corral[docker]: only for this section
+
+    async def ensure() -> str:
+        backend = DockerBackend(home)
+        try:
+            return await backend.images.ensure(TemplateStore(template_home).get(template))
+        finally:
+            await backend.close()
+
+    image = asyncio.run(ensure())
     samples = []
-    for i in range(n):
-        t = time.perf_counter()
-        subprocess.run(["docker", "run", "--rm", "--network=none", image, "true"], check=True, capture_output=True)
-        samples.append(time.perf_counter() - t)
-        progress("docker run --rm true", i + 1, n)
-    return {"image": image, "docker_run_true": summary(samples)}
+    for i in range(serial):
+        samples.append(_docker_run(image))
+        progress("docker run --rm true", i + 1, serial)
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+        burst = list(pool.map(lambda _: _docker_run(image), range(n)))
+    wall = time.perf_counter() - start
+    return {"image": image, "serial": {**summary(samples), "rate_per_s": round(serial / sum(samples), 1)},
+            "burst": {"n": n, "wall_s": round(wall, 3), "rate_per_s": round(n / wall, 1),
+                      "per_agent": summary(burst)}}
 
 
 def run(*, home: Path, template_home: Path, template: str = "default", n: int = 50, serial: int = 20,
-        docker: str | None = None, progress: Progress | None = None) -> dict[str, Any]:
+        docker: bool = False, progress: Progress | None = None) -> dict[str, Any]:
     progress = progress or (lambda what, done, total: None)
     TemplateStore(template_home).get(template)  # a missing template fails here, before any server starts
     results: dict[str, Any] = {"template": template, "n": n, "cpus": os.cpu_count(), "goals": GOALS,
@@ -184,7 +206,7 @@ def run(*, home: Path, template_home: Path, template: str = "default", n: int = 
     results["without_pool"] = _server_figures(home / "cold", template_home, template, n, serial, 0, progress)
     results["with_pool"] = _server_figures(home / "pool", template_home, template, n, serial, n, progress)
     if docker:
-        results["docker"] = _docker(docker, serial, progress)
+        results["docker"] = _docker(home / "docker", template_home, template, n, serial, progress)
     results["load_avg_1m_at_end"] = os.getloadavg()[0]
     cold, warm = results["without_pool"], results["with_pool"]
     results["ratios"] = {

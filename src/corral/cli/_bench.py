@@ -87,8 +87,8 @@ def burst(
     n: int = typer.Option(50, help="Agents that create a sandbox and run `true` at the same instant."),
     serial: int = typer.Option(20, help="Sandboxes created one after another for the serial baseline."),
     template: str = typer.Option("default"),
-    docker: str | None = typer.Option(None, "--docker", metavar="IMAGE", help="Also time `docker run --rm IMAGE "
-                                      "true` as the peer baseline (a running dockerd)."),
+    docker: bool = typer.Option(False, "--docker", help="Also `docker run --rm <the template's image> true`, serial "
+                                "and N at once, as the peer (corral[docker], a running dockerd)."),
     out: Path = typer.Option(Path("bench-results/burst.json"), help="Where to write the JSON figures."),
 ) -> None:
     """A burst of N creates through the API, without a warm pool and with one of N, against the serial rate."""
