@@ -4,26 +4,39 @@ lists, interrupts, restarts and closes sessions (docs/code.md, "HTTP API").
 A cell that raises, times out or is OOM-killed is still a 200: those are fields of the result. Streamed, the
 output travels as exec's `stdout`/`stderr` events, each rich result as a `result` event when it is produced,
 and a last `end` (or `error`) event.
+
+A client that accepts `application/vnd.corral.frames` (the SDK) gets binary frames instead of JSON or NDJSON,
+streamed or not: output as raw bytes, never base64 in JSON (a 1 MB cell otherwise spends more time in base64 and
+JSON than in the sandbox). Frames are `u32 length (big-endian, of what follows) | u8 kind | payload`, like the
+agent's protocol: `STDOUT` and `STDERR` carry bytes, `EVENT` a JSON object (`result`, then `end` or `error`).
 """
 
 from __future__ import annotations
 
+import json
+import struct
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+from starlette.types import Receive, Scope, Send
 
 from ..engine import CodeResult, CodeSession, RichResult
 from ..service import Cell, CodeStream
 from ._auth import CurrentPrincipal
 from ._context import service
 from ._exec import Base64
-from ._ndjson import Producer, Sink, b64, line, ndjson_response
+from ._ndjson import NDJSON, Framing, Producer, Sink, b64, line, ndjson_response
 from ._routing import AuditedRoute
 
 router = APIRouter(prefix="/v1/sandboxes", route_class=AuditedRoute)
+
+FRAMES = "application/vnd.corral.frames"
+STDOUT, STDERR, EVENT = 1, 2, 3  # frame kinds
+MAX_FRAME = 16 * 1024 * 1024  # a frame's payload at most; more output is sent in several frames
+_HEADER = struct.Struct(">IB")
 
 
 SessionName = Annotated[StrictStr, Field(min_length=1, max_length=128, pattern=r"^[^\x00/]+$")]
@@ -57,19 +70,18 @@ def code_result_json(result: CodeResult, *, sent_stdout: int = 0, sent_stderr: i
                      sent_results: int | None = None) -> dict[str, Any]:
     """The result fields; when streamed, `sent_*` say what the client already got, which is left out (output
     the engine did not hand to a callback stays in `stdout_b64`/`stderr_b64`, so no byte is lost)."""
-    body: dict[str, Any] = {"session": result.session, "language": result.language}
+    body = _outcome_json(result)
     if sent_results is None:
         body["results"] = [rich_json(r) for r in result.results]
-    body.update({
-        "stdout_b64": b64(_unsent(result.stdout_bytes, sent_stdout)),
-        "stderr_b64": b64(_unsent(result.stderr_bytes, sent_stderr)),
-        "error": error_json(result),
-        "timed_out": result.timed_out,
-        "oom_killed": result.oom_killed,
-        "session_restarted": result.session_restarted,
-        "duration": result.duration,
-    })
+    body["stdout_b64"] = b64(_unsent(result.stdout_bytes, sent_stdout))
+    body["stderr_b64"] = b64(_unsent(result.stderr_bytes, sent_stderr))
     return body
+
+
+def _outcome_json(result: CodeResult) -> dict[str, Any]:
+    return {"session": result.session, "language": result.language, "error": error_json(result),
+            "timed_out": result.timed_out, "oom_killed": result.oom_killed,
+            "session_restarted": result.session_restarted, "duration": result.duration}
 
 
 def _unsent(data: bytes, sent: int) -> bytes:
@@ -81,18 +93,82 @@ def session_json(session: CodeSession) -> dict[str, Any]:
     return {"name": session.name, "language": session.language, "pid": session.pid, "started_at": started}
 
 
+class Frames(Framing):
+    """The binary framing: output as raw bytes, events as JSON."""
+
+    media_type = FRAMES
+
+    def output(self, kind: str, data: bytes) -> bytes:
+        return b"".join(output_frames(STDOUT if kind == "stdout" else STDERR, data))
+
+    def event(self, obj: dict[str, Any]) -> bytes:
+        payload = json.dumps(obj, separators=(",", ":")).encode()
+        return _HEADER.pack(len(payload) + 1, EVENT) + payload
+
+
+FRAMING = Frames()
+
+
+def output_frames(kind: int, data: bytes) -> Iterator[bytes]:
+    """Headers and payloads of `data`'s frames (none when empty); the payload is `data` itself when it fits."""
+    for start in range(0, len(data), MAX_FRAME):
+        chunk = data if len(data) <= MAX_FRAME else data[start:start + MAX_FRAME]
+        yield _HEADER.pack(len(chunk) + 1, kind)
+        yield chunk
+
+
+class FramesResponse(Response):
+    """A whole result as frames, each part sent as it is: a megabyte of output is not copied into one body."""
+
+    media_type = FRAMES
+
+    def __init__(self, result: CodeResult) -> None:
+        end = {"event": "end", **_outcome_json(result), "results": [rich_json(r) for r in result.results]}
+        self.parts = [*output_frames(STDOUT, result.stdout_bytes), *output_frames(STDERR, result.stderr_bytes),
+                      FRAMING.event(end)]
+        super().__init__(headers={"content-length": str(sum(len(p) for p in self.parts))})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        for part in self.parts:
+            await send({"type": "http.response.body", "body": part, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def accepts_frames(request: Request) -> bool:
+    """Whether the client's `Accept` names the frames' media type (with a q above 0)."""
+    for item in request.headers.get("accept", "").split(","):
+        media, *params = (part.strip() for part in item.split(";"))
+        if media.lower() == FRAMES:
+            return _quality(params) > 0
+    return False
+
+
+def _quality(params: list[str]) -> float:
+    for param in params:
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "q":
+            try:
+                return float(value)
+            except ValueError:
+                return 0.0
+    return 1.0
+
+
 @router.post("/{sandbox_id}/code", response_model=None)
 async def run_code(sandbox_id: str, body: CodeRequest, request: Request,
-                   principal: CurrentPrincipal) -> dict[str, Any] | StreamingResponse:
+                   principal: CurrentPrincipal) -> dict[str, Any] | Response:
     code = service(request).code
+    frames = accepts_frames(request)
     if not body.stream:
-        return code_result_json(await code.run(principal, sandbox_id, body.cell()))
+        result = await code.run(principal, sandbox_id, body.cell())
+        return FramesResponse(result) if frames else code_result_json(result)
     stream = await code.stream(principal, sandbox_id, body.cell())
-    return ndjson_response(_events(stream), stream.close)
+    return ndjson_response(_events(stream, frames=frames), stream.close, FRAMING if frames else NDJSON)
 
 
-def _events(stream: CodeStream) -> Producer:
-    """Exec's NDJSON plus `result` events as each rich result is produced, and a last `end` (or `error`).
+def _events(stream: CodeStream, *, frames: bool) -> Producer:
+    """Exec's events plus `result` events as each rich result is produced, and a last `end` (or `error`).
     A client that leaves cancels the engine's call."""
     async def produce(sink: Sink) -> bytes:
         sent_results = 0
@@ -105,6 +181,10 @@ def _events(stream: CodeStream) -> Producer:
         result = await stream.run(sink.stdout, sink.stderr, on_result)
         for rich in result.results[sent_results:]:  # any the engine did not hand to on_result
             await sink.event({"event": "result", "result": rich_json(rich)})
+        if frames:  # output the engine did not hand to a callback travels as frames too, before the end
+            tails = [*output_frames(STDOUT, _unsent(result.stdout_bytes, sink.stdout_sent)),
+                     *output_frames(STDERR, _unsent(result.stderr_bytes, sink.stderr_sent))]
+            return b"".join([*tails, FRAMING.event({"event": "end", **_outcome_json(result)})])
         end = code_result_json(result, sent_stdout=sink.stdout_sent, sent_stderr=sink.stderr_sent, sent_results=0)
         return line({"event": "end", **end})
 
