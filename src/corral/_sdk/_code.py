@@ -4,8 +4,9 @@ What comes back is an `Execution`: output bytes, rich `Result`s (images as bytes
 cell's `ExecutionError`, if it raised. A failing cell is a result, never an exception; errors of the request
 (unknown sandbox or language, a lost connection) raise `CorralError`s as every call does.
 
-The request body, the wire models and the NDJSON decoder do no I/O; `CodeInterpreter` and
-`AsyncCodeInterpreter` are thin twins written side by side.
+The SDK asks for binary frames (`application/vnd.corral.frames`: output as raw bytes, docs/api.md) and reads
+JSON or NDJSON from a server that does not send them. The request body, the wire models and the decoder do no
+I/O; `CodeInterpreter` and `AsyncCodeInterpreter` are thin twins written side by side.
 """
 
 from __future__ import annotations
@@ -14,10 +15,13 @@ import base64
 import builtins
 import inspect
 import json as _json
+import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
+
+import httpx
 
 from .._exceptions import CorralError, ServerError, error_from_code
 from .._output import OutputText
@@ -193,43 +197,106 @@ class CodeSessionInfo:
 
 Event = tuple[str, "bytes | Result"]  # ("stdout" | "stderr", bytes) or ("result", Result)
 
+FRAMES = "application/vnd.corral.frames"
+_FRAME_HEADER = struct.Struct(">IB")  # u32 length (of kind and payload) | u8 kind
+_FRAME_KINDS = {1: "stdout", 2: "stderr", 3: "event"}
+
+
+def _accept(stream: bool) -> dict[str, str]:
+    """Frames first; the format a server without them sends otherwise."""
+    return {"Accept": f"{FRAMES}, {'application/x-ndjson' if stream else 'application/json'}"}
+
+
+def _is_frames(response: httpx.Response) -> bool:
+    return str(response.headers.get("content-type", "")).split(";")[0].strip().lower() == FRAMES
+
 
 class _CodeStream:
-    """Decodes the NDJSON of a streamed cell into events as they come and, at the `end` event, the `Execution`
-    (which holds every streamed byte and result too).
+    """Decodes a cell's output, binary frames or NDJSON lines, into events as they come and, at the `end` event,
+    the `Execution` (which holds every streamed byte and result too).
 
-    A failure (an `error` event, a malformed line) is raised by `finish()`, after the events before it were
-    handed out: the callbacks see all the output that arrived, even when it came in one chunk with the error.
+    A failure (an `error` event, a malformed line or frame) is raised by `finish()`, after the events before it
+    were handed out: the callbacks see all the output that arrived, even when it came in one chunk with the error.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, frames: bool = False) -> None:
+        self._frames = frames
         self._buffer = bytearray()
-        self._stdout = bytearray()
-        self._stderr = bytearray()
+        self._stdout: builtins.list[bytes] = []
+        self._stderr: builtins.list[bytes] = []
         self._results: builtins.list[Result] = []
         self.execution: Execution | None = None
         self._failure: CorralError | None = None
 
     def feed(self, chunk: bytes) -> builtins.list[Event]:
-        self._buffer += chunk
         events: builtins.list[Event] = []
-        while self._failure is None and (end := self._buffer.find(b"\n")) >= 0:
-            line = bytes(self._buffer[:end])
-            del self._buffer[: end + 1]
-            try:
-                events.extend(self._line(line))
-            except CorralError as exc:
-                self._failure = exc
+        if self._failure is not None or self.execution is not None:  # nothing counts after the end
+            return events
+        try:
+            if self._frames:
+                self._feed_frames(chunk, events)
+            else:
+                self._feed_lines(chunk, events)
+        except CorralError as exc:
+            self._failure = exc
         return events
 
     def finish(self) -> tuple[builtins.list[Event], Execution]:
         if self._failure is not None:
             raise self._failure
-        events = self._line(bytes(self._buffer))
+        events = [] if self._frames or self.execution is not None else self._line(bytes(self._buffer))
         self._buffer.clear()
         if self.execution is None:
             raise ServerError("the cell's output stream ended before its end event (connection lost?)")
         return events, self.execution
+
+    def _feed_lines(self, chunk: bytes, events: builtins.list[Event]) -> None:
+        self._buffer += chunk
+        while self.execution is None and (end := self._buffer.find(b"\n")) >= 0:
+            line = bytes(self._buffer[:end])
+            del self._buffer[: end + 1]
+            events.extend(self._line(line))
+
+    def _feed_frames(self, chunk: bytes, events: builtins.list[Event]) -> None:
+        """Whole frames are read from the chunk itself (a body read at once is copied only into its payloads);
+        only an incomplete frame's bytes wait in the buffer for the next chunk."""
+        if self._buffer:
+            self._buffer += chunk
+            used = self._frames_in(self._buffer, events)
+            del self._buffer[:used]
+        else:
+            used = self._frames_in(chunk, events)
+            self._buffer += chunk[used:]
+
+    def _frames_in(self, data: bytes | bytearray, events: builtins.list[Event]) -> int:
+        """Decode the whole frames at the start of `data`; how many bytes they took."""
+        pos = 0
+        with memoryview(data) as view:
+            while len(view) - pos >= _FRAME_HEADER.size:
+                length, kind = _FRAME_HEADER.unpack_from(view, pos)
+                if length < 1:
+                    raise ServerError("malformed response from Corral: a frame of length 0")
+                end = pos + 4 + length
+                if end > len(view):
+                    break
+                payload = bytes(view[pos + _FRAME_HEADER.size:end])
+                pos = end
+                events.extend(self._frame(kind, payload))
+                if self.execution is not None:  # nothing counts after the end
+                    break
+        return pos
+
+    def _frame(self, kind: int, payload: bytes) -> builtins.list[Event]:
+        name = _FRAME_KINDS.get(kind)
+        if name == "event":
+            try:
+                event = _json.loads(payload)
+            except ValueError as exc:
+                raise ServerError("malformed response from Corral: an event frame is not JSON") from exc
+            return self._event(json_dict(event, "an event frame"))
+        if name is not None:
+            return self._output(name, payload)
+        return []  # a frame kind this SDK does not know yet: skip it, for forward compatibility
 
     def _line(self, line: bytes) -> builtins.list[Event]:
         if not line.strip():
@@ -238,11 +305,18 @@ class _CodeStream:
             event = _json.loads(line)
         except ValueError as exc:
             raise ServerError("malformed response from Corral: a stream line is not JSON") from exc
-        kind = json_dict(event, "a stream line").get("event")
+        event = json_dict(event, "a stream line")
+        kind = event.get("event")
         if kind in ("stdout", "stderr"):
-            data = _b64(event.get("data_b64"), f"{kind} data_b64")
-            (self._stdout if kind == "stdout" else self._stderr).extend(data)
-            return [(kind, data)] if data else []
+            return self._output(kind, _b64(event.get("data_b64"), f"{kind} data_b64"))
+        return self._event(event)
+
+    def _output(self, kind: str, data: bytes) -> builtins.list[Event]:
+        (self._stdout if kind == "stdout" else self._stderr).append(data)
+        return [(kind, data)] if data else []
+
+    def _event(self, event: dict[str, Any]) -> builtins.list[Event]:
+        kind = event.get("event")
         if kind == "result":
             result = Result.from_wire(event.get("result"))
             self._results.append(result)
@@ -255,12 +329,25 @@ class _CodeStream:
 
     def _end(self, event: dict[str, Any]) -> builtins.list[Event]:
         """The execution, and as last events whatever the `end` event carries that was not streamed before."""
-        out, err, results = bytes(self._stdout), bytes(self._stderr), tuple(self._results)
+        out, err, results = b"".join(self._stdout), b"".join(self._stderr), tuple(self._results)
         self.execution = Execution.from_wire(event, stdout_prefix=out, stderr_prefix=err, results=results)
         tails: builtins.list[Event] = [("stdout", self.execution.stdout_bytes[len(out):]),
                                        ("stderr", self.execution.stderr_bytes[len(err):])]
         extra: builtins.list[Event] = [("result", r) for r in self.execution.results[len(results):]]
         return [(k, d) for k, d in tails if d] + extra
+
+
+def _execution(response: httpx.Response) -> Execution:
+    """A whole response's `Execution`: frames, or the JSON result of a server that does not send frames."""
+    if _is_frames(response):
+        decoder = _CodeStream(frames=True)
+        decoder.feed(response.content)
+        return decoder.finish()[1]
+    try:
+        data = response.json()
+    except ValueError as exc:
+        raise ServerError(f"malformed response from Corral: HTTP {response.status_code} body is not JSON") from exc
+    return Execution.from_wire(data)
 
 
 def _stream_error(raw: Any) -> CorralError:
@@ -345,10 +432,11 @@ class CodeInterpreter:
                           stdin=stdin)
         path = sandbox_path(self._sandbox_id, "/code")
         http_timeout = self._client.exec_timeout(timeout)
+        headers = _accept(callbacks.any)
         if not callbacks.any:
-            return Execution.from_wire(self._client.request("POST", path, json=body, timeout=http_timeout))
-        decoder = _CodeStream()
-        with self._client.stream("POST", path, json=body, timeout=http_timeout) as response:
+            return _execution(self._client.send("POST", path, json=body, timeout=http_timeout, headers=headers))
+        with self._client.stream("POST", path, json=body, timeout=http_timeout, headers=headers) as response:
+            decoder = _CodeStream(frames=_is_frames(response))
             for chunk in response.iter_bytes():
                 for kind, value in decoder.feed(chunk):
                     callbacks.deliver(kind, value)
@@ -399,10 +487,12 @@ class AsyncCodeInterpreter:
                           stdin=stdin)
         path = sandbox_path(self._sandbox_id, "/code")
         http_timeout = self._client.exec_timeout(timeout)
+        headers = _accept(callbacks.any)
         if not callbacks.any:
-            return Execution.from_wire(await self._client.request("POST", path, json=body, timeout=http_timeout))
-        decoder = _CodeStream()
-        async with self._client.stream("POST", path, json=body, timeout=http_timeout) as response:
+            return _execution(await self._client.send("POST", path, json=body, timeout=http_timeout,
+                                                      headers=headers))
+        async with self._client.stream("POST", path, json=body, timeout=http_timeout, headers=headers) as response:
+            decoder = _CodeStream(frames=_is_frames(response))
             async for chunk in response.aiter_bytes():
                 for kind, value in decoder.feed(chunk):
                     await callbacks.adeliver(kind, value)

@@ -192,9 +192,13 @@ class _BaseClient:
         return wait if 0 <= wait <= self.config.retry_max_wait else None
 
     @staticmethod
-    def _decode(response: httpx.Response) -> Any:
+    def _ok(response: httpx.Response) -> httpx.Response:
         if response.is_error:
             raise _error_from_response(response.status_code, response.content, response.headers)
+        return response
+
+    @staticmethod
+    def _decode(response: httpx.Response) -> Any:
         if response.status_code == 204 or not response.content:
             return None
         try:
@@ -210,6 +214,11 @@ class SyncClient(_BaseClient):
         self._http = httpx.Client(transport=transport, **self._client_options())
 
     def request(self, method: str, path: str, *, timeout: httpx.Timeout | None = None, **kwargs: Any) -> Any:
+        return self._decode(self.send(method, path, timeout=timeout, **kwargs))
+
+    def send(self, method: str, path: str, *, timeout: httpx.Timeout | None = None, **kwargs: Any) -> httpx.Response:
+        """The response, read whole and retried as `request` does, for a caller that decodes its body itself (an
+        error status raises, as `request` does)."""
         if timeout is not None:
             kwargs["timeout"] = timeout
         for attempt in itertools.count():
@@ -219,7 +228,7 @@ class SyncClient(_BaseClient):
             if delay is None:
                 break
             time.sleep(delay)
-        return self._decode(response)
+        return self._ok(response)
 
     @contextlib.contextmanager
     def stream(
@@ -244,6 +253,12 @@ class AsyncClient(_BaseClient):
         self._http = httpx.AsyncClient(transport=transport, **self._client_options())
 
     async def request(self, method: str, path: str, *, timeout: httpx.Timeout | None = None, **kwargs: Any) -> Any:
+        return self._decode(await self.send(method, path, timeout=timeout, **kwargs))
+
+    async def send(self, method: str, path: str, *, timeout: httpx.Timeout | None = None,
+                   **kwargs: Any) -> httpx.Response:
+        """The response, read whole and retried as `request` does, for a caller that decodes its body itself (an
+        error status raises, as `request` does)."""
         if timeout is not None:
             kwargs["timeout"] = timeout
         for attempt in itertools.count():
@@ -255,7 +270,7 @@ class AsyncClient(_BaseClient):
             import asyncio  # loaded already: this coroutine runs in its loop
 
             await asyncio.sleep(delay)
-        return self._decode(response)
+        return self._ok(response)
 
     @contextlib.asynccontextmanager
     async def stream(
