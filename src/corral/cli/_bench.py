@@ -148,10 +148,13 @@ def k8s(
 def code(
     template: str = typer.Option("default", help="Template to benchmark (needs python3 with matplotlib)."),
     n: int = typer.Option(30, help="Samples per measurement."),
+    wire_only: bool = typer.Option(False, "--wire-only", help="Only the 1 MB cell through the API against the "
+                                   "engine (interleaved, n samples each)."),
     out: Path = typer.Option(Path("bench-results/code.json"), help="Where to write the JSON figures."),
 ) -> None:
-    """Code sessions: start, 1+1, 1 MB of stdout, a matplotlib chart, against a fresh `python3 -c`."""
-    _run("code", out, template=template, n=n)
+    """Code sessions: start, 1+1, 1 MB of stdout, a matplotlib chart, against a fresh `python3 -c`; and the 1 MB cell
+    through the API against the engine, interleaved."""
+    _run("code", out, template=template, n=n, wire_only=wire_only)
 
 
 @bench_app.command("lifecycle")
