@@ -17,7 +17,9 @@ import fcntl
 import json
 import os
 import re
+import select
 import socket
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -310,9 +312,17 @@ class Mover:
     """Moves bytes from one socket to another (one direction; one mover per direction), counting them in `count`
     and touching `stall`. Both sockets must be non-blocking and not registered with the loop by anyone else for
     the same direction (a transport's socket: use a duplicate of its descriptor, with the transport's reading
-    paused while this reads)."""
+    paused while this reads).
+
+    `pump` moves a whole body or tunnel direction. A burst that fills the pipe (a bulk transfer) goes on in a
+    thread of its own, splicing and waiting with poll(2) there, until the source goes quiet for `QUIET` seconds:
+    each wait of the event loop costs two epoll_ctl calls, a trip through the loop and a task step, and on a
+    busy loop the copy waits its turn; the thread is woken by the kernel alone. Idle tunnels hold no thread."""
 
     _splice = SPLICE
+    QUIET = 0.05  # seconds without a byte to read before a bulk transfer goes back to the event loop
+    BATCH = 512 * 1024  # bytes a bulk read from a TCP socket waits for ...
+    BATCH_WAIT = 0.002  # ... at most this long
 
     def __init__(self, count: Count, stall: Stall | None = None) -> None:
         self.count = count
@@ -320,12 +330,17 @@ class Mover:
         self._pipe: tuple[int, int] | None = None
         self._pipe_size = 0
         self._buffer: bytearray | None = None
+        self._wake: int | None = None  # an eventfd that stops the bulk thread (a cancellation)
+        self._stop = False
 
     def close(self) -> None:
         if self._pipe is not None:
             for fd in self._pipe:
                 os.close(fd)
             self._pipe = None
+        if self._wake is not None:
+            os.close(self._wake)
+            self._wake = None
 
     def _touch(self, n: int) -> None:
         self.count(n)
@@ -336,6 +351,22 @@ class Mover:
         if data:
             await asyncio.get_running_loop().sock_sendall(dst, data)
             self._touch(len(data))
+
+    async def pump(self, src: socket.socket, dst: socket.socket, limit: int | None = None) -> int:
+        """Move bytes until `src` is at EOF or, with a `limit`, `limit` bytes have moved; the bytes moved."""
+        moved = 0
+        while limit is None or moved < limit:
+            left = None if limit is None else limit - moved
+            n = await self.move(src, dst, left)
+            if not n:
+                break
+            moved += n
+            if self._splice and n >= self._pipe_size and (left is None or left - n >= CHUNK):
+                bulk, eof = await self._bulk(src, dst, None if left is None else left - n)
+                moved += bulk
+                if eof:
+                    break
+        return moved
 
     async def move(self, src: socket.socket, dst: socket.socket, limit: int | None = None) -> int:
         """Move what `src` has (at least one byte, at most `limit`) to `dst`; 0 once `src` is at EOF."""
@@ -378,14 +409,126 @@ class Mover:
                 left -= os.splice(pipe_out, dst.fileno(), left, flags=flags)
             except BlockingIOError:
                 await _ready(dst.fileno(), write=True)
-        if n >= self._pipe_size and self._pipe_size < CHUNK:
-            # A bulk transfer: a bigger pipe (fewer calls). Only then: a pipe's size counts against its owner's
-            # pipe quota (fs.pipe-user-pages-soft) for as long as it exists, which for a tunnel can be hours.
-            with contextlib.suppress(OSError):
-                self._pipe_size = fcntl.fcntl(pipe_in, fcntl.F_SETPIPE_SZ, CHUNK)
+        if n >= self._pipe_size:
+            self._grow_pipe()
         if n:
             self._touch(n)
         return n
+
+    def _grow_pipe(self) -> None:
+        """A bulk transfer: a bigger pipe (fewer calls). Only then: a pipe's size counts against its owner's pipe
+        quota (fs.pipe-user-pages-soft) for as long as it exists, which for a tunnel can be hours."""
+        if self._pipe is not None and self._pipe_size < CHUNK:
+            with contextlib.suppress(OSError):
+                self._pipe_size = fcntl.fcntl(self._pipe[1], fcntl.F_SETPIPE_SZ, CHUNK)
+
+    async def _bulk(self, src: socket.socket, dst: socket.socket, limit: int | None) -> tuple[int, bool]:
+        """`_spliced_thread` in a thread of its own; cancelled (a stall, a detach), it stops the thread and waits
+        for it: the descriptors it uses must not be closed (and reused) under it."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[tuple[int, bool]] = loop.create_future()
+        if self._wake is None:
+            self._wake = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        self._stop = False
+
+        def run() -> None:
+            try:
+                result = self._spliced_thread(src, dst, limit)
+            except BaseException as exc:  # handed to the awaiting task, which raises it
+                loop.call_soon_threadsafe(_settle, done, None, exc)
+            else:
+                loop.call_soon_threadsafe(_settle, done, result, None)
+
+        threading.Thread(target=run, name="corral-egress-bulk", daemon=True).start()
+        try:
+            return await asyncio.shield(done)
+        except asyncio.CancelledError:
+            self._stop = True
+            os.eventfd_write(self._wake, 1)
+            while not done.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(done)
+            with contextlib.suppress(BaseException):
+                done.result()  # retrieved: a failure of a cancelled transfer is not news
+            raise
+
+    def _spliced_thread(self, src: socket.socket, dst: socket.socket, limit: int | None) -> tuple[int, bool]:
+        """In the bulk thread: splice until `limit` bytes have moved, `src` is at EOF, nothing arrives for QUIET
+        seconds or `_stop`. The pipe is empty whenever this returns normally. Returns (bytes moved, at EOF).
+
+        From a TCP source, reads are batched: SO_RCVLOWAT makes poll wait for BATCH bytes (or the rest of a body
+        of known length), at most BATCH_WAIT seconds, so a wakeup moves a pipe's worth, not each segment."""
+        assert self._pipe is not None and self._wake is not None
+        pipe_out, pipe_in = self._pipe
+        flags = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
+        self._grow_pipe()
+        readable, writable = select.poll(), select.poll()
+        readable.register(src.fileno(), select.POLLIN)
+        readable.register(self._wake, select.POLLIN)
+        writable.register(dst.fileno(), select.POLLOUT)
+        writable.register(self._wake, select.POLLIN)
+        lowat = _Lowat(src)
+        moved = 0
+        quiet_since = time.monotonic()
+        try:
+            while limit is None or moved < limit:
+                size = self._pipe_size if limit is None else min(limit - moved, self._pipe_size)
+                lowat.set(min(size, self.BATCH))
+                try:
+                    n = os.splice(src.fileno(), pipe_in, size, flags=flags)
+                except BlockingIOError:
+                    if self._stop:
+                        return moved, False
+                    if not readable.poll(lowat.wait_ms) and time.monotonic() - quiet_since >= self.QUIET:
+                        return moved, False  # quiet: back to the event loop, which waits without a thread
+                    continue  # BATCH bytes, or BATCH_WAIT passed: what has arrived goes on
+                if not n:
+                    return moved, True
+                left = n
+                while left:
+                    try:
+                        left -= os.splice(pipe_out, dst.fileno(), left, flags=flags)
+                    except BlockingIOError:
+                        writable.poll()
+                    if self._stop:
+                        return moved, False
+                moved += n
+                quiet_since = time.monotonic()
+                self._touch(n)
+            return moved, False
+        finally:
+            lowat.set(1)
+
+
+class _Lowat:
+    """SO_RCVLOWAT of a TCP socket, set only when it changes (a Unix socket's poll ignores it: never set)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.value = 1
+        self.tcp = sock.family in (socket.AF_INET, socket.AF_INET6)
+
+    @property
+    def wait_ms(self) -> int:
+        return int(Mover.BATCH_WAIT * 1000) if self.value > 1 else int(Mover.QUIET * 1000)
+
+    def set(self, value: int) -> None:
+        if self.tcp and value != self.value:
+            with contextlib.suppress(OSError):
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, value)
+                self.value = value
+
+
+def _settle(future: asyncio.Future[tuple[int, bool]], result: tuple[int, bool] | None,
+            exc: BaseException | None) -> None:
+    """On the loop: the bulk thread's outcome to its task."""
+    if future.done():
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        assert result is not None
+        future.set_result(result)
 
 
 class SocketReader:
@@ -447,8 +590,7 @@ class SocketReader:
             await self._chunked(dst, mover, prefix)
         elif frame.length is None:
             await mover.send(dst, prefix + self.take(len(self.buffer)))
-            while await mover.move(self.sock, dst):
-                pass
+            await mover.pump(self.sock, dst)
         else:
             await self._length(dst, frame.length, mover, prefix)
 
@@ -456,11 +598,8 @@ class SocketReader:
         first = self.take(left)
         await mover.send(dst, prefix + first)
         left -= len(first)
-        while left > 0:
-            n = await mover.move(self.sock, dst, left)
-            if not n:
-                raise BadMessage("the body ended early")
-            left -= n
+        if left > 0 and await mover.pump(self.sock, dst, left) < left:
+            raise BadMessage("the body ended early")
 
     async def _chunked(self, dst: socket.socket, mover: Mover, prefix: bytes) -> None:
         """Chunk lines are checked before they go on (a bad one never does); lines and small chunks are sent in

@@ -539,8 +539,7 @@ class _Connection:
 
         async def pump(src: socket.socket, dst: socket.socket, mover: Mover, first: bytes) -> None:
             await mover.send(dst, first)
-            while await mover.move(src, dst):
-                pass
+            await mover.pump(src, dst)
             with contextlib.suppress(OSError):  # pass the half-close on: the other direction may still be talking
                 dst.shutdown(socket.SHUT_WR)
 
