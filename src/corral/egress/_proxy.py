@@ -586,6 +586,9 @@ class _Connection:
 
     def _rewriter(self, host: str, upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
                   attempt: _Attempt) -> Rewriter:
+        client = self.writer.get_extra_info("socket")  # below TLS too: the sandbox's socket
+        if client is not None:
+            _big_send_buffer(client)  # a scrubbed answer is written in pieces of up to 1 MiB: each in one send
         return Rewriter((self.reader, self.writer), upstream, host=host, secrets=self._known().policy.secrets,
                         timeout=self.proxy.io_timeout, sent_up=attempt.count_up, sent_down=attempt.count_down)
 

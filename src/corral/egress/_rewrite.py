@@ -128,14 +128,15 @@ class Rewriter:
         return Exchange(client_keeps=client_keeps and (chunked or no_body), upstream_keeps=upstream_keeps)
 
     async def _relay_body(self, frame: Framing, decode: zlib._Decompress | None, chunked: bool) -> None:
-        async def out(data: bytes) -> None:
-            if data:
-                await self._to_client(b"%x\r\n%b\r\n" % (len(data), data) if chunked else data)
+        async def out(parts: list[bytes | memoryview]) -> None:
+            size = sum(len(p) for p in parts)
+            if size:  # one copy: the scrubbed pieces and the chunk's framing joined
+                await self._to_client(b"".join([b"%x\r\n" % size, *parts, b"\r\n"] if chunked else parts))
 
         async for piece in _body(self.upstream_reader, frame, self.timeout):
-            await out(self.scrub.feed(decode.decompress(piece) if decode is not None else piece))
-        await out(self.scrub.feed(decode.flush()) if decode is not None else b"")
-        await out(self.scrub.flush())
+            await out(self.scrub.feed_parts(decode.decompress(piece) if decode is not None else piece))
+        await out(self.scrub.feed_parts(decode.flush()) if decode is not None else [])
+        await out([self.scrub.flush()])
         if chunked:
             await self._to_client(b"0\r\n\r\n")
 

@@ -92,7 +92,12 @@ class Injection:
 
 class Scrubber:
     """Streams an answer's bytes with every value of the sandbox's secrets replaced by its placeholder, also where
-    a value is split between two reads: the last `len(longest value) - 1` bytes wait for the next."""
+    a value is split between two reads: the last `len(longest value) - 1` bytes wait for the next.
+
+    Each read is first searched for each value as a plain substring (`in`: several GB/s, where the alternation
+    regex over all values runs at ~1 GB/s for one secret and ~130 MB/s for three); only the values found there go
+    into a regex, which then finds their leftmost-longest occurrences exactly as one over all values would (a
+    value absent from the buffer matches nowhere in it)."""
 
     def __init__(self, bindings: Iterable[SecretBinding]) -> None:
         pairs: dict[bytes, bytes] = {}
@@ -100,24 +105,52 @@ class Scrubber:
             pairs[b.value.encode()] = b.placeholder.encode()
             pairs[urllib.parse.quote(b.value, safe="").encode()] = b.placeholder.encode()
         self._pairs = pairs
-        ordered = sorted(pairs, key=len, reverse=True)  # the longest form first where two start at one place
-        self._pattern = re.compile(b"|".join(re.escape(p) for p in ordered)) if ordered else None
-        self._keep = max((len(p) for p in ordered), default=1) - 1
+        self._ordered = sorted(pairs, key=len, reverse=True)  # the longest form first where two start at one place
+        self._patterns: dict[tuple[bytes, ...], re.Pattern[bytes]] = {}
+        self._pattern = self._compile(tuple(self._ordered)) if self._ordered else None
+        self._keep = max((len(p) for p in self._ordered), default=1) - 1
         self._pending = b""
         self.hits = 0
+
+    def _compile(self, values: tuple[bytes, ...]) -> re.Pattern[bytes]:
+        pattern = self._patterns.get(values)
+        if pattern is None:
+            pattern = self._patterns[values] = re.compile(b"|".join(re.escape(p) for p in values))
+        return pattern
 
     def text(self, text: str) -> str:
         """A header value (latin-1 text)."""
         return self._replace(text.encode("latin-1")).decode("latin-1")
 
     def feed(self, data: bytes) -> bytes:
+        return b"".join(self.feed_parts(data))
+
+    def feed_parts(self, data: bytes) -> list[bytes | memoryview]:
+        """What `feed` returns, as pieces to join (or frame) with one copy: the bytes held back from the last
+        read, then views of this one."""
         if self._pattern is None:
-            return data
-        buffer = self._pending + data
+            return [data]
+        pending = self._pending
+        found = tuple(p for p in self._ordered if p in data)
+        if pending:
+            # A value split across reads lies within the held-back bytes and the first len(value) - 1 of these.
+            seam = pending + data[:self._keep]
+            found += tuple(p for p in self._ordered if p not in found and p in seam)
+        if not found:
+            view = memoryview(data)
+            if len(data) >= self._keep:
+                cut = len(data) - self._keep
+                self._pending = bytes(view[cut:])
+                return [pending, view[:cut]]
+            keep_all = pending + data  # shorter than a value: all of it may start one
+            cut = max(0, len(keep_all) - self._keep)
+            self._pending = keep_all[cut:]
+            return [keep_all[:cut]]
+        buffer = pending + data
         safe = len(buffer) - self._keep  # a value starting before here is wholly in the buffer
-        out: list[bytes] = []
+        out: list[bytes | memoryview] = []
         at = 0
-        for match in self._pattern.finditer(buffer):
+        for match in self._compile(found).finditer(buffer):
             if match.start() >= safe:
                 break
             out += [buffer[at:match.start()], self._pairs[match.group()]]
@@ -126,7 +159,7 @@ class Scrubber:
         cut = max(at, safe)
         out.append(buffer[at:cut])
         self._pending = buffer[cut:]
-        return b"".join(out)
+        return out
 
     def flush(self) -> bytes:
         rest, self._pending = self._pending, b""
