@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import random
+import re
 import shutil
 import tempfile
+import threading
 import time
+import urllib.parse
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +23,7 @@ import pytest
 from corral import NotFoundError
 from corral.egress import EgressEvent, EgressPolicy, EgressProxy, MirrorResponse
 from corral.egress._addresses import host_addresses
+from corral.egress._secrets import SecretBinding, new_placeholder
 
 pytestmark = pytest.mark.anyio
 
@@ -26,6 +31,28 @@ MIB = 1024 * 1024
 BLOB = random.Random(7).randbytes(50 * MIB)  # every byte value, NULs included
 WAIT = 20.0  # the bound on any single wait in these tests
 CHUNKS = [1, 5, 4096, 3 * MIB + 7, 100, 65536, 8 * MIB, 2]
+SECRET = SecretBinding("TOKEN", new_placeholder(), "s3cr3t/v@lue-" + "x" * 27, ("127.0.0.1",))
+SHORT_SECRET = SecretBinding("PIN", new_placeholder(), "4711", ("other.example",))  # scrubbed from every answer
+
+
+SECRET_VALUES = {SECRET.value.encode(): SECRET.placeholder.encode(),
+                 urllib.parse.quote(SECRET.value, safe="").encode(): SECRET.placeholder.encode(),
+                 SHORT_SECRET.value.encode(): SHORT_SECRET.placeholder.encode()}
+SECRET_OFFSETS = sorted({2 ** k + d for k in range(10, 25) for d in (-20, -1, 0, 3)})
+
+
+def _secret_body() -> bytes:
+    """20 MiB of BLOB with the values (the long one also percent-encoded) at and around power-of-two offsets,
+    where reads and chunks of any size split them."""
+    values = list(SECRET_VALUES)
+    body, at = bytearray(), 0
+    for i, offset in enumerate(SECRET_OFFSETS):
+        body += BLOB[at:offset] + values[i % 3]
+        at = offset
+    return bytes(body + BLOB[at: 20 * MIB])
+
+
+SECRET_BODY = _secret_body()
 
 
 # -- upstream servers --------------------------------------------------------------------------------------------
@@ -83,6 +110,17 @@ class Upstream:
             length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
             body = await reader.readexactly(length)
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body))
+        elif path == b"/paused":  # bulk, a pause longer than a bulk copy's quiet time, bulk again
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (16 * MIB))
+            writer.write(BLOB[: 8 * MIB])
+            await writer.drain()
+            await asyncio.sleep(0.3)
+            writer.write(BLOB[8 * MIB: 16 * MIB])
+        elif path == b"/secrets":  # values across the proxy's read boundaries (docs/secrets.md)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(SECRET_BODY))
+            for at in range(0, len(SECRET_BODY), 100_003):  # odd pieces: the reads fall anywhere
+                writer.write(SECRET_BODY[at:at + 100_003])
+                await writer.drain()
         elif path == b"/slow":
             await asyncio.sleep(30)
         else:
@@ -392,6 +430,87 @@ async def test_set_policy_applies_to_new_connections_only(rig: Rig, echo: int):
     assert status.startswith(b"HTTP/1.1 403 ") and "rule=policy none" in headers["x-corral-egress"]
     await echo_exact(reader, writer, b"still open\x00" * 1000)  # the tunnel opened before the change lives on
     writer.close()
+
+
+def bulk_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "corral-egress-bulk"]
+
+
+async def no_bulk_threads() -> None:
+    """Every bulk copy's thread has ended (they end within one poll of being stopped)."""
+    async with asyncio.timeout(WAIT):
+        while bulk_threads():
+            await asyncio.sleep(0.01)
+
+
+async def test_bulk_copies_resume_after_a_pause_exact(rig: Rig, upstream: Upstream, echo: int):
+    """A bulk copy goes back to the event loop when its source goes quiet, and on when bytes come again."""
+    rig.policy("internet", private=[f"127.0.0.1:{upstream.port}", f"127.0.0.1:{echo}"])
+    status, _, body = await rig.request(f"GET http://127.0.0.1:{upstream.port}/paused HTTP/1.1\r\n"
+                                        "Connection: close\r\n\r\n".encode())
+    assert status == b"HTTP/1.1 200 OK" and len(body) == 16 * MIB and body == BLOB[:16 * MIB]
+    reader, writer = await connect_tunnel(rig, f"127.0.0.1:{echo}")
+    for part in (BLOB[:8 * MIB], BLOB[8 * MIB:8 * MIB + 5], BLOB[9 * MIB:17 * MIB]):
+        writer.write(part)
+        async with asyncio.timeout(WAIT):
+            assert await reader.readexactly(len(part)) == part
+        await asyncio.sleep(0.2)  # quiet: the copy is back on the loop
+    writer.close()
+    await rig.settle(2)
+    assert [e.bytes_down for e in rig.events][1] == 16 * MIB + 5
+    await no_bulk_threads()
+
+
+@pytest.mark.parametrize("end", ["detach", "stall"])
+async def test_a_bulk_copy_to_a_client_that_stops_reading_ends(rig: Rig, upstream: Upstream, end: str):
+    """The client reads nothing while 50 MiB come: the bulk copy's thread waits for it to be writable until a
+    detach or the stall timeout ends the connection; the thread ends with it."""
+    rig.policy("internet", private=[f"127.0.0.1:{upstream.port}"])
+    rig.proxy.io_timeout = 1.0
+    reader, writer = await rig.open()
+    writer.write(f"GET http://127.0.0.1:{upstream.port}/bytes/{len(BLOB)} HTTP/1.1\r\n\r\n".encode())
+    async with asyncio.timeout(WAIT):
+        while not bulk_threads():  # the copy went to its thread (a full pipe), then filled the client's buffers
+            await asyncio.sleep(0.01)
+    if end == "detach":
+        await rig.proxy.detach("sb1")
+    async with asyncio.timeout(WAIT):
+        await no_bulk_threads()
+        got = len(await reader.read())  # what the buffers held, then the close
+    assert 0 < got < len(BLOB)
+    writer.close()
+    await rig.settle(1)
+    assert rig.events[0].allowed and 0 < rig.events[0].bytes_down < len(BLOB)
+    if end == "stall":
+        assert "timed out" in rig.events[0].reason
+
+
+async def test_a_scrubbed_20mib_answer_is_exact_with_values_across_reads(rig: Rig, upstream: Upstream):
+    """A host a secret is bound to: every value in the answer, wherever the reads split it, becomes its
+    placeholder; every other byte arrives as sent (the body re-framed chunked)."""
+    policy = EgressPolicy.parse("internet", private=[f"127.0.0.1:{upstream.port}"])
+    rig.proxy.set_policy("sb1", dataclasses.replace(policy, secrets=(SECRET, SHORT_SECRET)))
+    status, headers, body = await rig.request(f"GET http://127.0.0.1:{upstream.port}/secrets HTTP/1.1\r\n"
+                                              "Host: x\r\n\r\n".encode())
+    assert status == b"HTTP/1.1 200 OK" and headers["transfer-encoding"] == "chunked"
+    reference = re.compile(b"|".join(re.escape(v) for v in sorted(SECRET_VALUES, key=len, reverse=True)))
+    expected = reference.sub(lambda m: SECRET_VALUES[m.group()], SECRET_BODY)  # one pass over the whole body
+    got = dechunk(body)
+    assert len(got) == len(expected) and got == expected
+    assert got.count(SECRET.placeholder.encode()) >= sum(i % 3 != 2 for i in range(len(SECRET_OFFSETS)))
+    assert SECRET.value.encode() not in got and SECRET_VALUES and b"4711" not in got
+
+
+def dechunk(body: bytes) -> bytes:
+    out, at = bytearray(), 0
+    while True:
+        end = body.index(b"\r\n", at)
+        size = int(body[at:end], 16)
+        if size == 0:
+            return bytes(out)
+        out += body[end + 2:end + 2 + size]
+        assert body[end + 2 + size:end + 4 + size] == b"\r\n"
+        at = end + 4 + size
 
 
 async def test_detach_closes_tunnels_and_socket(rig: Rig, echo: int):

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import base64
 import random
+import re
 import ssl
 import stat
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -50,6 +52,54 @@ def test_the_scrubber_finds_values_split_anywhere(seed: int) -> None:
     out.append(scrub.flush())
     assert b"".join(out) == expected
     assert A.value.encode() not in b"".join(out)
+
+
+def _scrubbed(data: bytes, bindings: list[SecretBinding]) -> bytes:
+    """The reference: one regex pass over the whole answer, the longest form first."""
+    pairs = {}
+    for b in bindings:
+        pairs[b.value.encode()] = pairs[urllib.parse.quote(b.value, safe="").encode()] = b.placeholder.encode()
+    pattern = re.compile(b"|".join(re.escape(v) for v in sorted(pairs, key=len, reverse=True)))
+    return pattern.sub(lambda m: pairs[m.group()], data)
+
+
+def test_the_scrubber_finds_values_across_every_pair_of_read_boundaries() -> None:
+    """Reads of any size, the value split at every place, after reads longer than a value (the bytes held back
+    are then exactly a value's length minus one) and shorter ones; a short value of another secret beside it."""
+    short = SecretBinding("S", new_placeholder(), "xy", ("other.example",))
+    quoted = urllib.parse.quote(A.value, safe="").encode()  # the longest form: it sets what is held back
+    data = bytes(range(256)) * 2 + quoted + b"-xy-" + A.value.encode() + bytes(range(200))
+    expected = _scrubbed(data, [A, short])
+    start = 512 - 30
+    for first in range(start, start + 60):
+        for second in range(first + 1, first + 40):
+            scrub = Scrubber([A, short])
+            parts = [data[:first], data[first:second], data[second:]]
+            out = b"".join(scrub.feed(p) for p in parts) + scrub.flush()
+            assert out == expected, (first, second)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_scrubber_with_several_secrets_on_big_random_reads(seed: int) -> None:
+    """Several secrets (some values found, some not in a read): feed and feed_parts agree with the reference."""
+    rng = random.Random(seed)
+    secrets = [SecretBinding(f"S{i}", new_placeholder(), rng.choice(["tok/", "k-", "%", ""]) + rng.randbytes(
+        rng.randrange(4, 30)).hex(), ("h.example",)) for i in range(4)]
+    forms = [f.encode() for b in secrets for f in (b.value, urllib.parse.quote(b.value, safe=""))]
+    pieces = [rng.randbytes(rng.randrange(0, 5000)) if rng.random() < 0.7 else rng.choice(forms)
+              for _ in range(300)]
+    data = b"".join(pieces)
+    one, other = Scrubber(secrets), Scrubber(secrets)
+    out, joined, at = [], [], 0
+    while at < len(data):
+        n = rng.choice([1, 7, rng.randrange(1, 70_000)])
+        out.append(one.feed(data[at:at + n]))
+        joined.append(b"".join(other.feed_parts(data[at:at + n])))
+        at += n
+    out.append(one.flush())
+    joined.append(other.flush())
+    assert b"".join(out) == b"".join(joined) == _scrubbed(data, secrets)
+    assert one.hits == other.hits > 0
 
 
 def test_the_scrubber_passes_other_bytes_untouched() -> None:
