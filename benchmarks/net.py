@@ -36,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -134,7 +134,7 @@ def _read_response(sock: socket.socket, buf: bytearray) -> int:
     if not head.startswith(b"HTTP/1.1 200"):
         raise ConnectionError(f"unexpected response: {head[:200]!r}")
     if b"transfer-encoding: chunked" in head.lower():  # the rewriting path re-frames what it scrubs
-        return _read_chunked(sock, bytearray(rest))
+        return _read_chunked(sock, rest)
     length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
     got = len(rest)
     while got < length:
@@ -338,9 +338,10 @@ async def _sandbox_path(engine: Any, spec_args: dict[str, Any], port: int, n: in
         progress("in a sandbox: small GETs (sandbox via proxy, host direct)", 2, 2)
         latency = {"host_direct": summary(host), "sandbox_proxy": summary(inside)}
         proxy = "http://127.0.0.1:3128"
-        paths = {"host_direct": lambda: _host(_curl(big)),
-                 "sandbox_absolute": lambda: _in(sb, _curl(big, proxy=proxy)),
-                 "sandbox_connect": lambda: _in(sb, _curl(big, proxy=proxy, tunnel=True))}
+        paths: dict[str, Callable[[], Awaitable[str]]] = {
+            "host_direct": lambda: _host(_curl(big)),
+            "sandbox_absolute": lambda: _in(sb, _curl(big, proxy=proxy)),
+            "sandbox_connect": lambda: _in(sb, _curl(big, proxy=proxy, tunnel=True))}
         times: dict[str, list[float]] = {p: [] for p in paths}
         await paths["sandbox_absolute"]()  # warm: the first big copy in a fresh sandbox pays for its page cache
         for i in range(rounds):
