@@ -501,6 +501,27 @@ async def test_a_scrubbed_20mib_answer_is_exact_with_values_across_reads(rig: Ri
     assert SECRET.value.encode() not in got and SECRET_VALUES and b"4711" not in got
 
 
+async def test_a_request_body_to_a_bound_host_goes_exact_then_the_next_request(rig: Rig, upstream: Upstream):
+    """No secret opts into bodies: the body is copied as sent (socket to socket), a placeholder in it stays one,
+    and the request pipelined after it is served on the same connection."""
+    policy = EgressPolicy.parse("internet", private=[f"127.0.0.1:{upstream.port}"])
+    rig.proxy.set_policy("sb1", dataclasses.replace(policy, secrets=(SECRET,)))
+    body = BLOB[:5 * MIB] + SECRET.placeholder.encode()
+    url = f"http://127.0.0.1:{upstream.port}"
+    reader, writer = await rig.open()
+    writer.write(f"POST {url}/echo HTTP/1.1\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body +
+                 f"GET {url}/bytes/10 HTTP/1.1\r\nConnection: close\r\n\r\n".encode())
+    async with asyncio.timeout(WAIT):
+        data = await reader.read()
+    writer.close()
+    first, _, rest = data.partition(b"\r\n0\r\n\r\n")  # the first answer is re-framed chunked (scrubbed)
+    status, headers, echoed = split_response(first + b"\r\n0\r\n\r\n")
+    assert status == b"HTTP/1.1 200 OK" and dechunk(echoed) == body
+    assert rest.startswith(b"HTTP/1.1 200 OK\r\n") and rest.partition(b"\r\n\r\n")[2] == BLOB[:10]  # until close
+    await rig.settle(2)
+    assert rig.events[0].bytes_up > len(body) and rig.events[0].secrets == ()
+
+
 def dechunk(body: bytes) -> bytes:
     out, at = bytearray(), 0
     while True:

@@ -598,6 +598,20 @@ class _Connection:
         upstream = await self._open(host, port, attempt)
         reader, writer = await asyncio.open_connection(sock=upstream, limit=MAX_HEAD)
         rewriter = self._rewriter(host, (reader, writer), attempt)
+
+        async def copy_body(frame: Framing) -> None:
+            """A body no secret goes into: socket to socket, exactly as framed (as `_forward` sends one)."""
+            with socket.socket(fileno=os.dup(upstream.fileno())) as raw:  # the transport keeps its own
+                raw.setblocking(False)
+                stall = Stall(self.proxy.io_timeout)
+                mover = Mover(attempt.count_up, stall)
+                try:
+                    async with stall:
+                        await self._request_body(raw, frame, mover)
+                finally:
+                    mover.close()
+
+        rewriter.copy_body = copy_body
         try:
             done = await rewriter.exchange(head, body, path, _host_header(host, port, 80), keep_upstream=False)
             return done.client_keeps

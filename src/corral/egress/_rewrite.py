@@ -3,7 +3,10 @@ over streams, plain or inside TLS the proxy intercepted, each request with its p
 (`Injection`) and each answer with values replaced by placeholders (`Scrubber`).
 
 Every other request keeps the fast path (`_proxy.py`: heads parsed, bodies copied socket to socket, tunnels
-spliced); this one reads every byte, because it must. What makes it different from the fast path:
+spliced); this one reads every byte of every answer, because it must, and of request bodies when a secret opts
+into bodies (plain HTTP with no such secret: the body is copied socket to socket as on the fast path, `copy_body`).
+Answers are searched for each value as a substring first; only values found go into the regex (`Scrubber`).
+What makes it different from the fast path:
 - requests ask for `Accept-Encoding: identity`, and an answer compressed anyway (gzip, deflate) is decompressed
   before scrubbing; another encoding cannot be checked and is refused (502);
 - answers go to the client chunked (HTTP/1.1) or delimited by close (HTTP/1.0): scrubbing changes lengths;
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from ._http import CHUNK, HOP_BY_HOP, MAX_HEAD, BadMessage, Framing, Head, HeadTooLarge, framing, parse_response
@@ -50,6 +53,8 @@ class Rewriter:
         self.scrub = Scrubber(secrets)
         self.used: set[str] = set()  # names of the secrets put into requests so far
         self.responded = False  # the client has bytes of this answer: a failure can only close the connection
+        # Set where both ends are plain sockets: copies a request body no secret goes into socket to socket.
+        self.copy_body: Callable[[Framing], Awaitable[None]] | None = None
 
     async def exchange(self, head: Head, body: Framing, path: str, authority: str, *, keep_upstream: bool) -> Exchange:
         """Send `head` (origin-form `path`, `authority` as Host) and its body upstream, then relay the answer."""
@@ -70,6 +75,9 @@ class Rewriter:
         await self._to_upstream(self._request_head(head, path, authority, keep_upstream, data))
         if data is not None:
             await self._to_upstream(data)
+        elif (body.chunked or body.length) and self.copy_body is not None:
+            await self._upstream_flushed()  # the head first: bytes on the socket must not overtake it
+            await self.copy_body(body)
         elif body.chunked or body.length:
             async for piece in _body(self.client_reader, body, self.timeout):
                 await self._to_upstream(b"%x\r\n%b\r\n" % (len(piece), piece) if body.chunked else piece)
@@ -169,6 +177,16 @@ class Rewriter:
         self.sent_down(len(data))
         async with asyncio.timeout(self.timeout):
             await self.client_writer.drain()
+
+    async def _upstream_flushed(self) -> None:
+        transport = self.upstream_writer.transport
+        if transport.get_write_buffer_size():
+            transport.set_write_buffer_limits(high=0)  # drain() now returns only once the buffer is empty
+            try:
+                async with asyncio.timeout(self.timeout):
+                    await self.upstream_writer.drain()
+            finally:
+                transport.set_write_buffer_limits()
 
     async def _to_upstream(self, data: bytes) -> None:
         self.upstream_writer.write(data)
