@@ -432,12 +432,14 @@ class Mover:
         self._stop = False
 
         def run() -> None:
+            result: tuple[int, bool] | None = None
+            error: BaseException | None = None
             try:
                 result = self._spliced_thread(src, dst, limit)
             except BaseException as exc:  # handed to the awaiting task, which raises it
-                loop.call_soon_threadsafe(_settle, done, None, exc)
-            else:
-                loop.call_soon_threadsafe(_settle, done, result, None)
+                error = exc
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting any more
+                loop.call_soon_threadsafe(_settle, done, result, error)
 
         threading.Thread(target=run, name="corral-egress-bulk", daemon=True).start()
         try:
@@ -501,11 +503,16 @@ class Mover:
 
 
 class _Lowat:
-    """SO_RCVLOWAT of a TCP socket, set only when it changes (a Unix socket's poll ignores it: never set)."""
+    """SO_RCVLOWAT of a TCP socket, set only when it changes (a Unix socket's poll ignores it: never set).
+
+    Never above a quarter of the receive buffer the kernel has already given the socket: a low-water mark the
+    buffer cannot hold twice over makes Linux grow the buffer and clamp the receive window to the mark, which on a
+    long path would cap the throughput until autotuning grows the buffer again."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.value = 1
+        self.room = 0  # a quarter of SO_RCVBUF, as last read
         self.tcp = sock.family in (socket.AF_INET, socket.AF_INET6)
 
     @property
@@ -513,7 +520,13 @@ class _Lowat:
         return int(Mover.BATCH_WAIT * 1000) if self.value > 1 else int(Mover.QUIET * 1000)
 
     def set(self, value: int) -> None:
-        if self.tcp and value != self.value:
+        if not self.tcp:
+            return
+        if value > self.room and value > self.value:
+            with contextlib.suppress(OSError):
+                self.room = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 4
+        value = max(1, min(value, self.room))
+        if value != self.value:
             with contextlib.suppress(OSError):
                 self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, value)
                 self.value = value
