@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from corral import NotFoundError
-from corral.egress import EgressEvent, EgressPolicy, EgressProxy, MirrorResponse
+from corral.egress import EgressEvent, EgressPolicy, EgressProxy, MirrorResponse, _http
 from corral.egress._addresses import host_addresses
 from corral.egress._secrets import SecretBinding, new_placeholder
 
@@ -461,6 +461,31 @@ async def test_bulk_copies_resume_after_a_pause_exact(rig: Rig, upstream: Upstre
     await no_bulk_threads()
 
 
+async def test_bulk_threads_are_capped_and_the_rest_copy_on_the_loop(rig: Rig, upstream: Upstream,
+                                                                      monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(_http, "_BULK_THREADS", threading.BoundedSemaphore(1))
+    rig.policy("internet", private=[f"127.0.0.1:{upstream.port}"])
+    most = 0
+
+    async def watch() -> None:
+        nonlocal most
+        while True:
+            most = max(most, len(bulk_threads()))
+            await asyncio.sleep(0.001)
+
+    async def one() -> None:
+        _, _, body = await rig.request(f"GET http://127.0.0.1:{upstream.port}/bytes/{len(BLOB)} HTTP/1.1\r\n"
+                                       "Connection: close\r\n\r\n".encode())
+        assert len(body) == len(BLOB) and body == BLOB
+
+    watcher = asyncio.create_task(watch())
+    async with asyncio.timeout(60):
+        await asyncio.gather(*(one() for _ in range(3)))
+    watcher.cancel()
+    assert most == 1  # one copy had the thread at a time; the others went on on the loop, as exact
+    await no_bulk_threads()
+
+
 @pytest.mark.parametrize("end", ["detach", "stall"])
 async def test_a_bulk_copy_to_a_client_that_stops_reading_ends(rig: Rig, upstream: Upstream, end: str):
     """The client reads nothing while 50 MiB come: the bulk copy's thread waits for it to be writable until a
@@ -515,7 +540,7 @@ async def test_a_request_body_to_a_bound_host_goes_exact_then_the_next_request(r
         data = await reader.read()
     writer.close()
     first, _, rest = data.partition(b"\r\n0\r\n\r\n")  # the first answer is re-framed chunked (scrubbed)
-    status, headers, echoed = split_response(first + b"\r\n0\r\n\r\n")
+    status, _, echoed = split_response(first + b"\r\n0\r\n\r\n")
     assert status == b"HTTP/1.1 200 OK" and dechunk(echoed) == body
     assert rest.startswith(b"HTTP/1.1 200 OK\r\n") and rest.partition(b"\r\n\r\n")[2] == BLOB[:10]  # until close
     await rig.settle(2)

@@ -308,16 +308,21 @@ async def _ready(fd: int, *, write: bool) -> None:
             loop.remove_reader(fd)
 
 
+MAX_BULK_THREADS = 64  # bulk copies in threads at once, per process; more go on on the event loop
+_BULK_THREADS = threading.BoundedSemaphore(MAX_BULK_THREADS)
+
+
 class Mover:
     """Moves bytes from one socket to another (one direction; one mover per direction), counting them in `count`
     and touching `stall`. Both sockets must be non-blocking and not registered with the loop by anyone else for
     the same direction (a transport's socket: use a duplicate of its descriptor, with the transport's reading
     paused while this reads).
 
-    `pump` moves a whole body or tunnel direction. A burst that fills the pipe (a bulk transfer) goes on in a
+    `pump` moves a whole body or tunnel direction. A burst that fills the 1 MiB pipe (a bulk transfer) goes on in a
     thread of its own, splicing and waiting with poll(2) there, until the source goes quiet for `QUIET` seconds:
     each wait of the event loop costs two epoll_ctl calls, a trip through the loop and a task step, and on a
-    busy loop the copy waits its turn; the thread is woken by the kernel alone. Idle tunnels hold no thread."""
+    busy loop the copy waits its turn; the thread is woken by the kernel alone. Idle tunnels hold no thread, and
+    at most MAX_BULK_THREADS copies have one at a time."""
 
     _splice = SPLICE
     QUIET = 0.05  # seconds without a byte to read before a bulk transfer goes back to the event loop
@@ -361,8 +366,13 @@ class Mover:
             if not n:
                 break
             moved += n
-            if self._splice and n >= self._pipe_size and (left is None or left - n >= CHUNK):
-                bulk, eof = await self._bulk(src, dst, None if left is None else left - n)
+            # A read that filled the pipe (grown to 1 MiB by the first full one): the source had a burst ready.
+            if self._splice and n >= self._pipe_size and (left is None or left - n >= CHUNK) \
+                    and _BULK_THREADS.acquire(blocking=False):  # else: on the loop, as any other copy
+                try:
+                    bulk, eof = await self._bulk(src, dst, None if left is None else left - n)
+                finally:
+                    _BULK_THREADS.release()
                 moved += bulk
                 if eof:
                     break
