@@ -195,3 +195,19 @@ def eval_(
 ) -> None:
     """The whole eval corpus against a real server: wall time, per-category latency, against empty tasks."""
     _run("eval", out, concurrency=concurrency, sample=sample, seed=seed, pool=pool)
+
+
+@bench_app.command("density")
+def density(
+    max_sandboxes: int = typer.Option(1000, "--max", help="Idle sandboxes to reach."),
+    step: int | None = typer.Option(None, help="Measure every STEP sandboxes (default: 0, 100, 250, 500, 1000)."),
+    samples: int = typer.Option(10, help="Creates per step (three times as many execs)."),
+    memory: str = typer.Option("64M", help="Memory limit of each sandbox."),
+    min_available_gib: float = typer.Option(4.0, help="Stop (and clean up) before MemAvailable falls under this."),
+    template: str = typer.Option("default"),
+    out: Path = typer.Option(Path("bench-results/density.json"), help="Where to write the JSON figures."),
+) -> None:
+    """Idle sandboxes in steps up to --max: create and exec latency at each density against an empty machine,
+    memory, open files, loop devices, mounts, pids and inotify. Stops before a limit; destroys all it made."""
+    _run("density", out, template=template, max_sandboxes=max_sandboxes, step=step, samples=samples,
+         memory=memory, min_available_gib=min_available_gib)
