@@ -73,7 +73,7 @@ from ._agent_files import agent_layers, install_agent, root_layer
 from ._bundle import AGENT_RUN_DIR, CPU_PERIOD, ID_RANGE, SANDBOX_UID, BundleParams, build_config, cpu_quota
 from ._layers import MAX_DEPTH, Layers, check_layers, mount_views
 from ._runtime import OCIRuntime
-from ._system import free_disk, meminfo
+from ._system import check_open_files, free_disk, meminfo, raise_open_files_limit
 from ._usage import sandbox_usage
 
 logger = logging.getLogger("corral.backends.local")
@@ -145,6 +145,8 @@ class LocalBackend:
     def __init__(self, home: Path, *, cgroup_parent: str = "corral") -> None:
         self.home = Path(home)
         self.cgroup_parent = cgroup_parent
+        # The usual soft limit (1024) is short of what hundreds of sandboxes hold here; the hard one is not.
+        self.open_files_limit = raise_open_files_limit()
         self.sandboxes_dir = self.home / "sandboxes"
         self.runtimes = {rt: OCIRuntime(rt.value, self.home / "runtime" / rt.value) for rt in Runtime}
         self.disks = DiskImagesHolder.get(self.home / "cache" / "disks")
@@ -166,6 +168,7 @@ class LocalBackend:
     async def create(self, sandbox_id: str, spec: SandboxSpec, template: Template,
                      source: SnapshotArtifact | None = None) -> LocalRecord:
         self._preflight(spec.runtime)  # again: `create` is where isolation must not be missing
+        check_open_files()  # a clear CapacityError now, not an EMFILE halfway through
         layers = self._source_layers(source, template)
         sbdir = self.sandboxes_dir / sandbox_id
         self.sandboxes_dir.mkdir(parents=True, exist_ok=True)

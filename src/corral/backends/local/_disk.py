@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..._exceptions import RuntimeUnavailableError, ServerError
+from ..._exceptions import CapacityError, RuntimeUnavailableError, ServerError
 from .._mounts import finish_first, in_thread, mount_table
 from ._system import run
 
@@ -142,9 +142,27 @@ _mounts = _Mounts()
 _PROC_FDS = os.path.isdir("/proc/self/fd")  # where overlay layers can be named by descriptor (see mount_overlay)
 
 
+# What LOOP_CTL_GET_FREE and LOOP_CONFIGURE answer when the machine has no loop device left to give: no free
+# minor (ENOSPC), none that stays free (EBUSY), a device the kernel will not make (ENXIO, ENODEV).
+_NO_LOOP_DEVICE = (errno.ENOSPC, errno.EBUSY, errno.ENXIO, errno.ENODEV)
+
+
+class NoLoopDeviceError(OSError):
+    """No loop device could be had for a sandbox's disk: the machine is full, not broken."""
+
+
+def _attach(image: Path) -> tuple[str, int]:
+    try:
+        return _mounts.attach_loop(image)
+    except OSError as exc:
+        if exc.errno in _NO_LOOP_DEVICE:
+            raise NoLoopDeviceError(exc.errno, f"no loop device for {image.name}: {exc.strerror}") from exc
+        raise
+
+
 def _mount_image_sync(image: Path, target: Path) -> None:
     target.mkdir(parents=True, exist_ok=True)
-    dev, fd = _mounts.attach_loop(image)
+    dev, fd = _attach(image)
     try:
         # noinit_itable: no background zeroing of inode tables (lazy_itable_init at mkfs) on a throwaway disk
         # noatime: reading never writes, so an unchanged disk stays unchanged (`written_kbytes`: forks reuse the
@@ -176,6 +194,11 @@ def written_kbytes(mountpoint: Path) -> int | None:
 async def mount_image(image: Path, target: Path) -> None:
     try:
         await in_thread(_mount_image_sync, image, target)
+    except NoLoopDeviceError as exc:
+        used = loop_devices_in_use()
+        raise CapacityError(f"no loop device is left for a sandbox disk ({used} in use: {exc.strerror}); wait for "
+                            "sandboxes to end, or allow more (the loop module's max_loop, /dev/loop* nodes)",
+                            details={"resource": "loop_devices", "retry_after": 10, "current": used}) from exc
     except OSError as exc:
         raise ServerError(f"mounting the sandbox disk failed: {exc}") from exc
 
@@ -335,6 +358,16 @@ async def wait_loop_detached(device: str, image: Path, timeout: float = 5.0) -> 
         if time.monotonic() > deadline:
             return False
         await asyncio.sleep(0.005)
+
+
+def loop_devices_in_use() -> int:
+    """Loop devices serving a file now (any user's), from sysfs."""
+    try:
+        names = os.listdir("/sys/block")
+    except OSError:
+        return 0
+    return sum(1 for name in names
+               if name.startswith("loop") and os.path.exists(f"/sys/block/{name}/loop/backing_file"))
 
 
 def is_mounted(path: Path) -> bool:
