@@ -8,14 +8,15 @@ runc backend through the Engine in-process. At each step, with that many idle sa
 - exec `true` p50/p95 on idle sandboxes picked across the whole population;
 - memory: MemAvailable and Slab (and their change per sandbox since step 0), the agents' RSS and PSS (every process
   of every sandbox's cgroup), the sandboxes' cgroup memory (their parent cgroup's usage);
-- the engine process's open file descriptors against its RLIMIT_NOFILE; the host's loop devices in use and mount
-  table size; pids (tasks on the host against pid_max); inotify instances and watches;
+- the engine process's open file descriptors against its RLIMIT_NOFILE (with an egress proxy in the same process,
+  as `corral serve` has; `egress=False` leaves it out); the host's loop devices in use and mount table size; pids
+  (tasks on the host against pid_max); inotify instances and watches;
 - the engine's per-sandbox bookkeeping: one pass over every sandbox of what a background tick does (the reaper's
   scan, `usage()`, `backend.capacity()`), the usage figures of every sandbox (`sandbox_usage`, what telemetry
   reads), and the event loop's lag (how late a 10 ms sleep wakes) while idle.
 
 It stops early, with the reason in the figures (`stopped`), when MemAvailable would fall under `min_available_gib`
-(4 GiB by default) or a kernel or process limit is about to be hit (open files, pids, inotify instances). Every
+(4 GiB by default) or a process or kernel limit is about to be hit (open files, pids). Every
 sandbox it made is destroyed whatever happens (a failure, Ctrl-C), a few at a time.
 """
 
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.backends.local import LocalBackend, LocalRecord
+from corral.egress import EgressProxy
 from corral.engine import Capacity, Engine, Limits, SandboxHandle, SandboxSpec
 from corral.templates import TemplateStore
 
@@ -279,7 +281,7 @@ async def measure(engine: Engine, backend: LocalBackend, spec: SandboxSpec, idle
 
 async def run(*, home: Path, template_home: Path, template: str = "default", max_sandboxes: int = 1000,
               step: int | None = None, samples: int = 10, memory: str = "64M", min_available_gib: float = 4.0,
-              progress: Progress | None = None) -> dict[str, Any]:
+              egress: bool = True, progress: Progress | None = None) -> dict[str, Any]:
     progress = progress or (lambda what, done, total: None)
     store = TemplateStore(template_home)
     # Idle, all of them, for the whole run: a day of timeout.
@@ -287,6 +289,7 @@ async def run(*, home: Path, template_home: Path, template: str = "default", max
     min_available = int(min_available_gib * GIB)
     steps = steps_to(max_sandboxes, step)
     results: dict[str, Any] = {"template": template, "memory_limit": memory, "samples": samples, "steps": steps,
+                               "egress_proxy": egress,
                                "min_available_gib": min_available_gib, "cpus": os.cpu_count(),
                                "mem_total_gib": round(meminfo()["MemTotal"] / GIB, 1),
                                "rlimit_nofile_before": list(resource.getrlimit(resource.RLIMIT_NOFILE))}
@@ -294,7 +297,12 @@ async def run(*, home: Path, template_home: Path, template: str = "default", max
     results["rlimit_nofile"] = list(resource.getrlimit(resource.RLIMIT_NOFILE))
     # Memory limits of 1,000 sandboxes may add up past 4x this machine: this benchmark is about what idle sandboxes
     # really take, so promises are not what stops it (MemAvailable is).
-    engine = Engine(home, backend=backend, templates=store, capacity=Capacity(memory_overcommit=1000.0))
+    # As `corral serve` runs it: with an egress proxy, which listens on a socket per sandbox.
+    proxy = EgressProxy() if egress else None
+    if proxy is not None:
+        await proxy.start()
+    engine = Engine(home, backend=backend, templates=store, capacity=Capacity(memory_overcommit=1000.0),
+                    egress=proxy)
     await engine.start()  # with the reaper: its ticks are part of what density costs
     idle: list[SandboxHandle] = []
     at: list[dict[str, Any]] = []
@@ -331,6 +339,8 @@ async def run(*, home: Path, template_home: Path, template: str = "default", max
         t = time.perf_counter()
         results["cleanup"] = await asyncio.shield(_destroy_all(engine, idle, progress))
         results["cleanup"]["seconds"] = round(time.perf_counter() - t, 1)
+        if proxy is not None:
+            await proxy.close()
     return results
 
 

@@ -129,3 +129,25 @@ async def test_any_other_loop_failure_stays_a_server_error(monkeypatch: pytest.M
         await _disk.mount_image(image, tmp_path / "disk")
     assert not isinstance(caught.value, CapacityError)
     assert "mounting the sandbox disk failed" in str(caught.value)
+
+
+async def test_a_sandbox_s_mounts_are_found_and_undone_by_their_own_lines(tmp_path: Path) -> None:
+    """Destroy reads only the mount table's lines that name the sandbox's directory (a thousand sandboxes make it
+    4,000 lines): names with spaces, mounts below mounts, and a sibling whose name starts the same way."""
+    base = Path(f"/var/tmp/corral-test-density-{uuid.uuid4().hex[:8]}")
+    sandbox, sibling = base / "sb 1", base / "sb 10"
+    points = [sandbox / "disk", sandbox / "disk" / "up per", sibling / "disk"]
+    try:
+        for point in points:
+            point.mkdir(parents=True, exist_ok=True)
+            _disk.mount_tmpfs(point, size=1 << 20, inodes=16, mode=0o755, owner=0)
+        assert sorted(_disk.mounts_under(sandbox)) == sorted(map(str, points[:2]))
+        assert _disk.is_mounted(sandbox / "disk") and not _disk.is_mounted(sandbox)
+        done = await _disk.unmount_all([sandbox / "disk" / "up per", sandbox / "disk", sandbox / "rootfs"])
+        assert set(done) == {sandbox / "disk" / "up per", sandbox / "disk"}
+        assert done[sandbox / "disk"] == "tmpfs"
+        assert _disk.mounts_under(sandbox) == []
+        assert _disk.mounts_under(base) == [str(sibling / "disk")]  # the sibling was not touched
+    finally:
+        await _disk.unmount_all(reversed(points))
+        shutil.rmtree(base, ignore_errors=True)

@@ -204,10 +204,12 @@ def density(
     samples: int = typer.Option(10, help="Creates per step (three times as many execs)."),
     memory: str = typer.Option("64M", help="Memory limit of each sandbox."),
     min_available_gib: float = typer.Option(4.0, help="Stop (and clean up) before MemAvailable falls under this."),
+    egress: bool = typer.Option(True, "--egress/--no-egress", help="An egress proxy in the engine's process, as "
+                                "`corral serve` has (a listening socket per sandbox)."),
     template: str = typer.Option("default"),
     out: Path = typer.Option(Path("bench-results/density.json"), help="Where to write the JSON figures."),
 ) -> None:
     """Idle sandboxes in steps up to --max: create and exec latency at each density against an empty machine,
     memory, open files, loop devices, mounts, pids and inotify. Stops before a limit; destroys all it made."""
     _run("density", out, template=template, max_sandboxes=max_sandboxes, step=step, samples=samples,
-         memory=memory, min_available_gib=min_available_gib)
+         memory=memory, min_available_gib=min_available_gib, egress=egress)

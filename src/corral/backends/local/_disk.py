@@ -176,7 +176,7 @@ def _mount_image_sync(image: Path, target: Path) -> None:
 def written_kbytes(mountpoint: Path) -> int | None:
     """KiB ever written to the ext4 filesystem mounted at `mountpoint`, after flushing what is dirty (None: not
     an ext4 mount). Equal figures mean nothing was written in between (the disk is mounted noatime)."""
-    device = _mount_sources().get(os.fspath(mountpoint))
+    device = _mount_sources(under=mountpoint).get(os.fspath(mountpoint))
     if device is None or not device.startswith("/dev/"):
         return None
     fd = os.open(mountpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -301,7 +301,9 @@ async def unmount_all(targets: Iterable[Path]) -> dict[Path, str]:
 
 
 def _unmount_all_sync(targets: list[Path]) -> dict[Path, str]:
-    sources = _mount_sources()
+    if not targets:
+        return {}
+    sources = _mount_sources(under=Path(os.path.commonpath([os.fspath(t) for t in targets])))
     done: dict[Path, str] = {}
     for target in targets:
         if os.fspath(target) not in sources:
@@ -371,7 +373,7 @@ def loop_devices_in_use() -> int:
 
 
 def is_mounted(path: Path) -> bool:
-    return os.fspath(path) in _mount_sources()
+    return os.fspath(path) in _mount_sources(under=path)
 
 
 def filesystem_usage(mountpoint: Path) -> tuple[int, int] | None:
@@ -386,14 +388,42 @@ def filesystem_usage(mountpoint: Path) -> tuple[int, int] | None:
     return (st.f_blocks - st.f_bfree) * st.f_frsize, st.f_blocks * st.f_frsize
 
 
-def _mount_sources() -> dict[str, str]:
-    """Every mount point of this mount namespace and its source."""
-    return {point: entry.source for point, entry in mount_table().items()}
+def _mount_sources(under: Path | None = None) -> dict[str, str]:
+    """Every mount point of this mount namespace and its source; with `under`, only `under` and those below it.
+
+    A machine with a thousand sandboxes has a mount table of 4,000 lines (four mounts each), which every destroy
+    reads: with `under`, a line that does not name it is skipped before it is parsed (~10x cheaper than parsing
+    them all, which took ~90 ms at that size under load)."""
+    if under is None:
+        return {point: entry.source for point, entry in mount_table().items()}
+    base = os.fspath(under).rstrip("/") or "/"
+    needle = _escape_mountinfo(base).encode()
+    found: dict[str, str] = {}
+    with open("/proc/self/mountinfo", "rb") as f:
+        for line in f:
+            if needle not in line:
+                continue
+            fields = line.split(b" ")
+            point = _unescape_mountinfo(fields[4])
+            if point == base or point.startswith(base.rstrip("/") + "/"):
+                sep = fields.index(b"-", 6)
+                found[point] = _unescape_mountinfo(fields[sep + 2])
+    return found
+
+
+def _escape_mountinfo(path: str) -> str:
+    """A path as /proc/self/mountinfo writes it: space, tab, newline and backslash as octal escapes."""
+    return path.replace("\\", "\\134").replace(" ", "\\040").replace("\t", "\\011").replace("\n", "\\012")
+
+
+def _unescape_mountinfo(field: bytes) -> str:
+    return os.fsdecode(field.replace(b"\\040", b" ").replace(b"\\011", b"\t").replace(b"\\012", b"\n")
+                       .replace(b"\\134", b"\\"))
 
 
 def mounts_under(prefix: Path) -> list[str]:
     wanted = os.fspath(prefix).rstrip("/") + "/"
-    return [point for point in mount_table() if point.startswith(wanted)]
+    return [point for point in _mount_sources(under=prefix) if point.startswith(wanted)]
 
 
 def require_tools() -> list[str]:
