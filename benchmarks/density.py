@@ -4,7 +4,9 @@ Idle sandboxes are created in steps (0, 100, 250, 500, 1000 by default; `max` an
 runc backend through the Engine in-process. At each step, with that many idle sandboxes running:
 
 - create p50/p95 (`engine.create()` of one more sandbox, destroyed after each sample) and its ratio to step 0 of
-  the same run (the goal: 1,000 idle sandboxes with create p50 <= 2x its value on an empty machine);
+  the same run (the goal: 1,000 idle sandboxes with create p50 <= 2x its value on an empty machine); beside it a
+  fixed piece of pure-Python work timed the same way (`cpu_reference`), whose ratio to step 0 shows how much of a
+  change is the shared machine's load rather than density;
 - exec `true` p50/p95 on idle sandboxes picked across the whole population;
 - memory: MemAvailable and Slab (and their change per sandbox since step 0), the agents' RSS and PSS (every process
   of every sandbox's cgroup), the sandboxes' cgroup memory (their parent cgroup's usage);
@@ -214,6 +216,17 @@ async def _execs(idle: list[SandboxHandle], n: int, what: str, progress: Progres
     return samples
 
 
+def cpu_reference(n: int = 7) -> dict[str, float]:
+    """A fixed piece of pure-Python work (no I/O, no kernel objects), timed like the creates: how busy the shared
+    machine is at this step. Its ratio to step 0 tells a density effect from a noisy neighbour."""
+    samples = []
+    for _ in range(n):
+        t = time.perf_counter()
+        sum(i * i for i in range(200_000))
+        samples.append(time.perf_counter() - t)
+    return summary(samples)
+
+
 async def loop_lag(seconds: float = 1.0, period: float = 0.01) -> dict[str, float]:
     """How late a `period` sleep wakes, over `seconds`: the engine's background work shows up here."""
     lags = []
@@ -268,6 +281,7 @@ async def measure(engine: Engine, backend: LocalBackend, spec: SandboxSpec, idle
     out["host"] = {"loop_devices": loop_devices(), "mounts": mounts(), "tasks": host_tasks(),
                    "pid_max": _int("/proc/sys/kernel/pid_max"), "inotify": await asyncio.to_thread(inotify)}
     out["bookkeeping"] = await bookkeeping(engine, backend)
+    out["cpu_reference"] = cpu_reference()
     creates, destroys = await _creates(engine, spec, samples, f"{n} idle: create", progress)
     out["create"] = summary(creates)
     out["destroy"] = summary(destroys)
@@ -328,9 +342,10 @@ async def run(*, home: Path, template_home: Path, template: str = "default", max
                 per_sandbox = max(per_sandbox, int(figures["memory"]["available_drop_per_sandbox_mib"] * MIB * 1.5))
             if "stopped" in results:
                 break
-        base_p50 = at[0]["create"]["p50_ms"]
+        base_p50, base_cpu = at[0]["create"]["p50_ms"], at[0]["cpu_reference"]["p50_ms"]
         for figures in at:
             figures["create"]["ratio_to_empty_p50"] = round(figures["create"]["p50_ms"] / base_p50, 2)
+            figures["cpu_reference"]["ratio_to_empty_p50"] = round(figures["cpu_reference"]["p50_ms"] / base_cpu, 2)
         reached = at[-1]
         results["goal"] = {"idle_sandboxes": reached["sandboxes"], "wanted": 1000,
                            "create_ratio": reached["create"]["ratio_to_empty_p50"], "wanted_ratio": 2.0,
