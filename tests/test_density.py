@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from corral import CapacityError
-from corral.backends.local import LocalBackend
-from corral.backends.local import _disk, _system
+from corral.backends.local import LocalBackend, _disk, _system
 from corral.engine import SandboxSpec
 from corral.server import ServerProcess
 
