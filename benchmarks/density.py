@@ -15,7 +15,10 @@ runc backend through the Engine in-process. At each step, with that many idle sa
   (tasks on the host against pid_max); inotify instances and watches;
 - the engine's per-sandbox bookkeeping: one pass over every sandbox of what a background tick does (the reaper's
   scan, `usage()`, `backend.capacity()`), the usage figures of every sandbox (`sandbox_usage`, what telemetry
-  reads), and the event loop's lag (how late a 10 ms sleep wakes) while idle.
+  reads), `backend.alive` of every sandbox and one `runc state`, and the event loop's lag (how late a 10 ms sleep
+  wakes) while idle;
+- at the last step, a restart: the engine closed (its sandboxes keep running) and a new one started on the same
+  home, which reattaches every sandbox (`restart`).
 
 It stops early, with the reason in the figures (`stopped`), when MemAvailable would fall under `min_available_gib`
 (4 GiB by default) or a process or kernel limit is about to be hit (open files, pids). Every
@@ -256,6 +259,19 @@ async def bookkeeping(engine: Engine, backend: LocalBackend) -> dict[str, Any]:
     t = time.perf_counter()
     await asyncio.to_thread(mounts)
     out["read_mount_table_ms"] = round((time.perf_counter() - t) * 1000, 2)
+    records = [sb.record for sb in engine._sandboxes.values()]
+    if records:  # what an engine's restart asks of each sandbox, and what `runc state` costs at this density
+        t = time.perf_counter()
+        for record in records:
+            await backend.alive(record)
+        out["alive_all_ms"] = round((time.perf_counter() - t) * 1000, 2)
+        runc = backend.runtimes[records[0].runtime]  # type: ignore[attr-defined]
+        samples = []
+        for _ in range(3):
+            t = time.perf_counter()
+            await runc.state(records[0].sandbox_id)
+            samples.append(time.perf_counter() - t)
+        out["runc_state_ms"] = round(statistics.median(samples) * 1000, 2)
     out["loop_lag"] = await loop_lag()
     return out
 
@@ -342,6 +358,10 @@ async def run(*, home: Path, template_home: Path, template: str = "default", max
                 per_sandbox = max(per_sandbox, int(figures["memory"]["available_drop_per_sandbox_mib"] * MIB * 1.5))
             if "stopped" in results:
                 break
+        if idle:
+            engine, idle, results["restart"] = await _restart(engine, idle, lambda: Engine(
+                home, backend=LocalBackend(home, cgroup_parent=CGROUP_PARENT), templates=store,
+                capacity=Capacity(memory_overcommit=1000.0), egress=proxy))
         base_p50, base_cpu = at[0]["create"]["p50_ms"], at[0]["cpu_reference"]["p50_ms"]
         for figures in at:
             figures["create"]["ratio_to_empty_p50"] = round(figures["create"]["p50_ms"] / base_p50, 2)
@@ -357,6 +377,21 @@ async def run(*, home: Path, template_home: Path, template: str = "default", max
         if proxy is not None:
             await proxy.close()
     return results
+
+
+async def _restart(engine: Engine, idle: list[SandboxHandle],
+                   make: Callable[[], Engine]) -> tuple[Engine, list[SandboxHandle], dict[str, Any]]:
+    """Close the engine (its sandboxes keep running) and start a new one on the same home, which reattaches them
+    all: what a server's restart costs at this density. The old engine still holds them if the new one fails."""
+    t = time.perf_counter()
+    await engine.close()
+    new = make()
+    await new.start()
+    seconds = time.perf_counter() - t
+    reattached = {info.id for info in new.list()}
+    figures = {"sandboxes": len(idle), "reattached": len(reattached & {sb.id for sb in idle}),
+               "seconds": round(seconds, 2), "per_sandbox_ms": round(seconds / len(idle) * 1000, 2)}
+    return new, [new.get(sb.id) for sb in idle if sb.id in reattached], figures
 
 
 async def _destroy_all(engine: Engine, idle: list[SandboxHandle], progress: Progress) -> dict[str, Any]:

@@ -5,12 +5,15 @@ backend raises its process's open-files soft limit at start, as far as the hard 
 from __future__ import annotations
 
 import errno
+import os
 import resource
 import shutil
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 
 from corral import CapacityError
@@ -150,3 +153,42 @@ async def test_a_sandbox_s_mounts_are_found_and_undone_by_their_own_lines(tmp_pa
     finally:
         await _disk.unmount_all(reversed(points))
         shutil.rmtree(base, ignore_errors=True)
+
+
+async def test_alive_reads_proc_not_runc_and_agrees_with_runc(monkeypatch: pytest.MonkeyPatch,
+                                                               test_home: Path) -> None:
+    """`alive` (an engine's restart asks it once per sandbox) answers from /proc, without a `runc state` that reads
+    the whole mount table; running and frozen are alive, an init that died is not, as runc says."""
+    async with started_engine(test_home) as engine:
+        sb = await engine.create(SandboxSpec(template=TEMPLATE))
+        record = engine._sandboxes[sb.id].record
+        backend = engine.backend
+        assert isinstance(backend, LocalBackend)
+        runtime = backend.runtimes[record.runtime]  # type: ignore[attr-defined]
+
+        async def no_runc(self: object, container_id: str) -> None:
+            raise AssertionError("alive ran `runc state`")
+
+        async def runc_says() -> bool:
+            monkeypatch.undo()
+            state = await runtime.state(sb.id)
+            return state is not None and state.get("status") in ("running", "paused")
+
+        monkeypatch.setattr(type(runtime), "state", no_runc)
+        assert await backend.alive(record) is True
+        assert await runc_says() is True
+        await runtime.pause(sb.id)
+        monkeypatch.setattr(type(runtime), "state", no_runc)
+        assert await backend.alive(record) is True
+        assert await runc_says() is True
+        await runtime.resume(sb.id)
+        pid = int((record.dir / "pid").read_text())  # type: ignore[attr-defined]
+        os.kill(pid, signal.SIGKILL)
+        for _ in range(200):  # its pid namespace ends with it; the runtime reaps it
+            if not await backend.alive(record):
+                break
+            await anyio.sleep(0.01)
+        monkeypatch.setattr(type(runtime), "state", no_runc)
+        assert await backend.alive(record) is False
+        assert await runc_says() is False
+        await sb.destroy()

@@ -348,6 +348,8 @@ class LocalBackend:
 
     async def alive(self, record: BackendRecord) -> bool:
         rec = _local(record)
+        if rec.runtime == Runtime.RUNC and (known := _init_alive(rec)) is not None:
+            return known
         state = await self.runtimes[rec.runtime].state(rec.sandbox_id)
         return state is not None and state.get("status") in ("running", "paused")
 
@@ -581,6 +583,25 @@ class LocalBackend:
             return self.restore(_read_json(self.sandboxes_dir / sandbox_id / "backend.json"))
         return LocalRecord(sandbox_id=sandbox_id, dir=self.sandboxes_dir / sandbox_id, runtime=Runtime.RUNC,
                            slot=-1, uid_base=0, token="", cgroups_path=f"/{self.cgroup_parent}/{sandbox_id}")
+
+
+def _init_alive(rec: LocalRecord) -> bool | None:
+    """runc: whether the container's init (the agent, its host pid in `pid`) still runs or is frozen, read from
+    /proc: a few small files, where `runc state` reads the whole mount table (4,000 lines at 1,000 sandboxes,
+    ~0.1 s under load) and an engine's restart asks once per sandbox. None when /proc cannot tell (no pid file,
+    or that pid is now another cgroup's process): ask runc."""
+    try:
+        pid = int((rec.dir / "pid").read_text())
+    except (OSError, ValueError):
+        return None
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        cgroups = Path(f"/proc/{pid}/cgroup").read_text()
+    except (OSError, IndexError):
+        return False  # gone: runc would say "stopped"
+    if not any(line.split(":", 2)[-1] == rec.cgroups_path for line in cgroups.splitlines()):
+        return None  # the pid was reused
+    return state not in ("Z", "X")  # a zombie init is a stopped container
 
 
 def _root_views(sbdir: Path) -> list[Path]:
