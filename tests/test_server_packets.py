@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from typing import Any
 
@@ -69,12 +70,27 @@ async def test_a_streamed_response_is_never_held_back() -> None:
     assert sock.log == ["http.response.start", "http.response.body", "http.response.body"]
 
 
+async def test_a_head_whose_body_is_late_is_not_held_back() -> None:
+    """A proxied port's upstream may be slow to send the body: the head leaves at the loop's next turn."""
+    sock = FakeSocket()
+    send = one_packet(Cycle(sock).send)
+    assert send is not None
+    await send(start((b"Content-Length", b"2")))
+    assert sock.log == [("cork", 1), "http.response.start"]
+    await asyncio.sleep(0)
+    assert sock.log == [("cork", 1), "http.response.start", ("cork", 0)]
+    await send(BODY)
+    assert sock.log[-1] == "http.response.body"
+
+
 async def test_a_response_that_never_got_its_body_is_released() -> None:
     sock = FakeSocket()
     send = one_packet(Cycle(sock).send)
     assert send is not None
     await send(start((b"Content-Length", b"2")))
     send.release()  # the app failed after the head: what was sent must not wait for a body that never comes
+    assert sock.log == [("cork", 1), "http.response.start", ("cork", 0)]
+    await asyncio.sleep(0)  # the scheduled release finds nothing to do
     assert sock.log == [("cork", 1), "http.response.start", ("cork", 0)]
 
 

@@ -4,13 +4,15 @@ uvicorn writes a response's head and its body apart (two sends on the socket: tw
 wakes twice), which was a good part of what a short command's exec round trip spent outside the command. Where
 the server's `send` is uvicorn's (its cycle has the connection's transport) and the connection is TCP on Linux,
 the socket is corked (`TCP_CORK`) from the head of a response with a `content-length` to its first body message
-(a `Response`'s only one), and the kernel sends it all at the uncork. Streamed responses (no `content-length`:
-NDJSON, downloads) are never corked: their head must leave at once. Anywhere else (another server, a test's
-ASGI transport, a Unix socket) `send` is left as it is.
+(a `Response` sends it right after its head, before the loop runs anything else), and the kernel sends it all at
+the uncork. A body that is not there by the loop's next turn (a proxied port's slow upstream) does not hold the
+head back: the socket is uncorked then. Streamed responses (no `content-length`: NDJSON) are never corked. Anywhere
+else (another server, a test's ASGI transport, a Unix socket) `send` is left as it is.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 from typing import Any
@@ -34,6 +36,7 @@ class Corked:
         kind = message["type"]
         if kind == "http.response.start" and _has_length(message):
             self._set(True)
+            asyncio.get_running_loop().call_soon(self.release)  # no later than the loop's next turn
         try:
             await self._send(message)
         finally:
