@@ -5,7 +5,8 @@ Figures:
 - exec round trip of `true` (argv), the three layers interleaved sample by sample so that the machine's noise hits
   them alike: through the API (the SDK's `commands.run`), through the engine in-process (`SandboxHandle.exec`), and
   on the agent's socket (a blocking client sending the engine's exec request: the agent's own cost, the floor);
-  p50 and p95 of each and the ratios of their p50s (`exec_true`; `--exec-only` runs just this)
+  p50 and p95 of each and the ratios of their p50s, and the server's CPU time per exec (`exec_true`; `--exec-only`
+  runs just this)
 - one agent-like step (write a file, run a command that reads it, read its output): API and engine
 - 100 MiB uploads and downloads through the SDK into a fresh sandbox (`disk="2G"`): p50 and p95 MB/s over several
   rounds, byte-for-byte checked; uploads over an existing file; the server's RSS growth (VmRSS before each
@@ -154,10 +155,18 @@ def _agent_exec_true(path: str, request: bytes) -> None:
                     return
 
 
-def _exec_true(loop: asyncio.AbstractEventLoop, engine: Engine, handle: SandboxHandle, api_sb: Sandbox, n: int,
-               progress: Progress) -> dict[str, Any]:
+def cpu_seconds(pid: int) -> float:
+    """The process's CPU time so far (user + system, all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _exec_true(loop: asyncio.AbstractEventLoop, engine: Engine, handle: SandboxHandle, api_sb: Sandbox,
+               server_pid: int, n: int, progress: Progress) -> dict[str, Any]:
     """`true` through the three layers, one sample of each in turn (same sandbox for the engine and the socket;
-    the API's sandbox is the server's). The engine lives in `loop`, run only while it serves a sample."""
+    the API's sandbox is the server's). The engine lives in `loop`, run only while it serves a sample. Also the
+    server's CPU time per exec (it serves only these requests meanwhile): less sensitive to a busy machine than
+    the wall-clock figures, which include waiting for a CPU."""
     agent = engine.agent(handle.id)
     if not isinstance(agent.endpoint, UnixEndpoint):
         raise RuntimeError("the agent socket baseline needs a local (Unix socket) agent")
@@ -169,6 +178,7 @@ def _exec_true(loop: asyncio.AbstractEventLoop, engine: Engine, handle: SandboxH
         _check(api_sb.commands.run(["true"]))
         _check(loop.run_until_complete(handle.exec(["true"])))
         _agent_exec_true(agent.endpoint.path, request)
+    server_cpu = cpu_seconds(server_pid)
     for i in range(n):
         t = time.perf_counter()
         _check(api_sb.commands.run(["true"]))
@@ -180,7 +190,9 @@ def _exec_true(loop: asyncio.AbstractEventLoop, engine: Engine, handle: SandboxH
         _agent_exec_true(agent.endpoint.path, request)
         samples["agent_socket"].append(time.perf_counter() - t)
         progress("exec true: api, engine, agent socket", i + 1, n)
+    server_cpu = cpu_seconds(server_pid) - server_cpu
     out: dict[str, Any] = {name: summary(values) for name, values in samples.items()}
+    out["api_server_cpu_ms_per_exec"] = round(server_cpu * 1000 / n, 3)
     api, eng, sock = (out[k]["p50_ms"] for k in ("api", "engine", "agent_socket"))
     out["ratio_p50"] = {"api_to_engine": round(api / eng, 2), "api_to_agent_socket": round(api / sock, 2),
                         "engine_to_agent_socket": round(eng / sock, 2)}
@@ -206,7 +218,7 @@ def _exec_figures(home: Path, store: TemplateStore, spec: SandboxSpec, server: S
         try:
             sb = Sandbox.create(template=template, timeout=600, api_key=key, base_url=server.url)
             try:
-                return _exec_true(loop, engine, handle, sb, n, progress)
+                return _exec_true(loop, engine, handle, sb, server.pid, n, progress)
             finally:
                 sb.kill()
         finally:
