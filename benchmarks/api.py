@@ -2,7 +2,11 @@
 with the engine in-process in the same run so the API's own overhead is visible.
 
 Figures:
-- exec round trip of `true` (argv): through the API, and through the engine in-process (median and p95)
+- exec round trip of `true` (argv), the three layers interleaved sample by sample so that the machine's noise hits
+  them alike: through the API (the SDK's `commands.run`), through the engine in-process (`SandboxHandle.exec`), and
+  on the agent's socket (a blocking client sending the engine's exec request: the agent's own cost, the floor);
+  p50 and p95 of each and the ratios of their p50s, and the server's CPU time per exec (`exec_true`; `--exec-only`
+  runs just this)
 - one agent-like step (write a file, run a command that reads it, read its output): API and engine
 - 100 MiB uploads and downloads through the SDK into a fresh sandbox (`disk="2G"`): p50 and p95 MB/s over several
   rounds, byte-for-byte checked; uploads over an existing file; the server's RSS growth (VmRSS before each
@@ -18,6 +22,7 @@ import asyncio
 import json
 import os
 import shutil
+import socket
 import statistics
 import threading
 import time
@@ -28,15 +33,17 @@ from pathlib import Path
 from typing import Any
 
 from corral import Admin, Sandbox
+from corral.agent import protocol
+from corral.backends import UnixEndpoint
 from corral.backends.local import LocalBackend
-from corral.engine import Engine, SandboxSpec
+from corral.engine import Engine, SandboxHandle, SandboxSpec
 from corral.server import ServerProcess
 from corral.templates import TemplateStore
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
 MIB = 2**20
-TARGETS = {"exec_p50_ms": 10, "transfer_mb_s": 300, "server_rss_growth_mib": 50, "concurrent_errors": 0}
+TARGETS = {"exec_p50_ms": 3, "transfer_mb_s": 300, "server_rss_growth_mib": 50, "concurrent_errors": 0}
 
 
 def summary(samples: list[float]) -> dict[str, float]:
@@ -108,13 +115,6 @@ async def _engine_figures(home: Path, store: TemplateStore, spec: SandboxSpec, n
         try:
             await sb.exec(["true"])
             samples = []
-            for i in range(n):
-                t = time.perf_counter()
-                _check(await sb.exec(["true"]))
-                samples.append(time.perf_counter() - t)
-                progress("engine: exec true", i + 1, n)
-            out["exec_true_argv"] = summary(samples)
-            samples = []
             steps = max(20, n // 5)
             for i in range(steps):
                 text = f"step {i} of an agent loop\n" * 8
@@ -131,6 +131,100 @@ async def _engine_figures(home: Path, store: TemplateStore, spec: SandboxSpec, n
     finally:
         await engine.close(destroy_all=True)
     return out
+
+
+# -- exec `true`: agent socket, engine, API, interleaved -------------------------------------------------------
+
+
+def _agent_exec_true(path: str, request: bytes) -> None:
+    """One exec on the agent's socket with a plain blocking client: the request the engine sends, frames read up
+    to the exit event."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(30)
+        sock.connect(path)
+        sock.sendall(request)
+        with sock.makefile("rb") as f:
+            while True:
+                kind, length = protocol.parse_header(f.read(protocol.HEADER.size))
+                payload = f.read(length)
+                if kind == protocol.ERROR:
+                    raise RuntimeError(f"agent error: {payload!r}")
+                if kind == protocol.EVENT and protocol.decode_json(payload).get("event") == "exit":
+                    if protocol.decode_json(payload).get("exit_code") != 0:
+                        raise RuntimeError(f"benchmark command failed: {payload!r}")
+                    return
+
+
+def cpu_seconds(pid: int) -> float:
+    """The process's CPU time so far (user + system, all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _exec_true(loop: asyncio.AbstractEventLoop, engine: Engine, handle: SandboxHandle, api_sb: Sandbox,
+               server_pid: int, n: int, progress: Progress) -> dict[str, Any]:
+    """`true` through the three layers, one sample of each in turn (same sandbox for the engine and the socket;
+    the API's sandbox is the server's). The engine lives in `loop`, run only while it serves a sample. Also the
+    server's CPU time per exec (it serves only these requests meanwhile): less sensitive to a busy machine than
+    the wall-clock figures, which include waiting for a CPU."""
+    agent = engine.agent(handle.id)
+    if not isinstance(agent.endpoint, UnixEndpoint):
+        raise RuntimeError("the agent socket baseline needs a local (Unix socket) agent")
+    fields = {"op": "exec", "token": agent.token, "cmd": ["true"], "cwd": None, "env": engine.sandbox_env(handle.id),
+              "timeout": None, "max_output": None, "stdin": False, "heartbeat": agent.liveness.heartbeat_interval}
+    request = protocol.encode_json(protocol.REQUEST, fields)
+    samples: dict[str, list[float]] = {"api": [], "engine": [], "agent_socket": []}
+    for _ in range(5):  # warm: connections, caches, the agent's first fork
+        _check(api_sb.commands.run(["true"]))
+        _check(loop.run_until_complete(handle.exec(["true"])))
+        _agent_exec_true(agent.endpoint.path, request)
+    server_cpu = cpu_seconds(server_pid)
+    for i in range(n):
+        t = time.perf_counter()
+        _check(api_sb.commands.run(["true"]))
+        samples["api"].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        _check(loop.run_until_complete(handle.exec(["true"])))
+        samples["engine"].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        _agent_exec_true(agent.endpoint.path, request)
+        samples["agent_socket"].append(time.perf_counter() - t)
+        progress("exec true: api, engine, agent socket", i + 1, n)
+    server_cpu = cpu_seconds(server_pid) - server_cpu
+    out: dict[str, Any] = {name: summary(values) for name, values in samples.items()}
+    out["api_server_cpu_ms_per_exec"] = round(server_cpu * 1000 / n, 3)
+    api, eng, sock = (out[k]["p50_ms"] for k in ("api", "engine", "agent_socket"))
+    out["ratio_p50"] = {"api_to_engine": round(api / eng, 2), "api_to_agent_socket": round(api / sock, 2),
+                        "engine_to_agent_socket": round(eng / sock, 2)}
+    out["api_overhead_p50_ms"] = round(api - eng, 2)
+    return out
+
+
+async def _engine_sandbox(home: Path, store: TemplateStore, spec: SandboxSpec) -> tuple[Engine, SandboxHandle]:
+    engine = Engine(home, backend=LocalBackend(home, cgroup_parent="corral-bench"), templates=store)
+    await engine.start()
+    try:
+        return engine, await engine.create(spec)
+    except BaseException:
+        await engine.close(destroy_all=True)
+        raise
+
+
+def _exec_figures(home: Path, store: TemplateStore, spec: SandboxSpec, server: ServerProcess, key: str,
+                  template: str, n: int, progress: Progress) -> dict[str, Any]:
+    loop = asyncio.new_event_loop()
+    try:
+        engine, handle = loop.run_until_complete(_engine_sandbox(home / "engine-exec", store, spec))
+        try:
+            sb = Sandbox.create(template=template, timeout=600, api_key=key, base_url=server.url)
+            try:
+                return _exec_true(loop, engine, handle, sb, server.pid, n, progress)
+            finally:
+                sb.kill()
+        finally:
+            loop.run_until_complete(engine.close(destroy_all=True))
+    finally:
+        loop.close()
 
 
 # -- the API ---------------------------------------------------------------------------------------------------
@@ -315,8 +409,9 @@ def _concurrent(server: ServerProcess, key: str, template: str, clients: int, st
 
 
 def run(*, home: Path, template_home: Path, template: str = "default", n: int = 200, clients: int = 50,
-        steps: int = 20, size_mib: int = 100, rounds: int = 10,
+        steps: int = 20, size_mib: int = 100, rounds: int = 10, exec_only: bool = False,
         progress: Progress | None = None) -> dict[str, Any]:
+    """Every figure (see the module docstring); with `exec_only`, only the interleaved exec of `true`."""
     progress = progress or (lambda what, done, total: None)
     store = TemplateStore(template_home)
     store.get(template)
@@ -324,60 +419,65 @@ def run(*, home: Path, template_home: Path, template: str = "default", n: int = 
     results: dict[str, Any] = {"template": template, "n": n, "cpus": os.cpu_count(), "targets": TARGETS,
                                "load_avg_1m_at_start": os.getloadavg()[0]}
 
-    results["engine"] = asyncio.run(_engine_figures(home / "engine", store, spec, n, progress))
+    if not exec_only:
+        results["engine"] = asyncio.run(_engine_figures(home / "engine", store, spec, n, progress))
 
     # Leaving the block stops the server (SIGTERM, then SIGKILL) and destroys whatever this run left behind.
     with ServerProcess(home / "server", template_home=template_home) as server:
         with Admin(api_key=server.admin_key, base_url=server.url) as admin:
             admin.tenants.create("bench")
             key = admin.keys.create("bench", "developer").key
-        api: dict[str, Any] = {"server_rss_idle_mib": round(rss_kib(server.pid) / 1024, 1)}
-        results["api"] = api
-        sb = Sandbox.create(template=template, timeout=600, api_key=key, base_url=server.url)
-        try:
-            sb.commands.run(["true"])
-            samples = []
-            for i in range(n):
-                t = time.perf_counter()
-                _check(sb.commands.run(["true"]))
-                samples.append(time.perf_counter() - t)
-                progress("api: exec true", i + 1, n)
-            api["exec_true_argv"] = summary(samples)
-            samples = []
-            agent_n = max(20, n // 5)
-            for i in range(agent_n):
-                t = time.perf_counter()
-                _api_step(sb, i)
-                samples.append(time.perf_counter() - t)
-                progress("api: agent step", i + 1, agent_n)
-            api["agent_step"] = summary(samples)
-        finally:
-            sb.kill()
-        sb = Sandbox.create(template=template, timeout=600, api_key=key, base_url=server.url,
-                            limits={"disk": "2G"})
-        try:
-            api["transfers"] = _transfers(sb, server, home, size_mib, rounds, progress)
-        finally:
-            sb.kill()
-        api["concurrent"] = _concurrent(server, key, template, clients, steps, progress)
-        api["server_rss_end_mib"] = round(rss_kib(server.pid) / 1024, 1)
+        results["exec_true"] = _exec_figures(home, store, spec, server, key, template, n, progress)
+        if not exec_only:
+            results["api"] = _api_figures(server, key, template, home, n, clients, steps, size_mib, rounds,
+                                          progress)
 
     results["load_avg_1m_at_end"] = os.getloadavg()[0]  # other work on the machine shows up in every figure
+    exec_true = results["exec_true"]
+    results["meets_targets"] = {"exec_p50": exec_true["api"]["p50_ms"] <= TARGETS["exec_p50_ms"]}
+    if exec_only:
+        return results
     eng, api = results["engine"], results["api"]
     results["api_overhead"] = {
-        key: {"p50_ms": round(api[key]["p50_ms"] - eng[key]["p50_ms"], 2),
-              "ratio_p50": round(api[key]["p50_ms"] / eng[key]["p50_ms"], 2)}
-        for key in ("exec_true_argv", "agent_step")
+        "exec_true_argv": {"p50_ms": exec_true["api_overhead_p50_ms"],
+                           "ratio_p50": exec_true["ratio_p50"]["api_to_engine"]},
+        "agent_step": {"p50_ms": round(api["agent_step"]["p50_ms"] - eng["agent_step"]["p50_ms"], 2),
+                       "ratio_p50": round(api["agent_step"]["p50_ms"] / eng["agent_step"]["p50_ms"], 2)},
     }
     tr = api["transfers"]
-    results["meets_targets"] = {
-        "exec_p50": api["exec_true_argv"]["p50_ms"] <= TARGETS["exec_p50_ms"],
+    results["meets_targets"].update({
         "upload_p50_mb_s": tr["upload"]["p50_mb_s"] >= TARGETS["transfer_mb_s"],
         "download_p50_mb_s": tr["download"]["p50_mb_s"] >= TARGETS["transfer_mb_s"],
         "server_rss_growth": tr["server_rss_growth_mib"]["max"] <= TARGETS["server_rss_growth_mib"],
         "concurrent_errors": api["concurrent"]["errors"] == TARGETS["concurrent_errors"],
-    }
+    })
     return results
+
+
+def _api_figures(server: ServerProcess, key: str, template: str, home: Path, n: int, clients: int, steps: int,
+                 size_mib: int, rounds: int, progress: Progress) -> dict[str, Any]:
+    api: dict[str, Any] = {"server_rss_idle_mib": round(rss_kib(server.pid) / 1024, 1)}
+    sb = Sandbox.create(template=template, timeout=600, api_key=key, base_url=server.url)
+    try:
+        sb.commands.run(["true"])
+        samples = []
+        agent_n = max(20, n // 5)
+        for i in range(agent_n):
+            t = time.perf_counter()
+            _api_step(sb, i)
+            samples.append(time.perf_counter() - t)
+            progress("api: agent step", i + 1, agent_n)
+        api["agent_step"] = summary(samples)
+    finally:
+        sb.kill()
+    sb = Sandbox.create(template=template, timeout=600, api_key=key, base_url=server.url, limits={"disk": "2G"})
+    try:
+        api["transfers"] = _transfers(sb, server, home, size_mib, rounds, progress)
+    finally:
+        sb.kill()
+    api["concurrent"] = _concurrent(server, key, template, clients, steps, progress)
+    api["server_rss_end_mib"] = round(rss_kib(server.pid) / 1024, 1)
+    return api
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -211,6 +211,11 @@ class SyncClient(_BaseClient):
     def __init__(self, config: ConnectionConfig, transport: httpx.BaseTransport | None = None) -> None:
         super().__init__(config)
         self.transport = transport  # kept for the clients of sandboxes this one makes (`fork`)
+        if transport is None:
+            from ._corked import corked_transport  # httpcore: loaded by httpx's first client anyway, not by `import`
+
+            # Proxies from the environment are mounted by httpx beside this transport, as beside its own.
+            transport = corked_transport()
         self._http = httpx.Client(transport=transport, **self._client_options())
 
     def request(self, method: str, path: str, *, timeout: httpx.Timeout | None = None, **kwargs: Any) -> Any:

@@ -103,10 +103,13 @@ def api(
     size_mib: int = typer.Option(100, help="Upload/download size in MiB."),
     rounds: int = typer.Option(10, help="Uploads and downloads of that size (p50 and p95 over them)."),
     template: str = typer.Option("default"),
+    exec_only: bool = typer.Option(False, "--exec-only", help="Only exec `true` through the API, the engine and "
+                                   "the agent's socket, interleaved."),
     out: Path = typer.Option(Path("bench-results/api.json"), help="Where to write the JSON figures."),
 ) -> None:
     """The HTTP API (a real `corral serve`, the SDK over loopback) against the engine in-process."""
-    _run("api", out, template=template, n=n, clients=clients, steps=steps, size_mib=size_mib, rounds=rounds)
+    _run("api", out, template=template, n=n, clients=clients, steps=steps, size_mib=size_mib, rounds=rounds,
+         exec_only=exec_only)
 
 
 @bench_app.command("metrics")

@@ -351,6 +351,15 @@ def verify_chain(entries: Iterable[AuditEntry], expected_head: ChainHead | None 
 # -- the log ----------------------------------------------------------------------------------------------
 
 
+_ROW_FIELDS = tuple(f.name for f in dataclasses.fields(AuditEntry))
+
+
+def _row(entry: AuditEntry) -> dict[str, Any]:
+    """The record's columns, its params and outcome as they are (`dataclasses.asdict` deep-copies them: a
+    tenth of a millisecond per request for nothing, the insert only reads them)."""
+    return {name: getattr(entry, name) for name in _ROW_FIELDS}
+
+
 def _entry(row: AuditRow) -> AuditEntry:
     return AuditEntry(seq=row.seq, time=row.time, tenant_id=row.tenant_id, key_id=row.key_id, role=row.role,
                       action=row.action, target=row.target, params=row.params, outcome=row.outcome,
@@ -420,7 +429,7 @@ class AuditLog:
             return None
         entry = self._chained(event, params, outcome, self._head)
         try:
-            await self._db.insert_now(_AUDIT_TABLE, dataclasses.asdict(entry))
+            await self._db.insert_now(_AUDIT_TABLE, _row(entry))
         except ConflictError:
             return None  # another process appended this seq first
         return entry

@@ -194,14 +194,15 @@ class AgentClient:
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         # The reader stops taking from the socket past twice this much buffered (readexactly of a bigger frame
         # still works): one chunk keeps a download's buffered bytes near 2 MiB instead of 16 MiB of server memory.
+        # (`asyncio.timeout`, not `wait_for`: before Python 3.12 that runs the connect as a task of its own, a loop
+        # iteration more on every call.)
         limit = protocol.CHUNK
-        if isinstance(self.endpoint, UnixEndpoint):
-            # Fails at once if nothing listens, but waits if a stopped agent's backlog is full.
-            return await asyncio.wait_for(asyncio.open_unix_connection(self.endpoint.path, limit=limit),
-                                          self._connect_timeout())
-        # A TCP connect to an address that went away may hang for minutes.
-        return await asyncio.wait_for(asyncio.open_connection(self.endpoint.host, self.endpoint.port, limit=limit),
-                                      self._connect_timeout())
+        async with asyncio.timeout(self._connect_timeout()):
+            if isinstance(self.endpoint, UnixEndpoint):
+                # Fails at once if nothing listens, but waits if a stopped agent's backlog is full.
+                return await asyncio.open_unix_connection(self.endpoint.path, limit=limit)
+            # A TCP connect to an address that went away may hang for minutes.
+            return await asyncio.open_connection(self.endpoint.host, self.endpoint.port, limit=limit)
 
     def _connect_timeout(self) -> float:
         if isinstance(self.endpoint, UnixEndpoint):

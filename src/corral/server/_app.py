@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import RedirectResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from ..control import ControlStore
 from ..e2b import E2BConfig, E2BMiddleware
@@ -37,12 +38,28 @@ from . import (
     _volumes,
 )
 from ._errors import install_error_handlers
+from ._packets import one_packet
 from ._ports import PortsMiddleware
 from ._replicas import Forwarder, ReplicaMiddleware
 from ._request_log import RequestLogMiddleware
 from ._ui import PREFIX, ui_app
 
 __all__ = ["create_app"]
+
+
+class _App(FastAPI):
+    """FastAPI, with a response of known length sent as one packet (`_packets`): the `send` uvicorn hands this
+    outermost app is the only one that still knows the connection."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        corked = one_packet(send) if scope["type"] == "http" else None
+        if corked is None:
+            await super().__call__(scope, receive, send)
+            return
+        try:
+            await super().__call__(scope, receive, corked)
+        finally:
+            corked.release()
 
 
 def create_app(engine: Engine, store: ControlStore, *, on_startup: StartupHook | None = None,
@@ -67,7 +84,7 @@ def create_app(engine: Engine, store: ControlStore, *, on_startup: StartupHook |
         finally:
             await forwarder.aclose()
 
-    app = FastAPI(title="Corral", version="1", lifespan=lifespan)
+    app = _App(title="Corral", version="1", lifespan=lifespan)
     app.state.corral = service
     install_error_handlers(app)
     app.add_middleware(PortsMiddleware, service=service)  # before any route: port hosts never reach the API

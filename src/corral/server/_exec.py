@@ -7,7 +7,7 @@ import binascii
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from ..egress import EgressEvent
@@ -82,10 +82,12 @@ def denial_json(event: EgressEvent) -> dict[str, Any]:
 
 @router.post("/{sandbox_id}/exec", response_model=None)
 async def exec_command(sandbox_id: str, body: ExecRequest, request: Request,
-                       principal: CurrentPrincipal) -> dict[str, Any] | StreamingResponse:
+                       principal: CurrentPrincipal) -> Response:
     commands = service(request).commands
     if not body.stream:
-        return result_json(await commands.run(principal, sandbox_id, body.command()))
+        # Encoded here: the fields are JSON types already, and FastAPI's jsonable_encoder walk of a returned dict
+        # (the same bytes in the end) cost a tenth of the round trip of a short command.
+        return JSONResponse(result_json(await commands.run(principal, sandbox_id, body.command())))
     stream = await commands.stream(principal, sandbox_id, body.command())
     return ndjson_response(_events(stream), stream.close)
 
