@@ -85,3 +85,18 @@ def test_a_real_request_arrives_in_one_segment_and_is_answered() -> None:
         thread.join(10)
         server.close()
     assert first[0].startswith(b"POST /x HTTP/1.1\r\n") and first[0].endswith(b'{"ok":true}')
+
+
+def test_every_client_shares_one_tls_context() -> None:
+    """Building the root store took ~20 ms per `Sandbox` (each has a client): one context, made once, serves all."""
+    from corral._sdk._config import ConnectionConfig
+    from corral._sdk._transport import AsyncClient, SyncClient, default_ssl_context
+
+    config = ConnectionConfig.resolve(api_key="k", base_url="https://corral.example", request_timeout=5)
+    sync_clients, async_clients = [SyncClient(config) for _ in range(2)], [AsyncClient(config) for _ in range(2)]
+    contexts = {id(c._http._transport._pool._ssl_context) for c in sync_clients}  # type: ignore[attr-defined]
+    contexts |= {id(c._http._transport._pool._ssl_context) for c in async_clients}  # type: ignore[attr-defined]
+    assert contexts == {id(default_ssl_context())}
+    assert default_ssl_context().verify_mode.name == "CERT_REQUIRED" and default_ssl_context().check_hostname
+    for c in sync_clients:
+        c.close()

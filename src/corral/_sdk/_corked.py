@@ -86,7 +86,9 @@ class _CorkedBackend(httpcore.NetworkBackend):
 def corked_transport() -> httpx.HTTPTransport:
     """httpx's default transport (what `httpx.Client()` makes: same TLS checks, limits, environment), on
     `_CorkedStream`s. httpx has no parameter for the network backend: its pool is made again with one."""
-    transport = httpx.HTTPTransport()
+    from ._transport import default_ssl_context
+
+    transport = httpx.HTTPTransport(verify=default_ssl_context())
     pool = transport._pool
     if type(pool) is not httpcore.ConnectionPool:  # pragma: no cover - an httpx that builds it otherwise
         return transport

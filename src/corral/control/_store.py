@@ -886,6 +886,8 @@ def _check_per_sandbox(tenant: TenantRow, row: SandboxRow) -> None:
 
 
 async def _check_totals(session: AsyncSession, tenant: TenantRow, row: SandboxRow) -> None:
+    if tenant.max_sandboxes is None and tenant.max_memory_bytes is None and tenant.max_cpus is None:
+        return  # no total to keep: not a query on every create of an unlimited tenant
     # A sandbox paused to disk holds no memory nor CPU: it counts against `max_paused` instead.
     live = (SandboxRow.tenant_id == tenant.id, SandboxRow.destroyed_at.is_(None),
             SandboxRow.paused_to_disk.is_not(True), SandboxRow.id != row.id)
