@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from .._exceptions import AuthenticationError, CorralError, InvalidRequestError
+from .._negotiation import quality
 from ..control import Principal
 from ._auth import client_info, sandbox_caller
 from ._errors import corral_error, e2b_error
@@ -220,7 +221,7 @@ def _accepted_encoding(header: str) -> str | None:
     for part in header.split(","):
         coding, _, params = part.strip().partition(";")
         if coding.strip():
-            accepted[coding.strip().lower()] = _quality(params)
+            accepted[coding.strip().lower()] = quality(params.split(";"))
     if not accepted:
         return "identity"
     if accepted.get("gzip", 0) > 0 and not any(q > 0 for c, q in accepted.items() if c not in ("gzip", "identity")):
@@ -229,17 +230,6 @@ def _accepted_encoding(header: str) -> str | None:
     if not refused:
         return "identity"
     return "gzip" if accepted.get("gzip", accepted.get("*", 0)) > 0 else None
-
-
-def _quality(params: str) -> float:
-    for param in params.split(";"):
-        name, _, value = param.strip().partition("=")
-        if name.strip().lower() == "q":
-            try:
-                return float(value)
-            except ValueError:
-                return 0.0
-    return 1.0
 
 
 async def _gzip(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

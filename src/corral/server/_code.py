@@ -23,6 +23,7 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 from starlette.types import Receive, Scope, Send
 
+from .._negotiation import quality
 from ..engine import CodeResult, CodeSession, RichResult
 from ..service import Cell, CodeStream
 from ._auth import CurrentPrincipal
@@ -140,19 +141,8 @@ def accepts_frames(request: Request) -> bool:
     for item in request.headers.get("accept", "").split(","):
         media, *params = (part.strip() for part in item.split(";"))
         if media.lower() == FRAMES:
-            return _quality(params) > 0
+            return quality(params) > 0
     return False
-
-
-def _quality(params: list[str]) -> float:
-    for param in params:
-        name, _, value = param.partition("=")
-        if name.strip().lower() == "q":
-            try:
-                return float(value)
-            except ValueError:
-                return 0.0
-    return 1.0
 
 
 @router.post("/{sandbox_id}/code", response_model=None)
