@@ -8,6 +8,7 @@ import shutil
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -52,7 +53,9 @@ def _admin(server: ServerProcess) -> httpx.Client:
 @pytest.fixture(scope="session")
 def e2b_server() -> Iterator[E2BServer]:
     TEST_HOME.mkdir(parents=True, exist_ok=True)
-    home = TEST_HOME / f"e2b-{uuid.uuid4().hex[:8]}"  # not pytest's 0700 tmp_path: sandboxes must reach it
+    # Not pytest's 0700 tmp_path: sandboxes must reach it. Not under TEST_HOME either: the server's warm pool keeps
+    # sandboxes for the whole session, which the leak checks of other tests' homes must not count as theirs.
+    home = Path(f"{TEST_HOME}-e2b-{uuid.uuid4().hex[:8]}")
     # A warm pool of the root sandboxes E2B creates: the whole E2B suite runs on claimed members (docs/performance.md).
     with ServerProcess(home, template_home=TEMPLATE_HOME, args=["--pool", "default/root=2"]) as server, \
             _admin(server) as admin:

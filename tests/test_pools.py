@@ -127,6 +127,22 @@ async def test_memory_cpu_and_pids_limits_are_applied_at_the_claim_and_enforced(
     assert quota.stdout.split()[0] == "200000", quota
 
 
+async def test_a_claim_for_more_memory_than_fits_takes_the_pools_room_and_never_fails_for_it(
+        test_home: Path) -> None:
+    pools = [WarmPool(SandboxSpec(template=TEMPLATE), POOL)]
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    overcommit = (POOL * 512 + 256) * 1024**2 / total  # room for the two 512M members and 256M more
+    async with started_engine(test_home, pools=pools, capacity=Capacity(memory_overcommit=overcommit)) as engine:
+        await _filled(engine)
+        # 1G does not fit beside the members: the claimed one is dropped, the other given back, and it starts cold.
+        sb = await engine.create(spec(memory="1G"))
+        assert sb.info.limits.memory == 1024**3 and (await sb.exec("true")).exit_code == 0
+        assert _stats(engine)["claimed"] == 1 and _stats(engine)["evicted"] == 1 and engine.pool_ready == 0
+        assert not engine._claimed
+        with pytest.raises(CapacityError):  # no member left to make room with: the machine is full
+            await engine.create(spec(memory="1G"))
+
+
 async def test_a_member_whose_agent_died_is_replaced_under_the_same_id(engine: Engine) -> None:
     # Kill the agent (the sandbox's PID 1) of the newest member, the one a claim takes, from the host.
     newest = engine._pools[engine._pool_key(SandboxSpec(template=TEMPLATE))].members[-1]

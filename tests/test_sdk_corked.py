@@ -90,7 +90,8 @@ def test_a_real_request_arrives_in_one_segment_and_is_answered() -> None:
 def test_every_client_shares_one_tls_context() -> None:
     """Building the root store took ~20 ms per `Sandbox` (each has a client): one context, made once, serves all."""
     from corral._sdk._config import ConnectionConfig
-    from corral._sdk._transport import AsyncClient, SyncClient, default_ssl_context
+    from corral._sdk._tls import default_ssl_context
+    from corral._sdk._transport import AsyncClient, SyncClient
 
     config = ConnectionConfig.resolve(api_key="k", base_url="https://corral.example", request_timeout=5)
     sync_clients, async_clients = [SyncClient(config) for _ in range(2)], [AsyncClient(config) for _ in range(2)]

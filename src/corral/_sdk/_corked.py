@@ -15,6 +15,8 @@ from typing import Any
 import httpcore
 import httpx
 
+from ._tls import default_ssl_context
+
 __all__ = ["corked_transport"]
 
 _CORK_LIMIT = 64 * 1024  # bytes a corked stream holds back at most (an upload's big chunks go straight through)
@@ -86,8 +88,6 @@ class _CorkedBackend(httpcore.NetworkBackend):
 def corked_transport() -> httpx.HTTPTransport:
     """httpx's default transport (what `httpx.Client()` makes: same TLS checks, limits, environment), on
     `_CorkedStream`s. httpx has no parameter for the network backend: its pool is made again with one."""
-    from ._transport import default_ssl_context
-
     transport = httpx.HTTPTransport(verify=default_ssl_context())
     pool = transport._pool
     if type(pool) is not httpcore.ConnectionPool:  # pragma: no cover - an httpx that builds it otherwise

@@ -16,10 +16,8 @@ with `raise ... from`. No httpx exception escapes.
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import json
-import ssl
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
@@ -36,6 +34,7 @@ from .._exceptions import (
     error_from_code,
 )
 from ._config import ConnectionConfig
+from ._tls import default_ssl_context
 
 __all__ = ["AsyncClient", "SyncClient", "json_dict", "sandbox_path", "transport_error"]
 
@@ -150,16 +149,6 @@ def json_dict(data: Any, what: str) -> dict[str, Any]:
 
 _RETRIED_STATUSES = frozenset({429, 503})
 _BACKOFF_BASE = 0.5
-
-
-@functools.cache
-def default_ssl_context() -> ssl.SSLContext:
-    """httpx's default TLS settings (certifi's roots, or `SSL_CERT_FILE`/`SSL_CERT_DIR`), made once per process.
-
-    Every `Sandbox` has a client of its own, and httpx builds a new context for each (loading the whole root
-    store: ~20 ms, the largest part of a create served by a warm pool). One context serves any number of clients.
-    """
-    return httpx.create_ssl_context()
 
 
 class _BaseClient:

@@ -370,13 +370,11 @@ class Engine:
         created cold under the same id, so a claim never hands out a dead sandbox."""
         sb = self._claimed.pop(sandbox_id)
         try:
-            answers = await self._answers(sb)
+            usable = await self._answers(sb) and await self._resized(sb, spec)
         except BaseException:  # cancelled: still the caller's to release
             self._claimed[sandbox_id] = sb
             raise
-        if answers and self._differs_in_resizable(sb.spec.limits, spec.limits):
-            answers = await self._resize(sb, spec)
-        if not answers:
+        if not usable:
             await self._destroy(sb, reason="pool member unusable")
             self._tombstones.pop(sandbox_id, None)
             sb = await self._create(spec, self.templates.get(spec.template), sandbox_id=sandbox_id)
@@ -396,7 +394,8 @@ class Engine:
     @staticmethod
     async def _answers(sb: _Sandbox) -> bool:
         try:
-            await asyncio.wait_for(sb.agent.ping(), _CLAIM_PING_TIMEOUT)
+            async with asyncio.timeout(_CLAIM_PING_TIMEOUT):
+                await sb.agent.ping()
         except (AgentError, TimeoutError):
             logger.warning("pool.member_dead", extra={"sandbox": sb.id})
             return False
@@ -412,15 +411,19 @@ class Engine:
     def _differs_in_resizable(self, mine: Limits, wanted: Limits) -> bool:
         return any(getattr(mine, name) != getattr(wanted, name) for name in RESIZABLE_LIMITS)
 
-    async def _resize(self, sb: _Sandbox, spec: SandboxSpec) -> bool:
-        """Give a claimed member `spec`'s memory, CPU and pids limits; False if the backend refused (the claim
-        then starts one cold). More memory than the member had must fit the machine (`CapacityError`)."""
-        assert self._resizable is not None
-        extra = spec.limits.memory - sb.spec.limits.memory
-        if extra > 0:
-            usage = self.usage()  # the member is counted in it already: one sandbox, its old memory
-            self.capacity.check(MachineUsage(sandboxes=usage.sandboxes - 1, memory=usage.memory), extra,
-                                await self.backend.capacity(), retry_after=self._retry_after())
+    async def _resized(self, sb: _Sandbox, spec: SandboxSpec) -> bool:
+        """Give a claimed member `spec`'s memory, CPU and pids limits (if they differ); False if the backend
+        refused, or more memory than the member had does not fit the machine: the claim then starts a sandbox cold,
+        which, as every create, takes the room of ready members first (and raises `CapacityError` without)."""
+        if self._resizable is None or not self._differs_in_resizable(sb.spec.limits, spec.limits):
+            return True
+        if spec.limits.memory > sb.spec.limits.memory:
+            # `adopt` took the member out of `_claimed`: `usage` has it no more, so it is checked whole, as a create.
+            try:
+                self.capacity.check(self.usage(), spec.limits.memory, await self.backend.capacity(),
+                                    retry_after=self._retry_after())
+            except CapacityError:
+                return False  # started cold instead, in this member's room and other members' if need be
         try:
             await self._resizable.resize(sb.record, spec.limits)
         except CorralError:
@@ -1084,8 +1087,11 @@ class Engine:
         while True:
             self._pool_wake.clear()
             delay = await self._pool_step()
+            # `asyncio.timeout`, not `wait_for`: on 3.11 a cancel that lands as the event is set is lost by
+            # `wait_for`, and `close` then waits for this loop forever (a test caught it).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._pool_wake.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await self._pool_wake.wait()
 
     async def _pool_step(self) -> float:
         """Start what the pools lack now; the seconds until the next look."""
@@ -1101,7 +1107,7 @@ class Engine:
                 logger.warning("pool.memory_pressure", extra={"available": available, "floor": floor})
             return _POOL_PRESSURE_POLL
         quiet = self._last_demand + _POOL_QUIET - time.monotonic()
-        if quiet > 0 or len(self._creating) > len(self._pool_starting):
+        if quiet > 0 or any(sandbox_id not in self._pool_starting for sandbox_id in self._creating):
             return max(quiet, _POOL_QUIET / 4)
         if available is not None and available < 2 * floor:
             return _POOL_PRESSURE_POLL
