@@ -535,15 +535,11 @@ class ControlStore:
         async with self._db.read() as session:
             tenant = tenant_from_row(await _tenant_row(session, tenant_id))
             row = await session.get(TenantEgressRow, tenant_id)
-        return tenant, (TenantEgress() if row is None else TenantEgress(ceiling=row.ceiling,
-                                                                        private=list(row.private or [])))
+        return tenant, _tenant_egress(row)
 
     async def tenant_egress(self, tenant_id: str) -> TenantEgress:
         async with self._db.read() as session:
-            row = await session.get(TenantEgressRow, tenant_id)
-        if row is None:
-            return TenantEgress()
-        return TenantEgress(ceiling=row.ceiling, private=list(row.private or []))
+            return _tenant_egress(await session.get(TenantEgressRow, tenant_id))
 
     async def set_tenant_egress(self, tenant_id: str, egress: TenantEgress) -> TenantEgress:
         """Replace the tenant's egress settings (validate them first: this stores what it is given)."""
@@ -883,6 +879,11 @@ def _check_per_sandbox(tenant: TenantRow, row: SandboxRow) -> None:
     _check_limit(tenant, "max_sandbox_disk_bytes", tenant.max_sandbox_disk_bytes, row.disk_bytes,
                  "this sandbox's disk", unit=" bytes")
     _check_limit(tenant, "max_sandbox_timeout", tenant.max_sandbox_timeout, timeout, "a sandbox timeout", unit="s")
+
+
+def _tenant_egress(row: TenantEgressRow | None) -> TenantEgress:
+    """A tenant's egress settings from its row (none: the defaults)."""
+    return TenantEgress() if row is None else TenantEgress(ceiling=row.ceiling, private=list(row.private or []))
 
 
 async def _check_totals(session: AsyncSession, tenant: TenantRow, row: SandboxRow) -> None:

@@ -350,7 +350,7 @@ class Engine:
         it is empty). No await: a burst's concurrent claims never get the same member. The caller then `adopt`s
         it (with the id it was told, e.g. after recording it) or `release`s it; until then nobody sees it."""
         self._last_demand = time.monotonic()
-        if spec.volumes:
+        if not self._pools or spec.volumes:  # no pool: no key to build on every create
             return None
         state = self._pools.get(self._pool_key(spec))
         if state is None:
