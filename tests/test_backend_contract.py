@@ -112,6 +112,7 @@ async def test_an_agent_that_never_answers_fails_the_create_with_diagnostics_and
         assert time.monotonic() - started < 3
         sid = backend.called("create")[0]
         assert f"the fake log of {sid}" in info.value.message
+        assert info.value.code == "agent_error"  # HTTP 502: the sandbox's side failed, not the server
         assert backend.called("destroy") == [sid] and world.running == set()
         assert engine.list() == [] and engine.usage().sandboxes == 0 and _state_files(tmp_path) == []
 
@@ -130,7 +131,7 @@ async def test_a_sandbox_that_stops_before_its_agent_answers_fails_at_once(tmp_p
             await engine.create(SPEC)
         await crash
         assert time.monotonic() - started < 5, "waited out the ready timeout for a sandbox that had stopped"
-        assert "the fake log of" in info.value.message
+        assert "the fake log of" in info.value.message and info.value.code == "agent_error"
         assert len(backend.called("destroy")) == 1 and engine.list() == []
 
 

@@ -212,12 +212,14 @@ async def _race(ctx: CheckContext, canary: Path, secret: bytes) -> tuple[Counter
             try:
                 if i % 2:
                     data = f"W{i}".encode()
-                    await asyncio.wait_for(sb.files.write(target, data), 30)
+                    async with asyncio.timeout(30):
+                        await sb.files.write(target, data)
                     written.add(data)
                     outcomes["write ok"] += 1
                     continue
                 path = "/workspace/d/etc/shadow" if i % 10 == 0 else target
-                data = await asyncio.wait_for(sb.files.read(path), 30)
+                async with asyncio.timeout(30):
+                    data = await sb.files.read(path)
             except AgentError as exc:
                 raise ItemFailed(f"the agent failed during the race (transfer {i}): {exc.message}") from exc
             except CorralError as exc:

@@ -71,13 +71,15 @@ async def item_09_process_limit(ctx: CheckContext) -> str:
                 outcome = clip(str(bomb.exception() or bomb.result())) if bomb.done() else "still running"
                 raise ItemFailed(f"the fork probe never reached the pids limit within 60 s ({outcome})")
             t0 = time.monotonic()
-            answer = await asyncio.wait_for(other.commands.run("echo other", timeout=15), 20)
+            async with asyncio.timeout(20):
+                answer = await other.commands.run("echo other", timeout=15)
             other_seconds = time.monotonic() - t0
             host_seconds = await _host_responsiveness(ctx)
             if bomb.done():
                 raise ItemFailed(f"the fork probe let its processes go before another sandbox (and the host) had "
                                  f"answered ({other_seconds:.1f} s): the probe proves nothing")
-            result = await asyncio.wait_for(bomb, 90)
+            async with asyncio.timeout(90):
+                result = await bomb
         finally:
             bomb.cancel()
         alive = await run_ok(bombed, "echo alive", timeout=15, what="the bombed sandbox afterwards")
@@ -104,7 +106,8 @@ async def _host_responsiveness(ctx: CheckContext) -> float | None:
         return None
     t0 = time.monotonic()
     proc = await asyncio.create_subprocess_exec("true")
-    await asyncio.wait_for(proc.wait(), 30)
+    async with asyncio.timeout(30):
+        await proc.wait()
     return time.monotonic() - t0
 
 

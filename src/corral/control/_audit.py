@@ -522,7 +522,8 @@ class AuditLog:
                 yield entry
             if len(batch) < _BATCH:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(appended.wait(), poll_interval)
+                    async with asyncio.timeout(poll_interval):
+                        await appended.wait()
 
     async def _scan(self, stmt: Select[AuditRow]) -> AsyncIterator[AuditEntry]:
         """All matching records in seq order, a batch per transaction, so memory stays flat on long logs."""

@@ -190,7 +190,8 @@ async def _stream(produce: Producer, keepalive: Mapping[str, Any] | None,
     try:
         while True:
             try:
-                item = await asyncio.wait_for(queue.get(), interval) if keepalive else await queue.get()
+                async with asyncio.timeout(interval if keepalive else None):
+                    item = await queue.get()
             except TimeoutError:
                 assert keepalive is not None
                 yield envelope(keepalive)

@@ -211,7 +211,8 @@ class _Cell:
         """The stream of lines; a cell refused before any output (an unknown context, a language the template
         lacks) is answered with its error's status instead, as E2B's server answers it."""
         try:  # a refusal comes within milliseconds; a quiet cell must not keep the answer's headers waiting
-            first: bytes | None = await asyncio.wait_for(self.queue.get(), _REFUSAL_WAIT)
+            async with asyncio.timeout(_REFUSAL_WAIT):
+                first: bytes | None = await self.queue.get()
         except TimeoutError:
             first = _KEEPALIVE
         if first is None and (failed := self.task.exception()) is not None:
@@ -227,7 +228,8 @@ class _Cell:
             while item is not None:
                 yield item
                 try:  # a line now and then keeps proxies from closing a quiet stream (the SDKs skip it)
-                    item = await asyncio.wait_for(self.queue.get(), _KEEPALIVE_EVERY)
+                    async with asyncio.timeout(_KEEPALIVE_EVERY):
+                        item = await self.queue.get()
                 except TimeoutError:
                     item = _KEEPALIVE
             if (failed := self.task.exception()) is not None:

@@ -279,7 +279,8 @@ class AgentClient:
             with self._mapped("connect"):
                 await loop.sock_sendall(sock, request)
                 try:  # the agent answers a connect at once: no heartbeats, which would corrupt the pipe
-                    kind, payload = await asyncio.wait_for(_sock_read_frame(sock), idle)
+                    async with asyncio.timeout(idle):
+                        kind, payload = await _sock_read_frame(sock)
                 except TimeoutError:
                     raise _silent_agent(self.label, "connect", idle or 0, self._details) from None
                 if kind == protocol.ERROR:
@@ -308,7 +309,8 @@ class AgentClient:
                 sock = socket.socket(family, kind, proto)
             sock.setblocking(False)
             try:
-                await asyncio.wait_for(loop.sock_connect(sock, address), self._connect_timeout())
+                async with asyncio.timeout(self._connect_timeout()):
+                    await loop.sock_connect(sock, address)
             except BaseException:
                 sock.close()
                 raise

@@ -41,7 +41,6 @@ from .._exceptions import (
     InvalidRequestError,
     NotFoundError,
     SandboxTimeoutError,
-    ServerError,
 )
 from .._settings import agent_seconds, corral_home
 from ..backends import (
@@ -507,7 +506,8 @@ class Engine:
         deadline, next_alive = start + timeout, start + _ALIVE_POLL
         while True:
             try:
-                await asyncio.wait_for(agent.ping(), max(0.1, deadline - time.monotonic()))
+                async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
+                    await agent.ping()
                 return
             except (AgentError, TimeoutError) as exc:
                 now = time.monotonic()
@@ -517,7 +517,7 @@ class Engine:
                 if stopped or now >= deadline:
                     what = "it stopped" if stopped else f"its agent did not answer within {timeout:g}s"
                     diagnostics = await self._diagnostics(record)
-                    raise ServerError(f"sandbox {sandbox_id} started but {what}: {diagnostics}",
+                    raise AgentError(f"sandbox {sandbox_id} started but {what}: {diagnostics}",
                                       details={"sandbox_id": sandbox_id}) from exc
             await asyncio.sleep(_READY_POLL)
 
@@ -925,7 +925,8 @@ class Engine:
         """Whether this engine runs the sandbox and its agent answers a ping within `wait` seconds."""
         try:
             sb = self._running(sandbox_id)
-            await asyncio.wait_for(self.agent(sb.id).ping(), wait)
+            async with asyncio.timeout(wait):
+                await self.agent(sb.id).ping()
         except (CorralError, TimeoutError):
             return False
         return True

@@ -134,7 +134,8 @@ async def run_one(task: Task, adapter: Adapter, *, server: str | None, retries: 
         rec = _Attempt()
         started = time.monotonic()
         try:
-            await asyncio.wait_for(_attempt(task, adapter, rec), task.budget)
+            async with asyncio.timeout(task.budget):
+                await _attempt(task, adapter, rec)
         except TimeoutError:
             where = f"step {rec.current + 1} of {len(task.steps)}" if rec.current >= 0 else "creating the sandbox"
             rec.failures.append(TaskFailure(rec.current, "hang", f"no result within the task's budget of "

@@ -294,12 +294,14 @@ class _WebSocketExchange:
 async def _connected(host: str, port: int) -> socket.socket:
     """A TCP connection to the owner, within the connect timeout."""
     loop = asyncio.get_running_loop()
-    infos = await asyncio.wait_for(loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), _CONNECT_TIMEOUT)
+    async with asyncio.timeout(_CONNECT_TIMEOUT):
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     family, kind, proto, _, address = infos[0]
     sock = socket.socket(family, kind, proto)
     sock.setblocking(False)
     try:
-        await asyncio.wait_for(loop.sock_connect(sock, address), _CONNECT_TIMEOUT)
+        async with asyncio.timeout(_CONNECT_TIMEOUT):
+            await loop.sock_connect(sock, address)
     except BaseException:
         sock.close()
         raise

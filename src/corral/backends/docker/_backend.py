@@ -52,7 +52,14 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from ..._exceptions import ConflictError, InvalidRequestError, NotFoundError, RuntimeUnavailableError, ServerError
+from ..._exceptions import (
+    AgentError,
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+    RuntimeUnavailableError,
+    ServerError,
+)
 from ...templates import Template
 from .._contract import (
     JSON,
@@ -546,7 +553,7 @@ class DockerBackend:
             stopped = now >= next_alive and not await self.alive(record)
             if stopped or now - start > AGENT_READY_TIMEOUT:
                 what = "it stopped" if stopped else f"its agent did not bind its socket within {AGENT_READY_TIMEOUT:g}s"
-                raise ServerError(f"sandbox {record.sandbox_id} started but {what}: {await self.diagnostics(record)}",
+                raise AgentError(f"sandbox {record.sandbox_id} started but {what}: {await self.diagnostics(record)}",
                                   details={"sandbox_id": record.sandbox_id})
             next_alive = now + _ALIVE_POLL if now >= next_alive else next_alive
             await asyncio.sleep(_SOCKET_POLL)

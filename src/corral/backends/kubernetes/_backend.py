@@ -475,7 +475,8 @@ class KubernetesBackend:
                 logger.warning("k8s.pool.refill_failed", extra={"error": str(exc)})
             self._refill.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._refill.wait(), POOL_INTERVAL)
+                async with asyncio.timeout(POOL_INTERVAL):
+                    await self._refill.wait()
 
     async def _create_warm(self, template: str, image: str) -> None:
         name = f"corral-warm-{secrets.token_hex(6)}"

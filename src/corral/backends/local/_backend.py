@@ -54,7 +54,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar
 
 from ..._atomic import write_json_atomic
-from ..._exceptions import ConflictError, NotFoundError, ServerError
+from ..._exceptions import AgentError, ConflictError, NotFoundError, ServerError
 from ...templates import Template
 from .. import _idmap
 from .._contract import (
@@ -529,7 +529,7 @@ class LocalBackend:
             stopped = now >= next_alive and not await self.alive(record)
             if stopped or now - start > timeout:
                 what = "it stopped" if stopped else f"its agent did not listen on its socket within {timeout:g}s"
-                raise ServerError(f"sandbox {record.sandbox_id} started but {what}: "
+                raise AgentError(f"sandbox {record.sandbox_id} started but {what}: "
                                   f"{await self.diagnostics(record)}", details={"sandbox_id": record.sandbox_id})
             if now >= next_alive:
                 next_alive = now + ALIVE_POLL

@@ -69,7 +69,8 @@ class OCIRuntime:
                 stdout=logf, stderr=logf,
             )
         try:
-            code = await asyncio.wait_for(proc.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                code = await proc.wait()
         except TimeoutError as exc:
             proc.kill()
             await proc.wait()

@@ -29,7 +29,8 @@ async def run(argv: Sequence[str], *, what: str, timeout: float = 60.0, check: b
     except OSError as exc:
         raise ServerError(f"{what}: could not start {argv[0]}: {exc}") from exc
     try:
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout)
+        async with asyncio.timeout(timeout):
+            out, _ = await proc.communicate()
     except TimeoutError as exc:
         proc.kill()
         await proc.wait()
