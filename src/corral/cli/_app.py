@@ -82,7 +82,7 @@ _COMMANDS: dict[str, _Command] = {
                          "`sandbox create --template <snapshot id>`)."),
     "volume": _Command("_volumes", "volume_app", "Create, list and delete volumes: storage that outlives sandboxes."),
     "secret": _Command("_secrets", "secret_app", "Store, list and delete secrets that sandboxes use without ever "
-                       "holding them."),
+                       "holding them; reseal them under a new key."),
     "tenants": _Command("_tenants", "tenants_app", "Create, list and update tenants (admin)."),
     "keys": _Command("_keys", "keys_app", "Create, list and revoke API keys (admin)."),
     "audit": _Command("_audit", "audit_app", "Verify, export and follow the audit trail."),

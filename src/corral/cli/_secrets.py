@@ -1,23 +1,36 @@
-"""`corral secret put|ls|rm`: the tenant's stored secrets on a Corral server (docs/secrets.md), through its API.
+"""`corral secret put|ls|rm|reseal`: the tenant's stored secrets on a Corral server (docs/secrets.md).
 
-`put` reads the value from standard input (or from the environment variable `--from-env` names), never from an
-argument: arguments show in `ps` and shell history.
+`put`, `ls` and `rm` go through the API. `put` reads the value from standard input (or from the environment
+variable `--from-env` names), never from an argument: arguments show in `ps` and shell history. `reseal` is an
+operator's local command on the server's host, as `corral audit rotate-key` is: it seals every tenant's stored values
+again with the newest key, in the database, and records `secret.resealed`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 import typer
 from rich.table import Table
 
+from .._exceptions import InvalidRequestError
 from .._sdk import Secret
+from .._settings import corral_home, database_url
 from ._common import ApiKeyOption, JsonOption, UrlOption, client, print_json, print_table, short_time
 
-secret_app = typer.Typer(help="Store, list and delete secrets that sandboxes use without ever holding them.",
+if TYPE_CHECKING:  # the control plane (SQLAlchemy) loads only for `reseal`: the CLI starts fast
+    from ..control import Resealed
+
+RESEALED = "secret.resealed"
+
+secret_app = typer.Typer(help="Store, list and delete secrets that sandboxes use without ever holding them; "
+                         "reseal them under a new key.",
                          no_args_is_help=True)
 
 
@@ -83,3 +96,31 @@ def rm(
         http.request("DELETE", "/v1/secrets/" + quote(name, safe=""))
     finally:
         http.close()
+
+
+@secret_app.command("reseal")
+def reseal(
+    home: Path | None = typer.Option(None, "--home", help="The server's state directory (default CORRAL_HOME)."),
+    db: str | None = typer.Option(None, "--db", help="The server's database URL (default CORRAL_DB_URL, else "
+                                                     "SQLite in the state directory)."),
+) -> None:
+    """Seal every stored secret again with the newest key (the first of CORRAL_SECRETS_KEY, else of the state
+    directory's secrets.key), so that the older keys can go. Run it after the servers restarted with the new key."""
+    from ..egress._keyring import ENV, KEY_FILE  # `cryptography` loads only for this command
+
+    state = corral_home(home)
+    if os.environ.get(ENV) is None and not (state / KEY_FILE).exists():
+        raise InvalidRequestError(f"no secrets key: {ENV} is not set and {state / KEY_FILE} does not exist (is "
+                                  "--home the server's state directory?)")
+    done = asyncio.run(_reseal(db or database_url(), state))
+    typer.echo(f"resealed {done.resealed} stored secret(s) with the newest key; {done.current} already were")
+
+
+async def _reseal(url: str | None, home: Path) -> Resealed:
+    from ..control import AuditEvent, ControlStore
+    from ..egress._keyring import SecretKeyring
+
+    async with ControlStore(url, home=home) as store:
+        done = await store.reseal_secrets(SecretKeyring.from_environment(home))
+        await store.audit.append(AuditEvent(RESEALED, params={"resealed": done.resealed, "current": done.current}))
+    return done

@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, text
 from sqlalchemy.engine import Dialect
@@ -465,6 +465,22 @@ class StoredSecret:
     created_at: datetime
     updated_at: datetime
     sealed: str = field(default="", repr=False)
+
+
+class Resealer(Protocol):
+    """What seals stored values again (`corral.egress.SecretKeyring`): the store never sees a key or a value."""
+
+    def current(self, sealed: str) -> bool: ...
+
+    def reseal(self, sealed: str) -> str: ...
+
+
+@dataclass(frozen=True)
+class Resealed:
+    """What `ControlStore.reseal_secrets` did: values sealed again, values already under the newest key."""
+
+    resealed: int
+    current: int
 
 
 def secret_from_row(row: SecretRow, *, sealed: bool = False) -> StoredSecret:

@@ -30,6 +30,7 @@ from .._exceptions import (
     InvalidRequestError,
     NotFoundError,
     QuotaExceededError,
+    ServerError,
 )
 from .._settings import corral_home
 from ..backends._spec import SandboxSpec
@@ -45,6 +46,8 @@ from ._models import (
     ApiKeyRow,
     NewApiKey,
     Quotas,
+    Resealed,
+    Resealer,
     SandboxQuery,
     SandboxRecord,
     SandboxRow,
@@ -801,6 +804,31 @@ class ControlStore:
             if row is None:
                 raise NotFoundError(f"no stored secret named {name!r}", details={"secret": name})
             await session.delete(row)
+
+    async def reseal_secrets(self, keyring: Resealer) -> Resealed:
+        """Every tenant's stored values sealed again with the keyring's newest key (`corral secret reseal`), so that
+        older keys can leave the keyring. All are opened before any is written: one that no key opens is refused,
+        naming it, and nothing changes. A value replaced meanwhile (a `put`) is kept as its `put` sealed it."""
+        async with self._db.read() as session:
+            rows = (await session.execute(select(SecretRow.id, SecretRow.tenant_id, SecretRow.name,
+                                                 SecretRow.sealed))).all()
+        fresh: list[tuple[str, str, str]] = []
+        unopened: list[str] = []
+        for row_id, tenant_id, name, sealed in rows:
+            if keyring.current(sealed):
+                continue
+            try:
+                fresh.append((row_id, sealed, keyring.reseal(sealed)))
+            except ServerError:
+                unopened.append(f"{name} of tenant {tenant_id}")
+        if unopened:
+            raise ServerError(f"no key in the keyring opens the stored secret(s) {', '.join(sorted(unopened))}: "
+                              "put the key that sealed them back after the newest one; nothing was resealed")
+        async with self._db.write() as session:
+            for row_id, old, new in fresh:  # compare-and-swap: a concurrent `put` wins
+                await session.execute(update(SecretRow).where(SecretRow.id == row_id, SecretRow.sealed == old)
+                                      .values(sealed=new))
+        return Resealed(resealed=len(fresh), current=len(rows) - len(fresh))
 
     @staticmethod
     async def _secret_named(session: AsyncSession, tenant_id: str, name: str) -> SecretRow | None:

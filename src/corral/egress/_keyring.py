@@ -4,7 +4,8 @@ sandbox's stored spec, holds no usable value.
 
 The keys come from `CORRAL_SECRETS_KEY` (several replicas on one database must share it), else from
 `<home>/secrets.key` (made on first use, 0600): one Fernet key per line or comma-separated, newest first. The
-first seals; all of them open, so a new key can be put in front of the old one and stored values still open.
+first seals; all of them open, so a new key can be put in front of the old one and stored values still open;
+`corral secret reseal` then seals the stored ones again with the new key, so that the old one can go.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ class SecretKeyring:
         if not keys:
             raise InvalidRequestError("a secrets keyring needs at least one key")
         try:
-            self._fernet = MultiFernet([Fernet(k) for k in keys])
+            fernets = [Fernet(k) for k in keys]
+            self._newest, self._fernet = fernets[0], MultiFernet(fernets)
         except ValueError as exc:
             raise InvalidRequestError(f"{ENV} or {KEY_FILE}: not Fernet keys ({exc}); make one with "
                                       "`python -c 'from cryptography.fernet import Fernet; "
@@ -56,6 +58,14 @@ class SecretKeyring:
             raise ServerError(f"a stored secret cannot be opened with the keys in {ENV} / {KEY_FILE}: the key that "
                               "sealed it is missing (keep old keys after the new one until values are resealed)")\
                 from None
+
+    def current(self, sealed: str) -> bool:
+        """Whether `sealed` opens with the newest key (a reseal would change nothing but the token)."""
+        try:
+            self._newest.decrypt(sealed.encode("ascii"))
+        except (InvalidToken, ValueError):
+            return False
+        return True
 
     def reseal(self, sealed: str) -> str:
         """The same value, sealed with the newest key (key rotation)."""

@@ -123,8 +123,10 @@ def _sealed(name: str, request: SecretRequest, keyring: SecretKeyring,
     if wider:
         raise InvalidRequestError(f"secret {name}: the stored secret {found.name!r} is bound to "
                                   f"{', '.join(found.hosts)}; {', '.join(wider)} is not among them")
+    # Under the newest key even when the stored value is not resealed yet: a new sandbox never needs an old key.
+    sealed = found.sealed if keyring.current(found.sealed) else keyring.reseal(found.sealed)
     return SealedSecret(name=name, placeholder=new_placeholder(), hosts=hosts, body=found.body or request.body,
-                        sealed=found.sealed)
+                        sealed=sealed)
 
 
 def audit_secrets(requests: dict[str, SecretRequest]) -> dict[str, Any]:
