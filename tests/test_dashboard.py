@@ -418,6 +418,7 @@ def test_the_audit_page_filters_by_key_and_verifies_the_chain(deployment: Deploy
     page.click("#verify")
     page.wait_for_selector("#verify-ok")
     assert "The chain is intact" in page.inner_text("#verify-result")
+    assert "every one signed with the audit key (HMAC)" in page.inner_text("#verify-result")  # a new deployment
     screenshot(page, "audit")
     # The sandbox page shows the commands recorded for it (to roles that may read the trail).
     page.goto(url + f"/ui/sandboxes/{deployment.sandbox.id}")

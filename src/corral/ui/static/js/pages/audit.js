@@ -42,13 +42,20 @@ export function auditPage(main) {
     h("td", { class: `small ${r.outcome && r.outcome.error ? "error" : ""}` }, summary(r.outcome || {}, r.action)),
     h("td", { class: "mono small params" }, json(r.params)));
 
+  // What the server's key proved: records from before audit keys are linked by plain SHA-256 only, which whoever
+  // can write the database can redo (docs/audit.md).
+  const keyed = (r) => r.unkeyed
+    ? `${r.unkeyed} of them from before audit keys (plain SHA-256 links, no HMAC)`
+    : "every one signed with the audit key (HMAC)";
+
   const verify = async () => {
     mount(verdict, h("p", { class: "muted" }, "Verifying the whole chain…"));
     try {
       const r = await api.get("/v1/audit/verify");
       broken = r.problem ? r.problem.seq : null;
       mount(verdict, r.ok
-        ? h("p", { class: "ok", id: "verify-ok" }, `The chain is intact: ${r.checked} record(s) checked, head ${r.head}.`)
+        ? h("p", { class: "ok", id: "verify-ok" }, `The chain is intact: ${r.checked} record(s) checked, `
+          + `${keyed(r)}, head ${r.head}.`)
         : h("p", { class: "error", id: "verify-broken" }, `The chain breaks at record ${r.problem.seq} `
           + `(${r.problem.kind}): ${r.problem.message}. ${r.checked} record(s) checked before it.`));
       load();
