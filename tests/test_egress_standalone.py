@@ -12,6 +12,7 @@ import re
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,7 +20,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from corral.backends import SandboxSpec
 from corral.backends.kubernetes import TokenKey
@@ -283,6 +286,61 @@ async def test_corral_egress_proxy_serves_until_sigterm(rig: Rig, tmp_path: Path
     assert code == 0
     assert (sandbox, True) in await rig.egress_records(1)  # its audit record, in the servers' database
     assert (await rig.store.audit.verify()).ok  # signed with the servers' audit key
+
+
+async def test_corral_egress_proxy_counts_by_tenant_on_its_metrics_port(rig: Rig, tmp_path: Path) -> None:
+    # Prometheus' own parser reads what a scraper reads; one allowed attempt and one refused, by the sandboxes'
+    # tenant (the proxy learns it from the database), and the bytes of the allowed one.
+    allowed, refused = await rig.sandbox(["127.0.0.1"]), await rig.sandbox("none")
+    db = f"sqlite+aiosqlite:///{tmp_path / 'corral.db'}"
+    proc = await asyncio.create_subprocess_exec(
+        *_corral(), "egress-proxy", "--port", "0", "--db", db, "--no-mirror", "--metrics-port", "0",
+        env=_proxy_env(tmp_path / "proxy-home", SECRET.decode(), (tmp_path / "audit.key").read_text()),
+        stderr=subprocess.PIPE)
+    try:
+        assert proc.stderr is not None
+        async with asyncio.timeout(WAIT):
+            metrics_line = (await proc.stderr.readline()).decode()
+            listening = (await proc.stderr.readline()).decode()
+        assert metrics_line.startswith("corral egress-proxy: metrics on 127.0.0.1:"), metrics_line
+        metrics_url = "http://" + metrics_line.split(" on ", 1)[1].strip()
+        port = int(listening.rsplit(":", 1)[1])
+        for sandbox, expected in ((allowed, b"HTTP/1.1 200 OK"), (refused, b"HTTP/1.1 403 ")):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(rig.get(sandbox, f"http://127.0.0.1:{rig.upstream.port}/bytes/4096"))
+            async with asyncio.timeout(WAIT):
+                assert (await reader.read()).startswith(expected)
+            writer.close()
+        await rig.egress_records(2)  # counted when recorded
+        async with httpx.AsyncClient(timeout=WAIT) as http:
+            scraped = (await http.get(metrics_url)).text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(WAIT):
+            code = await proc.wait()
+    assert code == 0
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(scraped) for s in family.samples}
+    tenant = rig.tenant_id
+    counted = [line for line in scraped.splitlines() if line.startswith("corral_egress")]
+    # loopback is reached through the tenant's private pairs: rule class "private"
+    assert samples.get(("corral_egress_requests_total",
+                        (("decision", "allowed"), ("rule", "private"), ("tenant", tenant)))) == 1, counted
+    assert samples[("corral_egress_requests_total",
+                    (("decision", "denied"), ("rule", "policy_none"), ("tenant", tenant)))] == 1
+    assert samples[("corral_egress_bytes_total", (("direction", "down"), ("tenant", tenant)))] > 4096
+    assert any(name == "process_resident_memory_bytes" for name, _ in samples)
+
+
+def test_a_taken_metrics_port_is_a_clear_error(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        done = subprocess.run([*_corral(), "egress-proxy", "--port", "0", "--db", "sqlite+aiosqlite:///x.db",
+                               "--metrics-port", str(taken.getsockname()[1])],
+                              env=_proxy_env(tmp_path, "s", secrets.token_hex(32)), capture_output=True, text=True,
+                              timeout=WAIT)
+    assert done.returncode == 1 and "--metrics-port: cannot listen on 127.0.0.1:" in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize(("args", "secret", "words", "code"), [

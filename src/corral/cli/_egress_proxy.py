@@ -14,12 +14,17 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from .._exceptions import InvalidRequestError
+
+if TYPE_CHECKING:  # the proxy's modules load only when it runs: `corral --help` stays fast
+    from ..egress import EgressProxy, PackageMirror
+    from ..service import EgressDirectory, EgressMetrics
 
 __all__ = ["egress_proxy_command"]
 
@@ -37,6 +42,12 @@ def egress_proxy_command(
                                              "a policy change reaches this proxy within this time.")] = 2.0,
     mirror: Annotated[bool, typer.Option("--mirror/--no-mirror", help="Serve the package mirror (pip) to "
                                          "sandboxes granted @packages.")] = True,
+    metrics_port: Annotated[int | None, typer.Option("--metrics-port", min=0, max=65535, help="Also serve "
+                                                     "Prometheus metrics (/metrics, no authentication) on this port: "
+                                                     "corral_egress_requests_total, corral_egress_bytes_total.",
+                                                     show_default=False)] = None,
+    metrics_host: Annotated[str, typer.Option("--metrics-host", help="Address of --metrics-port (0.0.0.0 in a Pod, "
+                                              "with a NetworkPolicy that lets only the scraper in).")] = "127.0.0.1",
 ) -> None:
     """Run the egress proxy for sandboxes on other machines (Kubernetes Pods), with the servers' database and secret.
 
@@ -60,19 +71,53 @@ def egress_proxy_command(
         # Else the proxy would make a key of its own, and the servers could not verify its egress records.
         raise InvalidRequestError(f"CORRAL_AUDIT_KEY is not set (nor is there a key a server on this machine made "
                                   f"in {state}): set it to the servers' value, which the audit chain is signed with")
-    asyncio.run(_run(host, port, url, state, cache_ttl, mirror))
+    metrics = None if metrics_port is None else (metrics_host, metrics_port)
+    asyncio.run(_run(host, port, url, state, cache_ttl, mirror, metrics))
 
 
-async def _run(host: str, port: int, url: str, home: Path, cache_ttl: float, with_mirror: bool) -> None:
+async def _run(host: str, port: int, url: str, home: Path, cache_ttl: float, with_mirror: bool,
+               metrics_at: tuple[str, int] | None) -> None:
     from ..backends.kubernetes import TokenKey
     from ..control import ControlStore
     from ..egress import EgressProxy, PackageMirror
     from ..service import EgressDirectory
 
-    store = ControlStore(url, home=home)
-    directory = EgressDirectory(store, TokenKey.load(home).verify_egress, cache_ttl=cache_ttl)
-    mirror = PackageMirror(home / "cache" / "packages") if with_mirror else None
-    proxy = EgressProxy(on_event=directory.record, mirror=mirror)
+    with _metrics_server(metrics_at) as metrics:
+        store = ControlStore(url, home=home)
+        directory = EgressDirectory(store, TokenKey.load(home).verify_egress, cache_ttl=cache_ttl, metrics=metrics)
+        mirror = PackageMirror(home / "cache" / "packages") if with_mirror else None
+        proxy = EgressProxy(on_event=directory.record, mirror=mirror)
+        await _serve(directory, proxy, mirror, host, port)
+
+
+@contextlib.contextmanager
+def _metrics_server(at: tuple[str, int] | None) -> Iterator[EgressMetrics | None]:
+    """The proxy's counters, served by prometheus_client's own HTTP server (a thread: a scrape never waits for the
+    event loop) when `at` is given."""
+    if at is None:
+        yield None
+        return
+    from prometheus_client import start_http_server
+
+    from ..service import egress_registry
+
+    registry, metrics = egress_registry()
+    try:
+        server, thread = start_http_server(at[1], at[0], registry)
+    except OSError as exc:
+        raise InvalidRequestError(f"--metrics-port: cannot listen on {at[0]}:{at[1]}: {exc.strerror or exc}") from exc
+    typer.echo(f"corral egress-proxy: metrics on {at[0]}:{server.server_port}/metrics", err=True)
+    try:
+        yield metrics
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+async def _serve(directory: EgressDirectory, proxy: EgressProxy, mirror: PackageMirror | None, host: str,
+                 port: int) -> None:
+    store = directory.store
     await store.start()
     try:
         await proxy.start()

@@ -21,7 +21,7 @@ from ._sandboxes import CreateSandbox, ForkSandbox, KillReport, Sandboxes, Sandb
 from ._service import REQUEST_INVALID, ClientInfo, Service, StartupHook
 from ._snapshots import Snapshots
 from ._streamed import OutputCallback, Streamed
-from ._telemetry import METRICS_CONTENT_TYPE, Telemetry
+from ._telemetry import METRICS_CONTENT_TYPE, EgressMetrics, Telemetry, egress_registry
 from ._templates import Templates
 from ._volumes import VolumeDetail, Volumes
 
@@ -50,6 +50,7 @@ __all__ = [
     "Commands",
     "CreateSandbox",
     "EgressDirectory",
+    "EgressMetrics",
     "EvalReports",
     "EvalRun",
     "Files",
@@ -89,6 +90,7 @@ __all__ = [
     "check_domain",
     "check_network",
     "current_request",
+    "egress_registry",
     "exec_outcome",
     "file_roots",
     "new_request_id",

@@ -76,10 +76,10 @@ class TenantEgressSettings:
 
     async def record_event(self, event: EgressEvent) -> None:
         """The proxy's `on_event`: one audit record per egress attempt, attributed to the sandbox's tenant and key;
-        and counted (a proxy of another process is counted by none: its own process has no metrics)."""
+        and counted (a standalone proxy counts its own: `corral egress-proxy --metrics-port`)."""
         tenant_id = await egress_audit_event(self._svc.store, event)
         if self._svc.telemetry is not None:
-            self._svc.telemetry.egress(tenant_id, event)
+            self._svc.telemetry.egress.observe(tenant_id, event)
 
     async def denials(self, sandbox_id: str, since: float) -> list[EgressEvent]:
         """The engine's `remote_denials`: `recorded_denials` in this service's store."""

@@ -18,6 +18,7 @@ from .._exceptions import AuthenticationError, NotFoundError
 from ..control import ControlStore
 from ..egress import EgressEvent, EgressPolicy
 from ._egress import egress_audit_event
+from ._telemetry import EgressMetrics
 
 __all__ = ["EgressDirectory"]
 
@@ -32,12 +33,15 @@ class _Cached:
 
 class EgressDirectory:
     """**store** - the shared control store. **verify** - `(sandbox id, credential) -> bool` with the shared key
-    (the Kubernetes backend's `TokenKey.verify_egress`). **cache_ttl** - seconds a policy is reused."""
+    (the Kubernetes backend's `TokenKey.verify_egress`). **cache_ttl** - seconds a policy is reused.
+    **metrics** - where each attempt is also counted (`corral egress-proxy --metrics-port`)."""
 
-    def __init__(self, store: ControlStore, verify: Callable[[str, str], bool], *, cache_ttl: float = 2.0) -> None:
+    def __init__(self, store: ControlStore, verify: Callable[[str, str], bool], *, cache_ttl: float = 2.0,
+                 metrics: EgressMetrics | None = None) -> None:
         self.store = store
         self._verify = verify
         self.cache_ttl = cache_ttl
+        self._metrics = metrics
         self._cache: dict[str, _Cached] = {}
         self._loading: dict[str, asyncio.Future[EgressPolicy]] = {}
 
@@ -56,8 +60,10 @@ class EgressDirectory:
         return await asyncio.shield(loading)
 
     async def record(self, event: EgressEvent) -> None:
-        """The proxy's `on_event`: the same audit record the server's own proxy writes."""
-        await egress_audit_event(self.store, event)
+        """The proxy's `on_event`: the same audit record the server's own proxy writes, and the same counts."""
+        tenant_id = await egress_audit_event(self.store, event)
+        if self._metrics is not None:
+            self._metrics.observe(tenant_id, event)
 
     async def _load(self, sandbox_id: str) -> EgressPolicy:
         try:

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
     from ._service import Service
 
-__all__ = ["METRICS_CONTENT_TYPE", "Telemetry"]
+__all__ = ["METRICS_CONTENT_TYPE", "EgressMetrics", "Telemetry", "egress_registry"]
 
 # Prometheus' text format as every scraper reads it. The client's newest (1.0.0) differs only for names outside
 # [a-zA-Z_:][a-zA-Z0-9_:]*, which these are not, and older Prometheus servers do not know it.
@@ -49,6 +49,36 @@ _UNKNOWN_TENANT = "unknown"  # egress of a sandbox whose record is gone
 _CREATE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _EXEC_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 _RECONCILE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class EgressMetrics:
+    """The egress proxy's counters: the server's (in its `Telemetry`) and a standalone `corral egress-proxy`'s
+    (`--metrics-port`), the same names, so one dashboard sums a deployment's proxies wherever they run."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter("corral_egress_requests", "Attempts to leave a sandbox through the egress proxy, by "
+                                "decision and the class of rule that decided.", ["tenant", "decision", "rule"],
+                                registry=registry)
+        self.bytes = Counter("corral_egress_bytes", "Bytes through the egress proxy (up: from sandboxes; down: to "
+                             "them).", ["tenant", "direction"], registry=registry)
+
+    def observe(self, tenant: str | None, event: EgressEvent) -> None:
+        """One attempt through the egress proxy ended (`tenant`: None when the sandbox's record is gone)."""
+        tenant = tenant or _UNKNOWN_TENANT
+        decision = "allowed" if event.allowed else "denied"
+        self.requests.labels(tenant, decision, rule_class(event.rule)).inc()
+        if event.bytes_up:
+            self.bytes.labels(tenant, "up").inc(event.bytes_up)
+        if event.bytes_down:
+            self.bytes.labels(tenant, "down").inc(event.bytes_down)
+
+
+def egress_registry() -> tuple[CollectorRegistry, EgressMetrics]:
+    """A registry of a standalone egress proxy: its counters and the process' own (process_*, python_*)."""
+    registry = CollectorRegistry()
+    for standard in (ProcessCollector, PlatformCollector, GCCollector):
+        standard(registry=registry)
+    return registry, EgressMetrics(registry)
 
 
 class Telemetry:
@@ -71,11 +101,7 @@ class Telemetry:
         self.file_bytes = Counter("corral_file_bytes", "Bytes of files and archives moved through the file API "
                                   "(up: into sandboxes; down: out of them).", ["tenant", "direction"],
                                   registry=registry)
-        self.egress_requests = Counter("corral_egress_requests", "Attempts to leave a sandbox through the egress "
-                                       "proxy, by decision and the class of rule that decided.",
-                                       ["tenant", "decision", "rule"], registry=registry)
-        self.egress_bytes = Counter("corral_egress_bytes", "Bytes through the egress proxy (up: from sandboxes; "
-                                    "down: to them).", ["tenant", "direction"], registry=registry)
+        self.egress = EgressMetrics(registry)
         self.quota_refusals = Counter("corral_quota_refusals", "Operations refused by a tenant quota, by the "
                                       "quota.", ["tenant", "limit"], registry=registry)
         self.capacity_refusals = Counter("corral_capacity_refusals", "Creates refused because the machine is "
@@ -108,16 +134,6 @@ class Telemetry:
     def refusal(self, action: str, code: str) -> None:
         """A request refused before any operation ran (`auth.denied`, `request.invalid`)."""
         self.operations.labels(action, code).inc()
-
-    def egress(self, tenant: str | None, event: EgressEvent) -> None:
-        """One attempt through the egress proxy ended."""
-        tenant = tenant or _UNKNOWN_TENANT
-        decision = "allowed" if event.allowed else "denied"
-        self.egress_requests.labels(tenant, decision, rule_class(event.rule)).inc()
-        if event.bytes_up:
-            self.egress_bytes.labels(tenant, "up").inc(event.bytes_up)
-        if event.bytes_down:
-            self.egress_bytes.labels(tenant, "down").inc(event.bytes_down)
 
     def reconciled(self, seconds: float, *, ok: bool) -> None:
         self.reconciler_runs.labels(OK if ok else "error").inc()
