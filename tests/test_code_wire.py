@@ -73,6 +73,8 @@ def event(obj: dict[str, Any]) -> bytes:
 
 OUTCOME = {"session": "default", "language": "python", "error": None, "timed_out": False, "oom_killed": False,
            "session_restarted": False, "duration": 0.25}
+# What a whole result adds (a stream carried every byte: its end says nothing of kept output).
+KEPT = {"truncated": False, "stdout_size": 6, "stderr_size": 6, "stdout_cut": None, "stderr_cut": None}
 
 
 # -- the server ------------------------------------------------------------------------------------------------------
@@ -87,7 +89,7 @@ async def test_a_whole_result_is_frames_with_exact_bytes_and_every_field(api: Ap
     assert int(r.headers["content-length"]) == len(r.content)
     assert frames(r) == [
         ("stdout", BINARY_OUT), ("stderr", BINARY_ERR),
-        ("event", {"event": "end", **OUTCOME, "results": [{"is_main_result": False, "data": FIGURE.data},
+        ("event", {"event": "end", **OUTCOME, **KEPT, "results": [{"is_main_result": False, "data": FIGURE.data},
                                                           {"is_main_result": True, "data": {"text/plain": "2"}}]}),
     ]
 

@@ -255,6 +255,11 @@ async def _code(client: Client, sandbox_id: str) -> None:
                          language="javascript")
     assert node["stdout"] == "42\n"
 
+    big = await call(client, "run_code", sandbox_id=sandbox_id, code="print('a' * 300_000)")
+    assert big.structured_content is not None and big.structured_content["truncated"]
+    assert len(big.structured_content["stdout"]) == 128 * 1024  # what a model can still read, as for commands
+    assert "[output truncated: 300001 bytes of stdout" in text(big)
+
 
 # -- tenancy and roles -------------------------------------------------------------------------------------------
 

@@ -152,3 +152,24 @@ async def test_run_code_sessions_and_a_cpp_program(api: Api, live_url: str) -> N
         assert out.stdout == "5\n" and out.error is None
         failed = await sb.run_code("raise ValueError('no')")
         assert failed.error is not None and failed.error.name == "ValueError" and failed.error.value == "no"
+
+
+async def test_a_cells_output_past_max_output_keeps_head_and_tail_and_streams_every_byte(api: Api,
+                                                                                          live_url: str) -> None:
+    # The server keeps max_output bytes of each stream (3/4 head, 1/4 tail), whatever the cell prints; a stream's
+    # callbacks still get every byte, and the default keeps 16 MiB of 40 MB.
+    printer = ("import sys\nw = sys.stdout.buffer.write\nw(b'h' * 3000); w(b'm' * 10000); w(b't' * 1000)\n"
+               "sys.stdout.flush(); sys.stderr.write('e' * 10)")
+    async with await AsyncSandbox.create(TEMPLATE, **_opts(api, live_url)) as sb:
+        ex = await sb.run_code(printer, max_output=4000)
+        assert ex.truncated and ex.stdout_size == 14000 and ex.stdout_cut == 3000 and ex.stderr_cut is None
+        assert ex.stdout_bytes == b"h" * 3000 + b"t" * 1000 and ex.stderr_bytes == b"e" * 10
+        streamed: list[bytes] = []
+        whole = await sb.run_code(printer, max_output=4000, on_stdout=streamed.append)
+        assert b"".join(streamed) == b"h" * 3000 + b"m" * 10000 + b"t" * 1000 and not whole.truncated
+        big = await sb.run_code("import sys\nfor _ in range(40): sys.stdout.buffer.write(b'x' * 1_000_000)",
+                                timeout=120)
+        assert big.truncated and big.stdout_size == 40_000_000 and len(big.stdout_bytes) == 16 * 2**20
+        assert big.stdout_cut == 12 * 2**20 and big.error is None
+        with pytest.raises(InvalidRequestError, match="max_output"):
+            await sb.run_code("1", max_output=3)

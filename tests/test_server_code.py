@@ -159,6 +159,8 @@ async def test_json_result_has_every_field_and_exact_bytes(api: Api) -> None:
                     {"is_main_result": True, "data": {"text/plain": "2"}}],
         "stdout_b64": b64(BINARY_OUT), "stderr_b64": b64(BINARY_ERR), "error": None, "timed_out": False,
         "oom_killed": False, "session_restarted": False, "duration": 0.25,
+        "truncated": False, "stdout_size": len(BINARY_OUT), "stderr_size": len(BINARY_ERR), "stdout_cut": None,
+        "stderr_cut": None,
     }
     assert base64.b64decode(r.json()["results"][0]["data"]["image/png"]) == PNG
     assert ("run_code", (api.sandbox, "1+1"), {"language": "python", "session": "default", "timeout": None}) \

@@ -25,7 +25,7 @@ import httpx
 
 from .._exceptions import CorralError, ServerError, error_from_code
 from .._output import OutputText
-from ._models import _b64
+from ._models import _b64, _opt_int
 from ._processes import OutputCallback
 from ._transport import AsyncClient, SyncClient, json_dict, sandbox_path
 
@@ -133,6 +133,9 @@ class Execution(OutputText):
     * `error` - the cell's exception (`name`, `value`, `traceback`), or None; the session's state survives it.
     * `timed_out`, `oom_killed` - how the cell ended, if not by itself; `session_restarted`: the session was
       killed on the way (its state is gone).
+    * `truncated` - a stream went over `max_output` (16 MiB unless the call said): `stdout_bytes`/`stderr_bytes`
+      hold its first three quarters and last quarter, `stdout_cut`/`stderr_cut` the offset where the middle was
+      left out, `stdout_size`/`stderr_size` count every byte. Never with callbacks: they get every byte.
     """
 
     stdout_bytes: bytes = b""
@@ -145,6 +148,11 @@ class Execution(OutputText):
     oom_killed: bool = False
     session_restarted: bool = False
     duration: float = 0.0
+    truncated: bool = False
+    stdout_size: int = 0
+    stderr_size: int = 0
+    stdout_cut: int | None = None
+    stderr_cut: int | None = None
 
     @property
     def main_result(self) -> Result | None:
@@ -164,9 +172,16 @@ class Execution(OutputText):
         wire_results = body.get("results") or []
         if not isinstance(wire_results, list):
             raise ServerError("malformed response from Corral: a code execution's results is not a list")
+        stdout = stdout_prefix + _b64(body.get("stdout_b64"), "stdout_b64")
+        stderr = stderr_prefix + _b64(body.get("stderr_b64"), "stderr_b64")
         return cls(
-            stdout_bytes=stdout_prefix + _b64(body.get("stdout_b64"), "stdout_b64"),
-            stderr_bytes=stderr_prefix + _b64(body.get("stderr_b64"), "stderr_b64"),
+            stdout_bytes=stdout,
+            stderr_bytes=stderr,
+            truncated=bool(body.get("truncated")),
+            stdout_size=_opt_int(body.get("stdout_size")) or len(stdout),
+            stderr_size=_opt_int(body.get("stderr_size")) or len(stderr),
+            stdout_cut=_opt_int(body.get("stdout_cut")),
+            stderr_cut=_opt_int(body.get("stderr_cut")),
             results=results + tuple(Result.from_wire(r) for r in wire_results),
             error=ExecutionError.from_wire(body.get("error")),
             session=str(body.get("session") or "default"),
@@ -359,10 +374,12 @@ def _stream_error(raw: Any) -> CorralError:
 
 
 def _code_body(code: str, *, language: str, session: str | None, timeout: float | None,
-               stream: bool, stdin: bytes | str | None = None) -> dict[str, Any]:
+               stream: bool, stdin: bytes | str | None = None, max_output: int | None = None) -> dict[str, Any]:
     if not isinstance(code, str):
         raise TypeError(f"code must be a str, not {type(code).__name__}")
     body = {"code": code, "language": language, "session": session, "timeout": timeout, "stream": stream}
+    if max_output is not None:
+        body["max_output"] = max_output
     if stdin is not None:
         data = stdin.encode() if isinstance(stdin, str) else bytes(stdin)
         body["stdin_b64"] = base64.b64encode(data).decode()
@@ -418,6 +435,7 @@ class CodeInterpreter:
         on_stderr: OutputCallback | None = None,
         on_result: ResultCallback | None = None,
         stdin: bytes | str | None = None,
+        max_output: int | None = None,
     ) -> Execution:
         """Run `code` in `session` and wait for it; the session keeps its state for the next call. None: the
         language's own default session (`"default"` for python, the language's name for the others, so a
@@ -426,10 +444,12 @@ class CodeInterpreter:
 
         With callbacks the cell's output is streamed: `on_stdout`/`on_stderr` get bytes as they are written,
         `on_result` each `Result` as it is produced. `timeout` (seconds, None: none) interrupts the cell.
+        Without them, `max_output` bytes of each stream are kept (None: the server's 16 MiB; see
+        `Execution.truncated`).
         """
         callbacks = _Callbacks(on_stdout, on_stderr, on_result)
         body = _code_body(code, language=language, session=session, timeout=timeout, stream=callbacks.any,
-                          stdin=stdin)
+                          stdin=stdin, max_output=max_output)
         path = sandbox_path(self._sandbox_id, "/code")
         http_timeout = self._client.exec_timeout(timeout)
         headers = _accept(callbacks.any)
@@ -480,11 +500,12 @@ class AsyncCodeInterpreter:
         on_stderr: OutputCallback | None = None,
         on_result: ResultCallback | None = None,
         stdin: bytes | str | None = None,
+        max_output: int | None = None,
     ) -> Execution:
         """Run `code` in `session` and wait for it (see `CodeInterpreter.run`)."""
         callbacks = _Callbacks(on_stdout, on_stderr, on_result)
         body = _code_body(code, language=language, session=session, timeout=timeout, stream=callbacks.any,
-                          stdin=stdin)
+                          stdin=stdin, max_output=max_output)
         path = sandbox_path(self._sandbox_id, "/code")
         http_timeout = self._client.exec_timeout(timeout)
         headers = _accept(callbacks.any)

@@ -291,11 +291,12 @@ class Sandbox(_SandboxBase):
         on_stderr: OutputCallback | None = None,
         on_result: ResultCallback | None = None,
         stdin: bytes | str | None = None,
+        max_output: int | None = None,
     ) -> Execution:
         """Run `code` like a notebook cell in a stateful session (`sb.code.run`): `ex.text`, `ex.results[0].png`,
         `ex.stdout`, `ex.error`. Never raises for a failing cell."""
         return self.code.run(code, language=language, session=session, timeout=timeout, stdin=stdin,
-                             on_stdout=on_stdout, on_stderr=on_stderr, on_result=on_result)
+                             on_stdout=on_stdout, on_stderr=on_stderr, on_result=on_result, max_output=max_output)
 
     def get_info(self) -> SandboxInfo:
         self._info = SandboxInfo.from_wire(self._client.request("GET", sandbox_path(self.id)))
@@ -494,10 +495,12 @@ class AsyncSandbox(_SandboxBase):
         on_stderr: OutputCallback | None = None,
         on_result: ResultCallback | None = None,
         stdin: bytes | str | None = None,
+        max_output: int | None = None,
     ) -> Execution:
         """Run `code` like a notebook cell in a stateful session (see `Sandbox.run_code`)."""
         return await self.code.run(code, language=language, session=session, timeout=timeout, stdin=stdin,
-                                   on_stdout=on_stdout, on_stderr=on_stderr, on_result=on_result)
+                                   on_stdout=on_stdout, on_stderr=on_stderr, on_result=on_result,
+                                   max_output=max_output)
 
     async def get_info(self) -> SandboxInfo:
         self._info = SandboxInfo.from_wire(await self._client.request("GET", sandbox_path(self.id)))

@@ -22,6 +22,7 @@ from typing import IO, Any, TypeVar
 
 from .._exceptions import AgentError, CorralError, error_from_code
 from ..agent import protocol
+from ..agent.processes import DEFAULT_MAX_OUTPUT, OutputBuffer
 from ..backends import Endpoint, UnixEndpoint
 from ._code import CodeResult, CodeSession, ResultCallback, RichResult, code_result, code_session, rich_result
 from ._models import (
@@ -482,9 +483,10 @@ class AgentClient:
                        env: dict[str, str] | None = None, cell_env: Mapping[str, str] | None = None,
                        cwd: str | None = None, show_saved_images: bool = False,
                        on_stdout: OutputCallback | None = None, on_stderr: OutputCallback | None = None,
-                       on_result: ResultCallback | None = None) -> CodeResult:
+                       on_result: ResultCallback | None = None, max_output: int = DEFAULT_MAX_OUTPUT) -> CodeResult:
         """Run one cell (docs/code.md). `env` (the sandbox's), `cwd` and `show_saved_images` apply only if this
-        call starts the session; `cell_env` only to this cell; `stdin` only for compiled programs."""
+        call starts the session; `cell_env` only to this cell; `stdin` only for compiled programs. Of each stream
+        the result keeps `max_output` bytes (head and tail); the callbacks get every byte."""
         args: dict[str, Any] = {"code": code, "language": language, "session": session, "timeout": timeout,
                                 "env": env, **_context_args(cwd, show_saved_images)}
         if context is not None:
@@ -495,16 +497,17 @@ class AgentClient:
             args["stdin_b64"] = base64.b64encode(stdin).decode()
         async with self._op("code_run", **args) as conn:
             started = await conn.event()
-            out, err = bytearray(), bytearray()
+            # Head and tail only: a cell that prints for an hour must not fill the server's memory.
+            out, err = OutputBuffer(max_output), OutputBuffer(max_output)
             results: builtins.list[RichResult] = []
             while True:
                 kind, payload = await conn.recv()
                 if kind == protocol.STDOUT:
-                    out += payload
+                    out.feed(payload)
                     if on_stdout is not None:
                         await _call(on_stdout, payload)
                 elif kind == protocol.STDERR:
-                    err += payload
+                    err.feed(payload)
                     if on_stderr is not None:
                         await _call(on_stderr, payload)
                 elif kind == protocol.EVENT:
@@ -515,8 +518,7 @@ class AgentClient:
                             await _call_result(on_result, results[-1])
                     elif ev.get("event") == "done":
                         return code_result(str(started.get("session", session)),
-                                           str(started.get("language", language)), ev, bytes(out), bytes(err),
-                                           results)
+                                           str(started.get("language", language)), ev, out, err, results)
                 else:
                     raise protocol.ProtocolError(f"unexpected frame kind {kind} in a cell's output")
 

@@ -13,6 +13,7 @@ from typing import Any
 from .._output import OutputText
 from ..agent.languages import SESSION_LANGUAGES, default_context
 from ..agent.languages import normalize as normalize_language
+from ..agent.processes import OutputBuffer
 
 # java, go, rust, typescript and r need the polyglot template (its toolchains); the others work in the default one.
 LANGUAGES = ("python", "bash", "javascript", "c", "cpp", "java", "go", "rust", "typescript", "r")
@@ -64,6 +65,17 @@ class CodeResult(OutputText):
     signal: int | None = None  # what ended the session's process, when it ended
     killed: bool = False  # ended by us (an interrupt that did not stop it in time), not by itself or the kernel
     execution_count: int | None = None  # the cell's number in its session (1, 2, ...); None for a program
+    # Output past `max_output` per stream (callbacks still get every byte): the first three quarters and the last
+    # quarter are kept, as a command's are; the sizes count every byte, the cuts say where the middle was left out.
+    truncated: bool = False
+    stdout_size: int = 0
+    stderr_size: int = 0
+    stdout_cut: int | None = None
+    stderr_cut: int | None = None
+
+    def __post_init__(self) -> None:  # the sizes count at least what was kept (a result built without them)
+        object.__setattr__(self, "stdout_size", max(self.stdout_size, len(self.stdout_bytes)))
+        object.__setattr__(self, "stderr_size", max(self.stderr_size, len(self.stderr_bytes)))
 
 
 @dataclass(frozen=True)
@@ -95,13 +107,19 @@ def code_error(raw: Any) -> CodeError | None:
                      traceback=str(raw.get("traceback") or ""))
 
 
-def code_result(session: str, language: str, ev: dict[str, Any], out: bytes, err: bytes,
+def code_result(session: str, language: str, ev: dict[str, Any], out: OutputBuffer, err: OutputBuffer,
                 results: list[RichResult]) -> CodeResult:
+    (stdout, stdout_cut), (stderr, stderr_cut) = _kept(out), _kept(err)
     return CodeResult(
         session=session,
         language=language,
-        stdout_bytes=out,
-        stderr_bytes=err,
+        stdout_bytes=stdout,
+        stderr_bytes=stderr,
+        truncated=stdout_cut is not None or stderr_cut is not None,
+        stdout_size=out.total,
+        stderr_size=err.total,
+        stdout_cut=stdout_cut,
+        stderr_cut=stderr_cut,
         results=tuple(results),
         error=code_error(ev.get("error")),
         timed_out=bool(ev.get("timed_out")),
@@ -111,6 +129,13 @@ def code_result(session: str, language: str, ev: dict[str, Any], out: bytes, err
         killed=bool(ev.get("killed")),
         execution_count=ev.get("execution_count"),
     )
+
+
+def _kept(buffer: OutputBuffer) -> tuple[bytes, int | None]:
+    """A stream's kept bytes, and where its omitted middle was (None: nothing was left out)."""
+    if not buffer.omitted:
+        return bytes(buffer.head) + buffer.tail_bytes(), None
+    return bytes(buffer.head) + buffer.tail_bytes(), len(buffer.head)
 
 
 def code_session(raw: dict[str, Any]) -> CodeSession:

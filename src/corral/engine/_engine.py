@@ -766,8 +766,8 @@ class Engine:
                        session: str | None = None, context: str | None = None, timeout: float | None = None,
                        stdin: bytes | None = None, env: Mapping[str, str] | None = None, cwd: str | None = None,
                        show_saved_images: bool = False, on_stdout: OutputCallback | None = None,
-                       on_stderr: OutputCallback | None = None, on_result: ResultCallback | None = None
-                       ) -> CodeResult:
+                       on_stderr: OutputCallback | None = None, on_result: ResultCallback | None = None,
+                       max_output: int | None = None) -> CodeResult:
         """Run a cell in a stateful session (docs/code.md). Never raises for the cell's errors, timeouts or OOM.
 
         `session` None: the language's own default context (`default_context(language)`: "default" for python,
@@ -775,14 +775,17 @@ class Engine:
         run in that context (made by `create_code_context`, listed by `code_contexts`, or a language's default),
         in its own language (`language` is ignored); java and typescript run there as sessions, not as compiled
         programs. `env`: environment variables for this cell only, on top of the sandbox's. `cwd` and
-        `show_saved_images` apply if this call makes the context (`cwd` None: /workspace)."""
+        `show_saved_images` apply if this call makes the context (`cwd` None: /workspace). Of each stream the
+        result keeps `max_output` bytes (None: 16 MiB), its first three quarters and last quarter (`truncated`);
+        `on_stdout`/`on_stderr` get every byte."""
         sb = self._running(sandbox_id)
         before = await self.backend.oom_kills(sb.record)
+        kept = {} if max_output is None else {"max_output": max_output}
         result = await sb.agent.run_code(code, language=None if context is not None else language,
                                          session=session, context=context,
                                          timeout=timeout, stdin=stdin, env=self._env(sb, None), cell_env=env,
                                          cwd=cwd, show_saved_images=show_saved_images, on_stdout=on_stdout,
-                                         on_stderr=on_stderr, on_result=on_result)
+                                         on_stderr=on_stderr, on_result=on_result, **kept)
         return await self._code_with_oom(sb, result, before)
 
     async def create_code_context(self, sandbox_id: str, language: str = "python", *, cwd: str | None = None,

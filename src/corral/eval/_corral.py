@@ -150,8 +150,9 @@ def _exec_outcome(r: CommandResult) -> Outcome:
 
 def _code_outcome(ex: Execution) -> Outcome:
     return Outcome(
-        "code", stdout=ex.stdout_bytes, stderr=ex.stderr_bytes, stdout_size=len(ex.stdout_bytes),
-        stderr_size=len(ex.stderr_bytes), timed_out=ex.timed_out, oom_killed=ex.oom_killed, text=ex.text,
+        "code", stdout=ex.stdout_bytes, stderr=ex.stderr_bytes, stdout_size=ex.stdout_size,
+        stderr_size=ex.stderr_size, truncated=ex.truncated, timed_out=ex.timed_out, oom_killed=ex.oom_killed,
+        text=ex.text,
         results=tuple(dict(r.data) for r in ex.results),
         code_error=(ex.error.name, ex.error.value) if ex.error is not None else None,
     )

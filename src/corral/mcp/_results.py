@@ -63,12 +63,16 @@ def _command_text(outcome: ExecResult, timeout: float, notice: str) -> str:
     parts = [_ending(outcome, timeout)]
     parts += _section("stdout", outcome.stdout) + _section("stderr", outcome.stderr)
     if outcome.truncated:
-        parts.append(f"[output truncated: {outcome.stdout_size} bytes of stdout and {outcome.stderr_size} of "
-                     "stderr in all; the middle was left out. Write it to a file and read parts of it]")
+        parts.append(_truncation(outcome.stdout_size, outcome.stderr_size))
     if notice:
         parts.append("[network refused by the sandbox's egress policy (create the sandbox with network set to "
                      f"the domains it needs)]\n{notice.rstrip()}")
     return "\n".join(parts)
+
+
+def _truncation(stdout_size: int, stderr_size: int) -> str:
+    return (f"[output truncated: {stdout_size} bytes of stdout and {stderr_size} of stderr in all; the middle was "
+            "left out. Write it to a file and read parts of it]")
 
 
 def _ending(outcome: ExecResult, timeout: float) -> str:
@@ -98,7 +102,8 @@ def code_result(outcome: CodeResult) -> types.CallToolResult:
                   "error": None if error is None else {"name": error.name, "value": error.value,
                                                        "traceback": error.traceback},
                   "timed_out": outcome.timed_out, "oom_killed": outcome.oom_killed,
-                  "session_restarted": outcome.session_restarted, "duration": outcome.duration}
+                  "session_restarted": outcome.session_restarted, "duration": outcome.duration,
+                  "truncated": outcome.truncated}
     return result(_code_text(outcome, len(images)), structured, *images)
 
 
@@ -138,6 +143,8 @@ def _code_text(outcome: CodeResult, images: int) -> str:
         parts.append(f"[{images} image(s) attached]")
     if outcome.error is not None:
         parts.append(f"Error: {outcome.error.name}: {outcome.error.value}\n{outcome.error.traceback}".rstrip())
+    if outcome.truncated:
+        parts.append(_truncation(outcome.stdout_size, outcome.stderr_size))
     if outcome.timed_out:
         parts.append("[timed out: the cell was interrupted; give it a larger timeout]")
     if outcome.oom_killed or outcome.session_restarted:

@@ -105,7 +105,7 @@ async def run_command(call: Call, args: RunCommandArgs) -> types.CallToolResult:
 
 
 async def run_code(call: Call, args: RunCodeArgs) -> types.CallToolResult:
-    cell = Cell(args.code, language=args.language, timeout=args.timeout)
+    cell = Cell(args.code, language=args.language, timeout=args.timeout, max_output=MAX_OUTPUT)
     stream = await call.service.code.stream(call.principal, args.sandbox_id, cell)
     try:
         outcome = await stream.run(call.progress.stream("stdout"), call.progress.stream("stderr"))

@@ -52,10 +52,11 @@ class CodeRequest(BaseModel):
     timeout: Annotated[float, Field(gt=0)] | None = None
     stdin_b64: Base64 | None = None  # the program's stdin, for c and cpp only
     stream: StrictBool = False
+    max_output: Annotated[int, Field(ge=4)] | None = None  # bytes of each stream a whole result keeps
 
     def cell(self) -> Cell:
         return Cell(self.code, language=self.language, session=self.session, timeout=self.timeout,
-                    stdin=self.stdin_b64)
+                    stdin=self.stdin_b64, max_output=self.max_output)
 
 
 def rich_json(result: RichResult) -> dict[str, Any]:
@@ -71,22 +72,32 @@ def code_result_json(result: CodeResult, *, sent_stdout: int = 0, sent_stderr: i
                      sent_results: int | None = None) -> dict[str, Any]:
     """The result fields; when streamed, `sent_*` say what the client already got, which is left out (output
     the engine did not hand to a callback stays in `stdout_b64`/`stderr_b64`, so no byte is lost)."""
-    body = _outcome_json(result)
-    if sent_results is None:
+    streamed = sent_results is not None
+    body = _outcome_json(result, kept=not streamed)
+    if not streamed:
         body["results"] = [rich_json(r) for r in result.results]
-    body["stdout_b64"] = b64(_unsent(result.stdout_bytes, sent_stdout))
-    body["stderr_b64"] = b64(_unsent(result.stderr_bytes, sent_stderr))
+    body["stdout_b64"] = b64(_unsent(result.stdout_bytes, result.stdout_size, sent_stdout))
+    body["stderr_b64"] = b64(_unsent(result.stderr_bytes, result.stderr_size, sent_stderr))
     return body
 
 
-def _outcome_json(result: CodeResult) -> dict[str, Any]:
-    return {"session": result.session, "language": result.language, "error": error_json(result),
+def _outcome_json(result: CodeResult, *, kept: bool) -> dict[str, Any]:
+    """`kept`: the result's own output follows (not a stream's, which carried every byte), so it says what of the
+    output it kept."""
+    body = {"session": result.session, "language": result.language, "error": error_json(result),
             "timed_out": result.timed_out, "oom_killed": result.oom_killed,
             "session_restarted": result.session_restarted, "duration": result.duration}
+    if kept:
+        body |= {"truncated": result.truncated, "stdout_size": result.stdout_size,
+                 "stderr_size": result.stderr_size, "stdout_cut": result.stdout_cut, "stderr_cut": result.stderr_cut}
+    return body
 
 
-def _unsent(data: bytes, sent: int) -> bytes:
-    return data[sent:] if sent <= len(data) else b""
+def _unsent(data: bytes, size: int, sent: int) -> bytes:
+    """The end of the output a stream has not carried (`size - sent` bytes, all within `data`'s kept tail when
+    the result was truncated)."""
+    missing = size - sent
+    return data[max(0, len(data) - missing):] if missing > 0 else b""
 
 
 def session_json(session: CodeSession) -> dict[str, Any]:
@@ -124,7 +135,7 @@ class FramesResponse(Response):
     media_type = FRAMES
 
     def __init__(self, result: CodeResult) -> None:
-        end = {"event": "end", **_outcome_json(result), "results": [rich_json(r) for r in result.results]}
+        end = {"event": "end", **_outcome_json(result, kept=True), "results": [rich_json(r) for r in result.results]}
         self.parts = [*output_frames(STDOUT, result.stdout_bytes), *output_frames(STDERR, result.stderr_bytes),
                       FRAMING.event(end)]
         super().__init__(headers={"content-length": str(sum(len(p) for p in self.parts))})
@@ -172,9 +183,9 @@ def _events(stream: CodeStream, *, frames: bool) -> Producer:
         for rich in result.results[sent_results:]:  # any the engine did not hand to on_result
             await sink.event({"event": "result", "result": rich_json(rich)})
         if frames:  # output the engine did not hand to a callback travels as frames too, before the end
-            tails = [*output_frames(STDOUT, _unsent(result.stdout_bytes, sink.stdout_sent)),
-                     *output_frames(STDERR, _unsent(result.stderr_bytes, sink.stderr_sent))]
-            return b"".join([*tails, FRAMING.event({"event": "end", **_outcome_json(result)})])
+            tails = [*output_frames(STDOUT, _unsent(result.stdout_bytes, result.stdout_size, sink.stdout_sent)),
+                     *output_frames(STDERR, _unsent(result.stderr_bytes, result.stderr_size, sink.stderr_sent))]
+            return b"".join([*tails, FRAMING.event({"event": "end", **_outcome_json(result, kept=False)})])
         end = code_result_json(result, sent_stdout=sink.stdout_sent, sent_stderr=sink.stderr_sent, sent_results=0)
         return line({"event": "end", **end})
 

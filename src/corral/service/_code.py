@@ -45,11 +45,12 @@ class Cell:
     env: Mapping[str, str] | None = None
     cwd: str | None = None
     show_saved_images: bool = False
+    max_output: int | None = None  # bytes of each stream the result keeps (None: the engine's 16 MiB)
 
     def audit_params(self) -> dict[str, Any]:
         given = {"stdin": self.stdin is not None, "context": self.context,
                  "env": sorted(self.env) if self.env else None, "cwd": self.cwd,
-                 "show_saved_images": self.show_saved_images}
+                 "show_saved_images": self.show_saved_images, "max_output": self.max_output}
         language = None if self.context is not None else self.language  # a context runs its own language
         return {"code": self.code, "language": language, "session": self.session, "timeout": self.timeout,
                 **{k: v for k, v in given.items() if v}}
@@ -60,6 +61,8 @@ def _outcome(result: CodeResult) -> dict[str, Any]:
                                "session_restarted": result.session_restarted}
     if result.error is not None:
         outcome["exception"] = result.error.name  # the cell raised: not an error of the request
+    if result.truncated:
+        outcome["truncated"] = True
     return outcome
 
 
@@ -158,7 +161,8 @@ async def _run_code(svc: Service, sandbox_id: str, cell: Cell, **callbacks: Any)
     # Only what was given: the engine picks each language's default session.
     given: dict[str, Any] = {k: v for k, v in (("session", cell.session), ("stdin", cell.stdin),
                                                ("context", cell.context), ("env", cell.env), ("cwd", cell.cwd),
-                                               ("show_saved_images", cell.show_saved_images or None))
+                                               ("show_saved_images", cell.show_saved_images or None),
+                                               ("max_output", cell.max_output))
                              if v is not None}
     return await svc.engine.run_code(sandbox_id, cell.code, language=cell.language, timeout=cell.timeout,
                                      **given, **callbacks)
