@@ -283,7 +283,8 @@ def test_sync_and_async_twins_have_the_same_signatures() -> None:
 
 def test_the_design_surface_is_there() -> None:
     run = inspect.signature(Sandbox.run_code).parameters
-    assert [*run][1:] == ["code", "language", "session", "timeout", "on_stdout", "on_stderr", "on_result", "stdin"]
+    assert [*run][1:] == ["code", "language", "session", "timeout", "on_stdout", "on_stderr", "on_result", "stdin",
+                          "max_output"]
     assert run["language"].default == "python" and run["session"].default is None and run["timeout"].default == 60
     for name in ("Execution", "Result", "ExecutionError", "CodeInterpreter", "AsyncCodeInterpreter"):
         assert name in corral.__all__
