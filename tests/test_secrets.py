@@ -35,11 +35,11 @@ from cryptography.x509.oid import NameOID
 from corral import AsyncSecret, InvalidRequestError
 from corral.control import ControlStore, Role
 from corral.egress import CertificateAuthority, EgressEvent, EgressProxy, upstream_context
-from corral.engine import Engine, SandboxSpec
+from corral.engine import Engine, SandboxSpec, WarmPool
 from corral.server import create_app
 from corral.service._secrets import SecretRequest, seal_secrets
 
-from .conftest import TEMPLATE, engine_behind, make_engine
+from .conftest import TEMPLATE, engine_behind, make_engine, started_engine
 from .test_server_api import BASE, Api, create, error_code, run
 
 pytestmark = [pytest.mark.anyio, pytest.mark.runc]
@@ -330,6 +330,45 @@ async def test_https_curl_python_git_and_npm(egress: Any, tls: Echo) -> None:
         assert VALUE not in r.stdout
     assert any(e.kind == "connect" and e.secrets == ("TOKEN",) for e in events)
     assert not any(VALUE in repr(e) for e in events)
+
+
+async def test_a_warm_pool_member_claimed_with_secrets_gets_placeholders_trust_and_the_value_at_egress(
+        test_home: Path, tmp_path: Path, pki: UpstreamPki, tls: Echo) -> None:
+    # A member is started before anyone asked for secrets: its env, the CA's trust files and the proxy's bindings
+    # all come at the claim (docs/performance.md, "Warm pools").
+    events: list[EgressEvent] = []
+    ca = CertificateAuthority.load_or_create(tmp_path / "egress-ca")
+    proxy = EgressProxy(on_event=events.append, ca=ca, upstream_tls=upstream_context(pki.ca_pem))
+    await proxy.start()
+    try:
+        async with started_engine(test_home, egress=proxy, pools=[WarmPool(SandboxSpec(template=TEMPLATE), 1)]) \
+                as engine:
+            await _pool_filled(engine)
+            members = set(engine._pooled)
+            async with await engine.create(secret_spec(engine, tls)) as sb:
+                assert sb.id in members  # served from the pool
+                placeholder = (await sh(sb, 'echo -n "$TOKEN"')).stdout
+                assert placeholder.startswith("corral-secret-")
+                code = ("import os, urllib.request; r = urllib.request.Request("
+                        f"'https://{BOUND}:{tls.port}/py', "
+                        "headers={'Authorization': 'Bearer ' + os.environ['TOKEN']});"
+                        "print(urllib.request.urlopen(r).read().decode())")
+                r = await sb.exec(["python3", "-c", code], timeout=60)
+                assert r.exit_code == 0 and VALUE not in r.stdout and placeholder in r.stdout, r.stderr
+                assert tls.seen[-1].headers["Authorization"] == f"Bearer {VALUE}"
+                r = await sh(sb, f'curl -sS -H "X-Token: $TOKEN" https://{BOUND}:{tls.port}/curl')
+                assert reflected(r)["headers"]["X-Token"] == placeholder and tls.seen[-1].headers["X-Token"] == VALUE
+    finally:
+        await proxy.close()
+        ca.close()
+    assert any(e.secrets == ("TOKEN",) for e in events) and not any(VALUE in repr(e) for e in events)
+
+
+async def _pool_filled(engine: Engine, *, wait: float = 60.0) -> None:
+    deadline = anyio.current_time() + wait
+    while engine.pool_ready < 1:
+        assert anyio.current_time() < deadline, "the pool never filled"
+        await anyio.sleep(0.05)
 
 
 async def test_other_hosts_stay_end_to_end_tls(egress: Any, tls: Echo, pki: UpstreamPki) -> None:
