@@ -213,6 +213,41 @@ def test_the_sandbox_a_request_names(path: str, headers: list[tuple[bytes, bytes
     assert _sandbox_of({"type": "http", "path": path, "headers": headers}, "localhost") == expected
 
 
+_CALL = b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "run_command", "arguments": '
+
+
+@pytest.mark.parametrize(("chunks", "expected"), [
+    ([_CALL + b'{"sandbox_id": "sb-0123abcd", "command": "true"}}}'], "sb-0123abcd"),
+    ([_CALL[:20], _CALL[20:] + b'{"sandbox_id": "sb-0123abcd"}}}'], "sb-0123abcd"),  # a body in several messages
+    ([_CALL + b'{"command": "true"}}}'], None),  # list_sandboxes, create_sandbox: served where they arrive
+    ([b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"sandbox_id": "sb-x"}}'], None),
+    ([b'[' + _CALL + b'{"sandbox_id": "sb-0123abcd"}}}]'], None),  # a batch: served here
+    ([_CALL + b'{"sandbox_id": 7}}}'], None),
+    ([b"not json"], None),
+])
+def test_the_sandbox_an_mcp_call_names_and_its_body_replayed(chunks: list[bytes], expected: str | None) -> None:
+    from corral.server._replicas import _mcp_tool_sandbox, _replayed
+
+    messages = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
+
+    async def run() -> tuple[str | None, bytes]:
+        pending = list(messages)
+
+        async def receive() -> dict[str, Any]:
+            return pending.pop(0) if pending else {"type": "http.disconnect"}
+
+        read, sandbox_id = await _mcp_tool_sandbox(receive)
+        again = _replayed(read, receive)
+        body = b""
+        while (message := await again())["type"] == "http.request":
+            body += message["body"]
+            if not message["more_body"]:
+                break
+        return sandbox_id, body
+
+    assert asyncio.run(run()) == (expected, b"".join(chunks))  # the app reads the body the client sent, whole
+
+
 # -- two real servers --------------------------------------------------------------------------------------------------
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -387,6 +422,44 @@ def test_e2b_sdk_data_plane_through_the_other_replica(pair: Pair, monkeypatch: p
         assert httpx.get(forged, timeout=30).status_code == 401  # no sandbox's token made it: refused, not sent on
     finally:
         sandbox.kill()
+
+
+@servers
+def test_mcp_tool_calls_through_the_other_replica(pair: Pair) -> None:
+    # `/mcp` keeps no session: B reads a call's body, finds A's sandbox in it and forwards the call whole. The
+    # official MCP client against B, on a sandbox A runs; its progress (streamed output) comes back through B too.
+    sb = _sandbox(pair, pair.a)
+    assert pair.get(pair.b, sb.id).json()["replica"] == "a"
+    ran, wrote, read, progress = asyncio.run(_mcp_calls(pair.b, pair.keys["acme"], sb.id))
+    assert not ran.is_error and ran.structured_content is not None, ran.content
+    assert ran.structured_content["stdout"] == "one\ntwo\n" and ran.structured_content["exit_code"] == 0
+    assert progress and "one" in progress[0]
+    assert not wrote.is_error and not read.is_error and read.structured_content is not None
+    assert read.structured_content["content"] == "through b"
+    assert sb.files.read("/workspace/mcp.txt") == b"through b"  # the file is in A's sandbox
+    denied = asyncio.run(_mcp_calls(pair.b, pair.keys["other"], sb.id))[0]
+    assert denied.is_error  # another tenant's key: refused by the owner, as any forwarded request
+
+
+async def _mcp_calls(server: ServerProcess, key: str, sandbox_id: str) -> tuple[Any, Any, Any, list[str]]:
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    progress: list[str] = []
+
+    async def on_progress(done: float, total: float | None, message: str | None) -> None:
+        progress.append(message or "")
+
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=httpx2.Timeout(30, read=120))
+    async with http, Client(streamable_http_client(f"{server.url}/mcp", http_client=http)) as client:
+        ran = await client.call_tool("run_command", {"sandbox_id": sandbox_id,
+                                                     "command": "echo one; sleep 0.3; echo two"},
+                                     progress_callback=on_progress)
+        wrote = await client.call_tool("write_file", {"sandbox_id": sandbox_id, "path": "/workspace/mcp.txt",
+                                                      "content": "through b"})
+        read = await client.call_tool("read_file", {"sandbox_id": sandbox_id, "path": "/workspace/mcp.txt"})
+    return ran, wrote, read, progress
 
 
 @servers

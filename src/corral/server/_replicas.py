@@ -9,6 +9,9 @@ the client's address, and the answer comes back streamed (NDJSON, downloads). Th
 caller's own credentials again and audits under them. Anything else (no sandbox named, this replica's, unknown,
 lost, or its replica not answering) is served here, where the service answers with the reason.
 
+An MCP tool call (`POST /mcp`, which keeps no session) names its sandbox in its JSON body: the body is read here
+and the call forwarded whole to the owner, so MCP clients may use any replica.
+
 WebSockets (terminals, port relays) are forwarded the same way: the handshake goes to the owner with the
 client's headers (its `Host` too) and the signature, and messages are relayed both ways with their close codes.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import re
 import socket
@@ -48,6 +52,7 @@ _HANDSHAKE = frozenset({b"host", b"sec-websocket-key", b"sec-websocket-version",
                         b"sec-websocket-protocol", b"sec-websocket-accept", b"content-length", b"date", b"server"})
 _WS_MAX_MESSAGE = 16 * 2**20  # what uvicorn accepts from a client by default
 _WS_CLOSE_TIMEOUT = 5.0
+_MCP_PEEK = 64 * 2**20  # bytes of an /mcp request read to find its sandbox: more than any tool call sends
 _WS_NORMAL, _WS_NO_STATUS, _WS_BAD_GATEWAY = 1000, 1005, 1014
 _WS_UNSENDABLE = (1005, 1006, 1015)  # codes that report a close locally, never sent in a close frame
 
@@ -85,6 +90,9 @@ class ReplicaMiddleware:
         sandbox_id = None if forwarded else _sandbox_of(scope, self.service.ports.domain)
         if sandbox_id is None and not forwarded and scope["type"] == "http" and scope["path"] == "/files":
             sandbox_id = await self._signed_elsewhere(scope)
+        if sandbox_id is None and not forwarded and _is_mcp_post(scope):
+            read, sandbox_id = await _mcp_tool_sandbox(receive)  # an MCP call names its sandbox in its body
+            receive = _replayed(read, receive)
         url = await self.service.replica.route(sandbox_id) if sandbox_id is not None else None
         if url is None:
             await self.app(scope, receive, send)  # never forwarded twice: the owner serves what it is sent
@@ -229,7 +237,7 @@ class _WebSocketExchange:
             return
         except (OSError, TimeoutError, InvalidHandshake, EOFError) as exc:
             logger.warning("replica.unreachable", extra={"replica_url": self.url, "error": str(exc)})
-            await self.mw.app(self.scope, _replayed(opening, self.receive), self.send)  # refused here, with why
+            await self.mw.app(self.scope, _replayed([opening], self.receive), self.send)  # refused here, with why
             return
         await self.send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
         inbound = asyncio.create_task(self._client_to_owner(upstream))
@@ -308,9 +316,41 @@ async def _connected(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _replayed(first: Message, receive: Receive) -> Receive:
-    """`receive` with `first` (already read) given again first."""
-    pending = [first]
+def _is_mcp_post(scope: Scope) -> bool:
+    return scope["type"] == "http" and scope.get("method") == "POST" and scope["path"] == "/mcp"
+
+
+async def _mcp_tool_sandbox(receive: Receive) -> tuple[list[Message], str | None]:
+    """The messages of an MCP request's body, read whole (up to `_MCP_PEEK` bytes), and the sandbox its tool call
+    names (`tools/call` with a `sandbox_id` argument), if any. `/mcp` keeps no session (docs/mcp.md), so one
+    request is one whole exchange: the owner can serve it as this replica would."""
+    read: list[Message] = []
+    size = 0
+    while size <= _MCP_PEEK:
+        message = await receive()
+        read.append(message)
+        if message["type"] != "http.request":
+            return read, None
+        size += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    else:
+        return read, None  # larger than any tool call's arguments: the MCP server refuses it here
+    try:
+        call = json.loads(b"".join(m.get("body", b"") for m in read))
+    except ValueError:
+        return read, None
+    if not isinstance(call, dict) or call.get("method") != "tools/call":
+        return read, None
+    params = call.get("params")
+    arguments = params.get("arguments") if isinstance(params, dict) else None
+    sandbox_id = arguments.get("sandbox_id") if isinstance(arguments, dict) else None
+    return read, sandbox_id[:128] if isinstance(sandbox_id, str) and sandbox_id else None
+
+
+def _replayed(read: list[Message], receive: Receive) -> Receive:
+    """`receive` with the messages already `read` given again first, in order."""
+    pending = list(reversed(read))
 
     async def again() -> Message:
         return pending.pop() if pending else await receive()
