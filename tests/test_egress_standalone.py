@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import os
 import re
 import secrets
@@ -259,17 +260,35 @@ def _corral() -> list[str]:
     return [sys.executable, "-c", "from corral.cli import main; main()"]
 
 
-async def test_corral_egress_proxy_serves_until_sigterm(rig: Rig, tmp_path: Path) -> None:
-    sandbox = await rig.sandbox(["127.0.0.1"])
+@contextlib.asynccontextmanager
+async def _egress_proxy(tmp_path: Path, *args: str) -> AsyncIterator[asyncio.subprocess.Process]:
+    """`corral egress-proxy` on a free port with the rig's database and the servers' keys; SIGTERMed at the end,
+    and it must then exit 0."""
     db = f"sqlite+aiosqlite:///{tmp_path / 'corral.db'}"
     proc = await asyncio.create_subprocess_exec(
-        *_corral(), "egress-proxy", "--port", "0", "--db", db, "--no-mirror",
+        *_corral(), "egress-proxy", "--port", "0", "--db", db, "--no-mirror", *args,
         env=_proxy_env(tmp_path / "proxy-home", SECRET.decode(), (tmp_path / "audit.key").read_text()),
         stderr=subprocess.PIPE)
     try:
-        assert proc.stderr is not None
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
         async with asyncio.timeout(WAIT):
-            line = (await proc.stderr.readline()).decode()
+            code = await proc.wait()
+    assert code == 0
+
+
+async def _said(proc: asyncio.subprocess.Process) -> str:
+    """Its next line on stderr."""
+    assert proc.stderr is not None
+    async with asyncio.timeout(WAIT):
+        return (await proc.stderr.readline()).decode()
+
+
+async def test_corral_egress_proxy_serves_until_sigterm(rig: Rig, tmp_path: Path) -> None:
+    sandbox = await rig.sandbox(["127.0.0.1"])
+    async with _egress_proxy(tmp_path) as proc:
+        line = await _said(proc)
         assert line.startswith("corral egress-proxy: listening on 127.0.0.1:"), line
         port = int(line.rsplit(":", 1)[1])
         raw = rig.get(sandbox, f"http://127.0.0.1:{rig.upstream.port}/bytes/4")
@@ -279,11 +298,6 @@ async def test_corral_egress_proxy_serves_until_sigterm(rig: Rig, tmp_path: Path
             status, _, body = split_response(await reader.read())
         writer.close()
         assert status == b"HTTP/1.1 200 OK" and len(body) == 4
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        async with asyncio.timeout(WAIT):
-            code = await proc.wait()
-    assert code == 0
     assert (sandbox, True) in await rig.egress_records(1)  # its audit record, in the servers' database
     assert (await rig.store.audit.verify()).ok  # signed with the servers' audit key
 
@@ -292,16 +306,8 @@ async def test_corral_egress_proxy_counts_by_tenant_on_its_metrics_port(rig: Rig
     # Prometheus' own parser reads what a scraper reads; one allowed attempt and one refused, by the sandboxes'
     # tenant (the proxy learns it from the database), and the bytes of the allowed one.
     allowed, refused = await rig.sandbox(["127.0.0.1"]), await rig.sandbox("none")
-    db = f"sqlite+aiosqlite:///{tmp_path / 'corral.db'}"
-    proc = await asyncio.create_subprocess_exec(
-        *_corral(), "egress-proxy", "--port", "0", "--db", db, "--no-mirror", "--metrics-port", "0",
-        env=_proxy_env(tmp_path / "proxy-home", SECRET.decode(), (tmp_path / "audit.key").read_text()),
-        stderr=subprocess.PIPE)
-    try:
-        assert proc.stderr is not None
-        async with asyncio.timeout(WAIT):
-            metrics_line = (await proc.stderr.readline()).decode()
-            listening = (await proc.stderr.readline()).decode()
+    async with _egress_proxy(tmp_path, "--metrics-port", "0") as proc:
+        metrics_line, listening = await _said(proc), await _said(proc)
         assert metrics_line.startswith("corral egress-proxy: metrics on 127.0.0.1:"), metrics_line
         metrics_url = "http://" + metrics_line.split(" on ", 1)[1].strip()
         port = int(listening.rsplit(":", 1)[1])
@@ -314,11 +320,6 @@ async def test_corral_egress_proxy_counts_by_tenant_on_its_metrics_port(rig: Rig
         await rig.egress_records(2)  # counted when recorded
         async with httpx.AsyncClient(timeout=WAIT) as http:
             scraped = (await http.get(metrics_url)).text
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        async with asyncio.timeout(WAIT):
-            code = await proc.wait()
-    assert code == 0
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for family in text_string_to_metric_families(scraped) for s in family.samples}
     tenant = rig.tenant_id

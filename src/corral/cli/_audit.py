@@ -22,7 +22,7 @@ import typer
 from .._exceptions import InvalidRequestError
 from .._sdk import AuditProblem, AuditRecord, AuditVerification
 from .._settings import audit_key, corral_home, database_url
-from ._common import ApiKeyOption, JsonOption, UrlOption, admin, note, print_json
+from ._common import ApiKeyOption, DbOption, HomeOption, JsonOption, UrlOption, admin, note, print_json
 
 if TYPE_CHECKING:  # the control plane (SQLAlchemy) loads only for the local commands below: the CLI starts fast
     from ..control import AuditEntry, AuditKeyring
@@ -111,9 +111,8 @@ def _verify_file(path: Path, head: str | None, keys: AuditKeyring, *, links_only
 
 @audit_app.command("rotate-key")
 def rotate_key(
-    home: Path | None = typer.Option(None, "--home", help="The server's state directory (default CORRAL_HOME)."),
-    db: str | None = typer.Option(None, "--db", help="The server's database URL (default CORRAL_DB_URL, else "
-                                                     "SQLite in the state directory)."),
+    home: HomeOption = None,
+    db: DbOption = None,
 ) -> None:
     """Put a new audit key first in the server's audit.key (keeping the old ones, which older records verify
     with) and record `audit.key_rotated`. Restart the servers to sign with it; replicas share the file's keys."""

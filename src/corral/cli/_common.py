@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -25,6 +26,11 @@ ApiKeyOption = Annotated[str | None, typer.Option(
     "--api-key", help="The API key (default: $CORRAL_API_KEY; prefer the variable: options show up in `ps`).",
     show_default=False)]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON (every field) instead of text.")]
+# The local operator commands (`audit rotate-key`, `secret reseal`) work on the server's own state and database.
+HomeOption = Annotated[Path | None, typer.Option("--home", help="The server's state directory (default "
+                                                                "CORRAL_HOME).")]
+DbOption = Annotated[str | None, typer.Option("--db", help="The server's database URL (default CORRAL_DB_URL, else "
+                                                           "SQLite in the state directory).")]
 
 
 def config(url: str | None, api_key: str | None, request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,

@@ -22,7 +22,17 @@ from rich.table import Table
 from .._exceptions import InvalidRequestError
 from .._sdk import Secret
 from .._settings import corral_home, database_url
-from ._common import ApiKeyOption, JsonOption, UrlOption, client, print_json, print_table, short_time
+from ._common import (
+    ApiKeyOption,
+    DbOption,
+    HomeOption,
+    JsonOption,
+    UrlOption,
+    client,
+    print_json,
+    print_table,
+    short_time,
+)
 
 if TYPE_CHECKING:  # the control plane (SQLAlchemy) loads only for `reseal`: the CLI starts fast
     from ..control import Resealed
@@ -100,9 +110,8 @@ def rm(
 
 @secret_app.command("reseal")
 def reseal(
-    home: Path | None = typer.Option(None, "--home", help="The server's state directory (default CORRAL_HOME)."),
-    db: str | None = typer.Option(None, "--db", help="The server's database URL (default CORRAL_DB_URL, else "
-                                                     "SQLite in the state directory)."),
+    home: HomeOption = None,
+    db: DbOption = None,
 ) -> None:
     """Seal every stored secret again with the newest key (the first of CORRAL_SECRETS_KEY, else of the state
     directory's secrets.key), so that the older keys can go. Run it after the servers restarted with the new key."""
