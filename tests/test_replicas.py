@@ -224,6 +224,7 @@ _CALL = b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name":
     ([b'[' + _CALL + b'{"sandbox_id": "sb-0123abcd"}}}]'], None),  # a batch: served here
     ([_CALL + b'{"sandbox_id": 7}}}'], None),
     ([b"not json"], None),
+    ([b"[" * 100_000 + b"]" * 100_000], None),  # nested past the parser's depth: no 500, the MCP server answers
 ])
 def test_the_sandbox_an_mcp_call_names_and_its_body_replayed(chunks: list[bytes], expected: str | None) -> None:
     from corral.server._replicas import _mcp_tool_sandbox, _replayed
@@ -246,6 +247,16 @@ def test_the_sandbox_an_mcp_call_names_and_its_body_replayed(chunks: list[bytes]
         return sandbox_id, body
 
     assert asyncio.run(run()) == (expected, b"".join(chunks))  # the app reads the body the client sent, whole
+
+
+def test_only_mcp_calls_with_a_key_are_read_for_their_sandbox() -> None:
+    from corral.server._replicas import _is_mcp_post
+
+    keyed = [(b"authorization", b"Bearer k")]
+    assert _is_mcp_post({"type": "http", "method": "POST", "path": "/mcp", "headers": keyed})
+    assert not _is_mcp_post({"type": "http", "method": "POST", "path": "/mcp", "headers": []})  # a 401, unread
+    assert not _is_mcp_post({"type": "http", "method": "GET", "path": "/mcp", "headers": keyed})
+    assert not _is_mcp_post({"type": "http", "method": "POST", "path": "/v1/sandboxes", "headers": keyed})
 
 
 # -- two real servers --------------------------------------------------------------------------------------------------

@@ -133,9 +133,7 @@ def code_result(session: str, language: str, ev: dict[str, Any], out: OutputBuff
 
 def _kept(buffer: OutputBuffer) -> tuple[bytes, int | None]:
     """A stream's kept bytes, and where its omitted middle was (None: nothing was left out)."""
-    if not buffer.omitted:
-        return bytes(buffer.head) + buffer.tail_bytes(), None
-    return bytes(buffer.head) + buffer.tail_bytes(), len(buffer.head)
+    return bytes(buffer.head) + buffer.tail_bytes(), len(buffer.head) if buffer.omitted else None
 
 
 def code_session(raw: dict[str, Any]) -> CodeSession:

@@ -34,6 +34,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 
 from .._exceptions import AuthenticationError, CorralError, ServerError
 from ..e2b import signed_url_signer
+from ..mcp import MAX_BODY as MCP_MAX_BODY
 from ..service import Service
 from ._errors import error_response
 from ._ports import port_target
@@ -52,7 +53,6 @@ _HANDSHAKE = frozenset({b"host", b"sec-websocket-key", b"sec-websocket-version",
                         b"sec-websocket-protocol", b"sec-websocket-accept", b"content-length", b"date", b"server"})
 _WS_MAX_MESSAGE = 16 * 2**20  # what uvicorn accepts from a client by default
 _WS_CLOSE_TIMEOUT = 5.0
-_MCP_PEEK = 64 * 2**20  # bytes of an /mcp request read to find its sandbox: more than any tool call sends
 _WS_NORMAL, _WS_NO_STATUS, _WS_BAD_GATEWAY = 1000, 1005, 1014
 _WS_UNSENDABLE = (1005, 1006, 1015)  # codes that report a close locally, never sent in a close frame
 
@@ -317,16 +317,18 @@ async def _connected(host: str, port: int) -> socket.socket:
 
 
 def _is_mcp_post(scope: Scope) -> bool:
-    return scope["type"] == "http" and scope.get("method") == "POST" and scope["path"] == "/mcp"
+    """A call to `/mcp` with a key: one without is refused where it arrives, before anything reads its body."""
+    return (scope["type"] == "http" and scope.get("method") == "POST" and scope["path"] == "/mcp"
+            and _header(scope, b"authorization") is not None)
 
 
 async def _mcp_tool_sandbox(receive: Receive) -> tuple[list[Message], str | None]:
-    """The messages of an MCP request's body, read whole (up to `_MCP_PEEK` bytes), and the sandbox its tool call
+    """The messages of an MCP request's body, read whole (as far as `/mcp` accepts), and the sandbox its tool call
     names (`tools/call` with a `sandbox_id` argument), if any. `/mcp` keeps no session (docs/mcp.md), so one
     request is one whole exchange: the owner can serve it as this replica would."""
     read: list[Message] = []
     size = 0
-    while size <= _MCP_PEEK:
+    while size <= MCP_MAX_BODY:
         message = await receive()
         read.append(message)
         if message["type"] != "http.request":
@@ -335,10 +337,10 @@ async def _mcp_tool_sandbox(receive: Receive) -> tuple[list[Message], str | None
         if not message.get("more_body", False):
             break
     else:
-        return read, None  # larger than any tool call's arguments: the MCP server refuses it here
+        return read, None  # more than `/mcp` accepts: refused where it arrived
     try:
         call = json.loads(b"".join(m.get("body", b"") for m in read))
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth: the MCP server says so
         return read, None
     if not isinstance(call, dict) or call.get("method") != "tools/call":
         return read, None
