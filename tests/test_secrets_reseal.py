@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -61,6 +62,27 @@ async def test_a_value_no_key_opens_is_named_and_nothing_is_resealed(store: Cont
     with pytest.raises(ServerError, match=f"opens the stored secret\\(s\\) ORPHAN of tenant {acme}: put the key"):
         await store.reseal_secrets(SecretKeyring([NEW, OLD]))
     assert {n: (await store.get_secret(acme, n)).sealed for n in ("KEPT", "ORPHAN")} == before
+
+
+async def test_a_value_put_during_the_reseal_is_kept_as_its_put_sealed_it(store: ControlStore, tmp_path: Path) -> None:
+    acme = (await store.create_tenant("acme")).id
+    old, new = SecretKeyring([OLD]), SecretKeyring([NEW, OLD])
+    await _put(store, old, acme, "GH_TOKEN", "ghp-before")
+    await _put(store, old, acme, "NPM_TOKEN", "npm-acme")
+    put_meanwhile = new.seal("ghp-after")
+
+    class PutDuringTheReseal:  # a server's `put` lands between the reseal's read and its write
+        def current(self, sealed: str) -> bool:
+            return new.current(sealed)
+
+        def reseal(self, sealed: str) -> str:
+            if old.open(sealed) == "ghp-before":
+                with sqlite3.connect(tmp_path / "corral.db") as db:
+                    db.execute("UPDATE secrets SET sealed = ? WHERE name = 'GH_TOKEN'", (put_meanwhile,))
+            return new.reseal(sealed)
+
+    assert await store.reseal_secrets(PutDuringTheReseal()) == Resealed(resealed=1, current=0)
+    assert await _values(store, SecretKeyring([NEW]), acme, "GH_TOKEN", "NPM_TOKEN") == ["ghp-after", "npm-acme"]
 
 
 async def test_a_new_sandbox_gets_a_stored_value_under_the_newest_key(store: ControlStore) -> None:

@@ -477,7 +477,8 @@ class Resealer(Protocol):
 
 @dataclass(frozen=True)
 class Resealed:
-    """What `ControlStore.reseal_secrets` did: values sealed again, values already under the newest key."""
+    """What `ControlStore.reseal_secrets` did: values sealed again, values already under the newest key (a value
+    `put` during the reseal is in neither)."""
 
     resealed: int
     current: int

@@ -824,11 +824,13 @@ class ControlStore:
         if unopened:
             raise ServerError(f"no key in the keyring opens the stored secret(s) {', '.join(sorted(unopened))}: "
                               "put the key that sealed them back after the newest one; nothing was resealed")
+        changed = 0
         async with self._db.write() as session:
             for row_id, old, new in fresh:  # compare-and-swap: a concurrent `put` wins
-                await session.execute(update(SecretRow).where(SecretRow.id == row_id, SecretRow.sealed == old)
-                                      .values(sealed=new))
-        return Resealed(resealed=len(fresh), current=len(rows) - len(fresh))
+                done = await session.execute(update(SecretRow).where(SecretRow.id == row_id, SecretRow.sealed == old)
+                                             .values(sealed=new))
+                changed += int(done.rowcount)  # type: ignore[attr-defined]
+        return Resealed(resealed=changed, current=len(rows) - len(fresh))
 
     @staticmethod
     async def _secret_named(session: AsyncSession, tenant_id: str, name: str) -> SecretRow | None:
