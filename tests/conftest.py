@@ -24,6 +24,14 @@ TEMPLATE_HOME = Path(os.environ.get("CORRAL_TEST_TEMPLATE_HOME", os.environ.get(
 TEMPLATE = os.environ.get("CORRAL_TEST_TEMPLATE", "default")
 DEV_ROOTFS = os.environ.get("CORRAL_TEST_ROOTFS")  # a bare rootfs instead of the store, for quick iteration
 TEST_HOME = Path(f"/var/tmp/corral-test-{os.getpid()}")
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def ci_sampled(variable: str, full: int, in_ci: int) -> int:
+    """How many of a slow tier's cases run: `$variable` if set, else `in_ci` under CI (.ci/run sets CI=true: its
+    45-minute budget, README "Tests"), else `full`."""
+    value = os.environ.get(variable)
+    return int(value) if value else in_ci if IN_CI else full
 CGROUP_PARENT = f"corral-test-{os.getpid()}"
 
 

@@ -33,7 +33,7 @@ import pytest
 from corral import Admin
 from corral.server import ServerProcess
 
-from .conftest import DEV_ROOTFS, TEMPLATE, TEMPLATE_HOME, leaks
+from .conftest import DEV_ROOTFS, TEMPLATE, TEMPLATE_HOME, ci_sampled, leaks
 
 pytestmark = [
     pytest.mark.runc,
@@ -42,7 +42,7 @@ pytestmark = [
 ]
 
 SEED = int(os.environ.get("CORRAL_FAULT_SEED", "16"))
-ITERATIONS = 14
+ITERATIONS = ci_sampled("CORRAL_FAULT_ROUNDS", 14, 7)  # rounds; under CI the first 7 of the same seeded series
 CALL_TIMEOUT = 60.0  # no client call may take longer: a hang is a failure, not a slow test
 UPLOAD_SIZE = 48 * 1024 * 1024
 CHUNK = 1024 * 1024
