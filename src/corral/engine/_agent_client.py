@@ -483,10 +483,11 @@ class AgentClient:
                        env: dict[str, str] | None = None, cell_env: Mapping[str, str] | None = None,
                        cwd: str | None = None, show_saved_images: bool = False,
                        on_stdout: OutputCallback | None = None, on_stderr: OutputCallback | None = None,
-                       on_result: ResultCallback | None = None, max_output: int = DEFAULT_MAX_OUTPUT) -> CodeResult:
+                       on_result: ResultCallback | None = None, max_output: int | None = None) -> CodeResult:
         """Run one cell (docs/code.md). `env` (the sandbox's), `cwd` and `show_saved_images` apply only if this
         call starts the session; `cell_env` only to this cell; `stdin` only for compiled programs. Of each stream
-        the result keeps `max_output` bytes (head and tail); the callbacks get every byte."""
+        the result keeps `max_output` bytes (head and tail; None: 16 MiB, as a command); the callbacks get every
+        byte."""
         args: dict[str, Any] = {"code": code, "language": language, "session": session, "timeout": timeout,
                                 "env": env, **_context_args(cwd, show_saved_images)}
         if context is not None:
@@ -498,7 +499,8 @@ class AgentClient:
         async with self._op("code_run", **args) as conn:
             started = await conn.event()
             # Head and tail only: a cell that prints for an hour must not fill the server's memory.
-            out, err = OutputBuffer(max_output), OutputBuffer(max_output)
+            kept = max_output or DEFAULT_MAX_OUTPUT
+            out, err = OutputBuffer(kept), OutputBuffer(kept)
             results: builtins.list[RichResult] = []
             while True:
                 kind, payload = await conn.recv()

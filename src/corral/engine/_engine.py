@@ -780,12 +780,11 @@ class Engine:
         `on_stdout`/`on_stderr` get every byte."""
         sb = self._running(sandbox_id)
         before = await self.backend.oom_kills(sb.record)
-        kept = {} if max_output is None else {"max_output": max_output}
         result = await sb.agent.run_code(code, language=None if context is not None else language,
                                          session=session, context=context,
                                          timeout=timeout, stdin=stdin, env=self._env(sb, None), cell_env=env,
                                          cwd=cwd, show_saved_images=show_saved_images, on_stdout=on_stdout,
-                                         on_stderr=on_stderr, on_result=on_result, **kept)
+                                         on_stderr=on_stderr, on_result=on_result, max_output=max_output)
         return await self._code_with_oom(sb, result, before)
 
     async def create_code_context(self, sandbox_id: str, language: str = "python", *, cwd: str | None = None,

@@ -73,11 +73,17 @@ class EgressMetrics:
             self.bytes.labels(tenant, "down").inc(event.bytes_down)
 
 
-def egress_registry() -> tuple[CollectorRegistry, EgressMetrics]:
-    """A registry of a standalone egress proxy: its counters and the process' own (process_*, python_*)."""
+def _process_registry() -> CollectorRegistry:
+    """A registry of its own with the process' standard collectors (process_*, python_*)."""
     registry = CollectorRegistry()
     for standard in (ProcessCollector, PlatformCollector, GCCollector):
         standard(registry=registry)
+    return registry
+
+
+def egress_registry() -> tuple[CollectorRegistry, EgressMetrics]:
+    """A registry of a standalone egress proxy: its counters and the process' own."""
+    registry = _process_registry()
     return registry, EgressMetrics(registry)
 
 
@@ -86,9 +92,7 @@ class Telemetry:
 
     def __init__(self, service: Service) -> None:
         self._svc = service
-        self.registry = registry = CollectorRegistry()
-        for standard in (ProcessCollector, PlatformCollector, GCCollector):  # process_*, python_*
-            standard(registry=registry)
+        self.registry = registry = _process_registry()
         self.operations = Counter("corral_operations", "Audited operations, by action and outcome (ok, or the "
                                   "error code).", ["action", "outcome"], registry=registry)
         self.creates = Counter("corral_sandbox_creates", "Sandbox creates, by tenant and outcome.",
