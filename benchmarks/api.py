@@ -3,7 +3,7 @@ with the engine in-process in the same run so the API's own overhead is visible.
 
 Figures:
 - exec round trip of `true` (argv), the three layers interleaved sample by sample so that the machine's noise hits
-  them alike: through the API (the SDK's `commands.run`), through the engine in-process (`SandboxHandle.exec`), and
+  them alike: through the API (the SDK's `commands.run`), through the engine in-process (`SandboxSession.exec`), and
   on the agent's socket (a blocking client sending the engine's exec request: the agent's own cost, the floor);
   p50 and p95 of each and the ratios of their p50s, and the server's CPU time per exec (`exec_true`; `--exec-only`
   runs just this)
@@ -36,7 +36,7 @@ from corral import Admin, Sandbox
 from corral.agent import protocol
 from corral.backends import UnixEndpoint
 from corral.backends.local import LocalBackend
-from corral.engine import Engine, SandboxHandle, SandboxSpec
+from corral.engine import Engine, SandboxSession, SandboxSpec
 from corral.server import ServerProcess
 from corral.templates import TemplateStore
 
@@ -161,7 +161,7 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _exec_true(loop: asyncio.AbstractEventLoop, engine: Engine, handle: SandboxHandle, api_sb: Sandbox,
+def _exec_true(loop: asyncio.AbstractEventLoop, engine: Engine, handle: SandboxSession, api_sb: Sandbox,
                server_pid: int, n: int, progress: Progress) -> dict[str, Any]:
     """`true` through the three layers, one sample of each in turn (same sandbox for the engine and the socket;
     the API's sandbox is the server's). The engine lives in `loop`, run only while it serves a sample. Also the
@@ -200,7 +200,7 @@ def _exec_true(loop: asyncio.AbstractEventLoop, engine: Engine, handle: SandboxH
     return out
 
 
-async def _engine_sandbox(home: Path, store: TemplateStore, spec: SandboxSpec) -> tuple[Engine, SandboxHandle]:
+async def _engine_sandbox(home: Path, store: TemplateStore, spec: SandboxSpec) -> tuple[Engine, SandboxSession]:
     engine = Engine(home, backend=LocalBackend(home, cgroup_parent="corral-bench"), templates=store)
     await engine.start()
     try:

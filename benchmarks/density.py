@@ -40,7 +40,7 @@ from typing import Any
 
 from corral.backends.local import LocalBackend, LocalRecord
 from corral.egress import EgressProxy
-from corral.engine import Capacity, Engine, Limits, SandboxHandle, SandboxSpec
+from corral.engine import Capacity, Engine, Limits, SandboxSession, SandboxSpec
 from corral.templates import TemplateStore
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
@@ -205,7 +205,7 @@ async def _creates(engine: Engine, spec: SandboxSpec, n: int, what: str,
     return creates, destroys
 
 
-async def _execs(idle: list[SandboxHandle], n: int, what: str, progress: Progress) -> list[float]:
+async def _execs(idle: list[SandboxSession], n: int, what: str, progress: Progress) -> list[float]:
     rng = random.Random(len(idle))
     samples = []
     for i in range(n):
@@ -246,20 +246,21 @@ async def bookkeeping(engine: Engine, backend: LocalBackend) -> dict[str, Any]:
     out: dict[str, Any] = {}
     t = time.perf_counter()
     now = time.time()
-    _ = [s for s in engine._sandboxes.values() if s.expires_at <= now and not s.paused_to_disk]  # the reaper's scan
+    sandboxes = engine.runtime.sandboxes.values()
+    _ = [s for s in sandboxes if s.expires_at <= now and not s.paused_to_disk]  # the reaper's scan
     engine.usage()
     out["scan_ms"] = round((time.perf_counter() - t) * 1000, 3)
     t = time.perf_counter()
     await backend.capacity()
     out["capacity_ms"] = round((time.perf_counter() - t) * 1000, 3)
     t = time.perf_counter()
-    for sid in list(engine._sandboxes):
+    for sid in list(engine.runtime.sandboxes):
         await engine.sandbox_usage(sid)
     out["usage_all_ms"] = round((time.perf_counter() - t) * 1000, 2)
     t = time.perf_counter()
     await asyncio.to_thread(mounts)
     out["read_mount_table_ms"] = round((time.perf_counter() - t) * 1000, 2)
-    records = [sb.record for sb in engine._sandboxes.values()]
+    records = [sb.record for sb in engine.runtime.sandboxes.values()]
     if records:  # what an engine's restart asks of each sandbox, and what `runc state` costs at this density
         t = time.perf_counter()
         for record in records:
@@ -276,12 +277,12 @@ async def bookkeeping(engine: Engine, backend: LocalBackend) -> dict[str, Any]:
     return out
 
 
-async def measure(engine: Engine, backend: LocalBackend, spec: SandboxSpec, idle: list[SandboxHandle],
+async def measure(engine: Engine, backend: LocalBackend, spec: SandboxSpec, idle: list[SandboxSession],
                   samples: int, base: dict[str, int], progress: Progress) -> dict[str, Any]:
     n = len(idle)
     await asyncio.sleep(1.0)  # the last creates settle (agents finish starting)
     mem = meminfo()
-    records = [r for r in (engine._sandboxes[sb.id].record for sb in idle) if isinstance(r, LocalRecord)]
+    records = [r for r in (engine.runtime.sandboxes[sb.id].record for sb in idle) if isinstance(r, LocalRecord)]
     out: dict[str, Any] = {"sandboxes": n}
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     out["memory"] = {
@@ -334,7 +335,7 @@ async def run(*, home: Path, template_home: Path, template: str = "default", max
     engine = Engine(home, backend=backend, templates=store, capacity=Capacity(memory_overcommit=1000.0),
                     egress=proxy)
     await engine.start()  # with the reaper: its ticks are part of what density costs
-    idle: list[SandboxHandle] = []
+    idle: list[SandboxSession] = []
     at: list[dict[str, Any]] = []
     results["at"] = at
     try:
@@ -379,8 +380,8 @@ async def run(*, home: Path, template_home: Path, template: str = "default", max
     return results
 
 
-async def _restart(engine: Engine, idle: list[SandboxHandle],
-                   make: Callable[[], Engine]) -> tuple[Engine, list[SandboxHandle], dict[str, Any]]:
+async def _restart(engine: Engine, idle: list[SandboxSession],
+                   make: Callable[[], Engine]) -> tuple[Engine, list[SandboxSession], dict[str, Any]]:
     """Close the engine (its sandboxes keep running) and start a new one on the same home, which reattaches them
     all: what a server's restart costs at this density. The old engine still holds them if the new one fails."""
     t = time.perf_counter()
@@ -394,13 +395,13 @@ async def _restart(engine: Engine, idle: list[SandboxHandle],
     return new, [new.get(sb.id) for sb in idle if sb.id in reattached], figures
 
 
-async def _destroy_all(engine: Engine, idle: list[SandboxHandle], progress: Progress) -> dict[str, Any]:
+async def _destroy_all(engine: Engine, idle: list[SandboxSession], progress: Progress) -> dict[str, Any]:
     """Destroy every sandbox made here, a few at a time (1,000 at once would start 2,000 runc processes), then
     close the engine (which destroys any it still holds)."""
     total, done, errors = len(idle), 0, []
     sem = asyncio.Semaphore(DESTROY_AT_ONCE)
 
-    async def one(sb: SandboxHandle) -> None:
+    async def one(sb: SandboxSession) -> None:
         nonlocal done
         async with sem:
             try:

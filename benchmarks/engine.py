@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.backends.local import LocalBackend, LocalRecord
-from corral.engine import Engine, SandboxHandle, SandboxSpec
+from corral.engine import Engine, SandboxSession, SandboxSpec
 from corral.templates import TemplateStore
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
@@ -44,7 +44,7 @@ def summary(samples: list[float]) -> dict[str, float]:
 
 
 async def _lifecycle(engine: Engine, spec: SandboxSpec, n: int, progress: Progress, label: str,
-                     results: dict[str, Any]) -> SandboxHandle:
+                     results: dict[str, Any]) -> SandboxSession:
     """Create + first exec and destroy `n` times, then exec round trips on one sandbox, which is returned (the
     caller measures more on it and destroys it). The same loop for every backend, so their figures compare."""
     create_exec, destroy = [], []
@@ -151,7 +151,7 @@ async def _ok(coro: Awaitable[Any]) -> None:
 
 async def _idle(engine: Engine, sandbox_id: str) -> dict[str, float]:
     await asyncio.sleep(1.0)
-    record, backend = engine._sandboxes[sandbox_id].record, engine.backend
+    record, backend = engine.runtime.sandboxes[sandbox_id].record, engine.backend
     if not isinstance(backend, LocalBackend) or not isinstance(record, LocalRecord):
         return {}  # the figures below are read from the local backend's host processes and cgroups
     pid = int((record.dir / "pid").read_text())
@@ -244,7 +244,7 @@ async def docker_section(home: Path, store: TemplateStore, spec: SandboxSpec, n:
         await warm.destroy()
         sb = await _lifecycle(engine, spec, n, progress, "docker: ", results)
         await asyncio.sleep(1.0)
-        record = engine._sandboxes[sb.id].record
+        record = engine.runtime.sandboxes[sb.id].record
         assert isinstance(record, DockerRecord)
         found = await backend.api.inspect(record.name) or {}
         results["idle"] = {"agent_rss_mib": round(_rss_kib(int(found["State"]["Pid"])) / 1024, 1),

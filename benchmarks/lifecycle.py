@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.backends.local import LocalBackend
-from corral.engine import Engine, SandboxHandle, SandboxSpec
+from corral.engine import Engine, SandboxSession, SandboxSpec
 from corral.templates import TemplateStore
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
@@ -68,7 +68,7 @@ async def _each(n: int, what: str, progress: Progress, step: Callable[[], Awaita
     return out
 
 
-async def _created_and_used(make: Callable[[], Awaitable[SandboxHandle]]) -> tuple[float, SandboxHandle]:
+async def _created_and_used(make: Callable[[], Awaitable[SandboxSession]]) -> tuple[float, SandboxSession]:
     t = time.perf_counter()
     sb = await make()
     await _ok(sb.exec(["true"]))
@@ -139,7 +139,7 @@ async def _engine_figures(engine: Engine, spec: SandboxSpec, n: int, files: int,
     return results
 
 
-async def _pause_cycles(engine: Engine, sb: SandboxHandle, memory: bool, n: int,
+async def _pause_cycles(engine: Engine, sb: SandboxSession, memory: bool, n: int,
                         progress: Progress) -> tuple[list[float], list[float]]:
     """`n` pauses (in memory or to disk) each followed by a resume and a first exec: both timed."""
     pauses: list[float] = []
@@ -153,19 +153,19 @@ async def _pause_cycles(engine: Engine, sb: SandboxHandle, memory: bool, n: int,
     return pauses, resumes
 
 
-async def _resumed(engine: Engine, sb: SandboxHandle) -> float:
+async def _resumed(engine: Engine, sb: SandboxSession) -> float:
     t = time.perf_counter()
     await engine.resume(sb.id)
     await _ok(sb.exec(["true"]))
     return time.perf_counter() - t
 
 
-async def _ten(engine: Engine, spec: SandboxSpec, parent: SandboxHandle, setup: str,
+async def _ten(engine: Engine, spec: SandboxSpec, parent: SandboxSession, setup: str,
                progress: Progress) -> dict[str, Any]:
     """10 forks of one sandbox, one after the other, against 10 creates from the template (both until the
     first exec in each), and against 10 creates that each run the parent's setup again (what forking saves);
     all destroyed after the clock stops."""
-    made: list[SandboxHandle] = []
+    made: list[SandboxSession] = []
     t = time.perf_counter()
     for i in range(10):
         made.append((await _created_and_used(lambda: engine.fork(parent.id)))[1])

@@ -16,7 +16,7 @@ import pytest
 
 from corral.backends.local import LocalBackend
 from corral.egress import EgressProxy
-from corral.engine import Engine, Limits, SandboxHandle, SandboxSpec
+from corral.engine import Engine, Limits, SandboxSession, SandboxSpec
 from corral.templates import Template
 
 # Templates are read from the real store (building one takes minutes); sandbox state goes to a test home.
@@ -105,7 +105,7 @@ async def engine(test_home: Path) -> AsyncIterator[Engine]:
 
 
 @pytest.fixture
-async def sandbox(engine: Engine) -> AsyncIterator[SandboxHandle]:
+async def sandbox(engine: Engine) -> AsyncIterator[SandboxSession]:
     sb = await engine.create(SandboxSpec(template=TEMPLATE))
     try:
         yield sb

@@ -92,7 +92,7 @@ async def test_create_waits_for_the_agent_and_keeps_its_own_state(tmp_path: Path
         assert [n for n, _ in backend.calls[:4]] == ["sweep", "check", "capacity", "create"]
         state = json.loads((tmp_path / "engine" / f"{sb.id}.json").read_text())
         assert state["backend"] == "fake" and state["state"] == "running"
-        assert state["record"] == fake_record(engine._sandboxes[sb.id].record).to_json()
+        assert state["record"] == fake_record(engine.runtime.sandboxes[sb.id].record).to_json()
         assert SandboxSpec.model_validate(state["spec"]) == SPEC
         assert engine.sandbox_env(sb.id)["FROM_TEMPLATE"] == "1"
         await sb.pause()

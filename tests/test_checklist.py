@@ -66,7 +66,7 @@ async def probe(sb: Any, code: str, *, timeout: float = 30, **kwargs: Any) -> An
 
 
 def record(engine: Any, sb: Any) -> dict[str, Any]:
-    rec: dict[str, Any] = engine._sandboxes[sb.id].record.to_json()
+    rec: dict[str, Any] = engine.runtime.sandboxes[sb.id].record.to_json()
     return rec
 
 

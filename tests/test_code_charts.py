@@ -30,14 +30,14 @@ from e2b_code_interpreter.charts import (
 )
 from e2b_code_interpreter.models import Execution, Result
 
-from corral.engine import RichResult, SandboxHandle
+from corral.engine import RichResult, SandboxSession
 
 pytestmark = [pytest.mark.anyio, pytest.mark.runc]
 
 CHART = "e2b/chart"
 
 
-async def figures(sandbox: SandboxHandle, code: str) -> list[RichResult]:
+async def figures(sandbox: SandboxSession, code: str) -> list[RichResult]:
     """The results of the figures a cell leaves open (each has a PNG); the cell must not fail."""
     r = await sandbox.run_code(code, timeout=120)
     assert r.error is None, r.error
@@ -55,14 +55,14 @@ def parse(result: RichResult) -> Chart:
     return parsed
 
 
-async def chart(sandbox: SandboxHandle, code: str) -> tuple[dict[str, Any], Chart]:
+async def chart(sandbox: SandboxSession, code: str) -> tuple[dict[str, Any], Chart]:
     """The one figure's chart: as JSON, and as E2B's SDK parses it."""
     [figure] = await figures(sandbox, code)
     assert figure.chart is not None
     return figure.chart, parse(figure)
 
 
-async def test_bar_chart(sandbox: SandboxHandle) -> None:
+async def test_bar_chart(sandbox: SandboxSession) -> None:
     raw, parsed = await chart(sandbox, """
 import matplotlib.pyplot as plt
 fruit = ['apples', 'pears', 'plums']
@@ -78,7 +78,7 @@ plt.show()
     assert set(raw) == {"type", "title", "x_label", "y_label", "x_unit", "y_unit", "elements"}
 
 
-async def test_box_and_whisker_chart(sandbox: SandboxHandle) -> None:
+async def test_box_and_whisker_chart(sandbox: SandboxSession) -> None:
     _, parsed = await chart(sandbox, """
 import matplotlib.pyplot as plt
 scores = {'North': [3, 9, 4, 7, 5], 'South': [20, 11, 12, 14, 13, 15], 'East': [1, 2, 3, 4, 5, 6, 7, 8, 9]}
@@ -95,7 +95,7 @@ ax.set_title('Rainfall'); ax.set_xlabel('Region'); ax.set_ylabel('Rain (mm)')
                      ("East", 1, 3, 5, 7, 9, [])]
 
 
-async def test_line_chart_with_dates_and_units(sandbox: SandboxHandle) -> None:
+async def test_line_chart_with_dates_and_units(sandbox: SandboxSession) -> None:
     raw, parsed = await chart(sandbox, """
 import datetime
 import matplotlib.pyplot as plt
@@ -119,7 +119,7 @@ plt.title('Temperatures'); plt.xlabel('Day (UTC)'); plt.ylabel('Temperature (°C
     assert "\u2212" not in json.dumps(raw, ensure_ascii=False)  # matplotlib's minus sign, made ASCII
 
 
-async def test_log_scale(sandbox: SandboxHandle) -> None:
+async def test_log_scale(sandbox: SandboxSession) -> None:
     _, parsed = await chart(sandbox, """
 import numpy as np
 import matplotlib.pyplot as plt
@@ -137,7 +137,7 @@ plt.xlabel('Step'); plt.ylabel('Size (bytes)')
     assert all(label.startswith("10^") for label in parsed.y_tick_labels), parsed.y_tick_labels  # no mathtext
 
 
-async def test_pie_chart(sandbox: SandboxHandle) -> None:
+async def test_pie_chart(sandbox: SandboxSession) -> None:
     raw, parsed = await chart(sandbox, """
 import matplotlib.pyplot as plt
 fig, ax = plt.subplots()
@@ -151,7 +151,7 @@ ax.set_title('Budget')
     assert set(raw) == {"type", "title", "elements"}
 
 
-async def test_datetime_and_categorical_scales_two_figures_in_one_cell(sandbox: SandboxHandle) -> None:
+async def test_datetime_and_categorical_scales_two_figures_in_one_cell(sandbox: SandboxSession) -> None:
     first, second = await figures(sandbox, """
 import numpy as np
 import matplotlib.pyplot as plt
@@ -170,7 +170,7 @@ plt.plot([10, 20, 30], ['low', 'mid', 'high'], label='level')
     assert categorical.y_tick_labels == ["low", "mid", "high"]
 
 
-async def test_scatter_chart_and_e2b_serialization(sandbox: SandboxHandle) -> None:
+async def test_scatter_chart_and_e2b_serialization(sandbox: SandboxSession) -> None:
     [figure] = await figures(sandbox, """
 import matplotlib.pyplot as plt
 plt.scatter([1, 2, 3], [4, 1, 3], label='early')
@@ -191,7 +191,7 @@ plt.xlabel('Hour'); plt.ylabel('Load')
     assert json.loads(Execution(results=[result]).to_json())["results"][0]["chart"]["type"] == "scatter"
 
 
-async def test_superchart(sandbox: SandboxHandle) -> None:
+async def test_superchart(sandbox: SandboxSession) -> None:
     _, parsed = await chart(sandbox, """
 import numpy as np
 import matplotlib.pyplot as plt
@@ -209,7 +209,7 @@ spare.axis('off')  # drawn nothing: no chart of its own
     assert dots.elements[0].points == [(1, 2), (2, 1)]
 
 
-async def test_unknown_chart(sandbox: SandboxHandle) -> None:
+async def test_unknown_chart(sandbox: SandboxSession) -> None:
     raw, parsed = await chart(sandbox, """
 import matplotlib.pyplot as plt
 fig, ax = plt.subplots()
@@ -222,7 +222,7 @@ ax.set_title('Shapes')
     assert raw == {"type": "unknown", "title": "Shapes", "elements": []}
 
 
-async def test_figures_without_data_have_a_png_but_no_chart(sandbox: SandboxHandle) -> None:
+async def test_figures_without_data_have_a_png_but_no_chart(sandbox: SandboxSession) -> None:
     found = await figures(sandbox, """
 import matplotlib.pyplot as plt
 plt.subplots()
@@ -231,7 +231,7 @@ fig = plt.figure(); fig.text(0.5, 0.5, 'only words')
     assert len(found) == 2 and all(CHART not in x.data and x.chart is None for x in found)
 
 
-async def test_a_failing_extractor_leaves_the_png_and_says_nothing(sandbox: SandboxHandle) -> None:
+async def test_a_failing_extractor_leaves_the_png_and_says_nothing(sandbox: SandboxSession) -> None:
     r = await sandbox.run_code("""
 import logging, warnings
 import matplotlib.pyplot as plt
@@ -254,7 +254,7 @@ print('drawn')
     assert set(result.data) == {"image/png", "text/plain"} and result.data["text/plain"].startswith("<Figure")
 
 
-async def test_too_many_points_give_no_chart(sandbox: SandboxHandle) -> None:
+async def test_too_many_points_give_no_chart(sandbox: SandboxSession) -> None:
     few, many = await figures(sandbox, """
 import numpy as np
 import matplotlib.pyplot as plt
@@ -266,7 +266,7 @@ plt.figure(); plt.plot(np.arange(6_000)); plt.plot(np.arange(6_000))
     assert CHART not in many.data  # 12 000 points: past MAX_POINTS, the PNG alone
 
 
-async def test_box_plot_lying_down_without_patches(sandbox: SandboxHandle) -> None:
+async def test_box_plot_lying_down_without_patches(sandbox: SandboxSession) -> None:
     _, parsed = await chart(sandbox, """
 import matplotlib.pyplot as plt
 fig, ax = plt.subplots()
@@ -282,7 +282,7 @@ ax.set_xlabel('Latency (ms)'); ax.set_ylabel('Build')
     assert stats == [("old", 1, 2.25, 4.5, 6.75, 8, [-30, 40]), ("new", 10, 11, 12, 13, 14, [])]
 
 
-async def test_grouped_stacked_and_horizontal_bars(sandbox: SandboxHandle) -> None:
+async def test_grouped_stacked_and_horizontal_bars(sandbox: SandboxSession) -> None:
     grouped, lying = await figures(sandbox, """
 import numpy as np
 import matplotlib.pyplot as plt
@@ -305,7 +305,7 @@ ax.barh(['cpu', 'disk'], [0.75, 0.5]); ax.set_xlabel('Share'); ax.set_ylabel('Re
     assert [(b.label, b.value) for b in horizontal.elements] == [("cpu", 0.75), ("disk", 0.5)]
 
 
-async def test_an_object_may_give_its_own_chart(sandbox: SandboxHandle) -> None:
+async def test_an_object_may_give_its_own_chart(sandbox: SandboxSession) -> None:
     r = await sandbox.run_code("""
 class Sales:
     def _repr_e2b_chart_(self):

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from corral import ConflictError, InvalidRequestError, NotFoundError, PermissionDeniedError
-from corral.engine import Engine, SandboxHandle, SandboxSpec, default_context
+from corral.engine import Engine, SandboxSession, SandboxSpec, default_context
 from tests.conftest import TEMPLATE
 
 pytestmark = [pytest.mark.anyio, pytest.mark.runc]
@@ -29,7 +29,7 @@ def texts(result) -> list[str]:  # type: ignore[no-untyped-def]
     return [r.data.get("text/plain", "") for r in result.results]
 
 
-async def test_default_contexts_are_listed_first_then_the_made_ones(engine: Engine, sandbox: SandboxHandle) -> None:
+async def test_default_contexts_are_listed_first_then_the_made_ones(engine: Engine, sandbox: SandboxSession) -> None:
     listed = await engine.code_contexts(sandbox.id, cwd=HOME)
     assert [(c.name, c.language, c.cwd, c.pid) for c in listed] == [("default", "python", HOME, 0),
                                                                      ("javascript", "javascript", HOME, 0)]
@@ -43,7 +43,7 @@ async def test_default_contexts_are_listed_first_then_the_made_ones(engine: Engi
     assert [s.name for s in await engine.code_sessions(sandbox.id)] == [made.name]  # /v1: only running ones
 
 
-async def test_a_context_keeps_its_own_state_language_and_directory(engine: Engine, sandbox: SandboxHandle) -> None:
+async def test_a_context_keeps_its_own_state_language_and_directory(engine: Engine, sandbox: SandboxSession) -> None:
     await engine.run_code(sandbox.id, "x = 1", cwd=HOME)  # the default python context, made here in HOME
     made = await engine.create_code_context(sandbox.id)
     assert (made.language, made.cwd) == ("python", "/workspace")  # Corral's default directory
@@ -56,7 +56,7 @@ async def test_a_context_keeps_its_own_state_language_and_directory(engine: Engi
     assert texts(r) == ["true"] and r.language == "javascript"
 
 
-async def test_context_errors_are_clear_and_change_nothing(engine: Engine, sandbox: SandboxHandle) -> None:
+async def test_context_errors_are_clear_and_change_nothing(engine: Engine, sandbox: SandboxSession) -> None:
     with pytest.raises(NotFoundError, match="no code context 'nope'"):
         await engine.run_code(sandbox.id, "1", context="nope")
     with pytest.raises(InvalidRequestError, match="contexts run python, bash, javascript"):
@@ -75,7 +75,7 @@ async def test_context_errors_are_clear_and_change_nothing(engine: Engine, sandb
     assert [c.name for c in await engine.code_contexts(sandbox.id)] == ["default", "javascript", made.name]
 
 
-async def test_a_directory_the_user_cannot_enter(engine: Engine, sandbox: SandboxHandle) -> None:
+async def test_a_directory_the_user_cannot_enter(engine: Engine, sandbox: SandboxSession) -> None:
     made = await engine.create_code_context(sandbox.id, "python", cwd="/root")  # root's home: mode 0700
     listed = await engine.code_contexts(sandbox.id)
     assert (listed[-1].name, listed[-1].cwd) == (made.name, "/root")
@@ -87,7 +87,7 @@ async def test_a_directory_the_user_cannot_enter(engine: Engine, sandbox: Sandbo
 
 
 async def test_restart_forgets_the_state_and_close_removes_the_context(engine: Engine,
-                                                                       sandbox: SandboxHandle) -> None:
+                                                                       sandbox: SandboxSession) -> None:
     made = await engine.create_code_context(sandbox.id, cwd=HOME)
     await engine.restart_code(sandbox.id, made.name)  # never ran: nothing to forget, and no error
     r = await engine.run_code(sandbox.id, "x = 1", context=made.name)
@@ -126,7 +126,7 @@ async def test_env_vars_for_one_cell_on_top_of_the_sandboxs(engine: Engine, lang
         assert r.stdout == "sub\n", r
 
 
-async def test_env_vars_of_a_cell_are_checked(engine: Engine, sandbox: SandboxHandle) -> None:
+async def test_env_vars_of_a_cell_are_checked(engine: Engine, sandbox: SandboxSession) -> None:
     for env in ({"1X": "a"}, {"A-B": "a"}, {"A": "nul\x00"}):
         with pytest.raises(InvalidRequestError, match="environment variable"):
             await engine.run_code(sandbox.id, "1", env=env)
@@ -135,7 +135,7 @@ async def test_env_vars_of_a_cell_are_checked(engine: Engine, sandbox: SandboxHa
     assert r.stdout == "for the program\n", r
 
 
-async def test_execution_counts(engine: Engine, sandbox: SandboxHandle) -> None:
+async def test_execution_counts(engine: Engine, sandbox: SandboxSession) -> None:
     r = await engine.run_code(sandbox.id, "echo 'E2B is awesome!'")  # a SyntaxError counts, as in IPython
     assert r.error is not None and r.error.name == "SyntaxError" and r.execution_count == 1
     assert "ast.py" not in r.error.traceback  # the parser's frames are not the cell's
@@ -147,7 +147,7 @@ async def test_execution_counts(engine: Engine, sandbox: SandboxHandle) -> None:
     assert r.execution_count is None  # a program is no session
 
 
-async def test_javascript_esm_imports_top_level_await_and_state(engine: Engine, sandbox: SandboxHandle) -> None:
+async def test_javascript_esm_imports_top_level_await_and_state(engine: Engine, sandbox: SandboxSession) -> None:
     async def js(code: str) -> list[str]:
         r = await engine.run_code(sandbox.id, code, language="js")
         assert r.error is None, r.error
@@ -169,7 +169,7 @@ async def test_javascript_esm_imports_top_level_await_and_state(engine: Engine, 
     assert r.error is not None and (r.error.name, r.error.value) == ("RangeError", "late")
 
 
-async def test_javascript_interrupted_during_an_await(engine: Engine, sandbox: SandboxHandle) -> None:
+async def test_javascript_interrupted_during_an_await(engine: Engine, sandbox: SandboxSession) -> None:
     r = await engine.run_code(sandbox.id, "await new Promise((r) => setTimeout(r, 60000))", language="js",
                               timeout=1)
     assert r.timed_out and not r.session_restarted and r.error is not None and r.error.name == "Interrupted"
@@ -177,7 +177,7 @@ async def test_javascript_interrupted_during_an_await(engine: Engine, sandbox: S
     assert texts(r) == ["2"]
 
 
-async def test_typescript_needs_the_polyglot_template(engine: Engine, sandbox: SandboxHandle) -> None:
+async def test_typescript_needs_the_polyglot_template(engine: Engine, sandbox: SandboxSession) -> None:
     with pytest.raises(InvalidRequestError, match=r"no tsc.*polyglot"):
         await engine.run_code(sandbox.id, "1", context="typescript")
     for language in ("java", "r"):
@@ -185,7 +185,7 @@ async def test_typescript_needs_the_polyglot_template(engine: Engine, sandbox: S
             await engine.run_code(sandbox.id, "1", context=default_context(language))
 
 
-async def test_python_results_as_in_jupyter(engine: Engine, sandbox: SandboxHandle) -> None:
+async def test_python_results_as_in_jupyter(engine: Engine, sandbox: SandboxSession) -> None:
     # A cell indented as a whole (a triple-quoted string in the caller's code), as E2B's tests send them.
     r = await engine.run_code(sandbox.id, '\n        import pandas as pd\n        pd.DataFrame({"a": [1, 2, 3], '
                               '"t": pd.to_datetime(["2020-01-02", None, "2020-01-03"])})\n        ')
@@ -212,7 +212,7 @@ async def test_python_results_as_in_jupyter(engine: Engine, sandbox: SandboxHand
     assert chunks == [b"1\n"]
 
 
-async def test_pil_images_show_as_results(engine: Engine, sandbox: SandboxHandle) -> None:
+async def test_pil_images_show_as_results(engine: Engine, sandbox: SandboxSession) -> None:
     make = "from PIL import Image\nimage = Image.new('RGB', (4, 4), 'red')\n"
     r = await engine.run_code(sandbox.id, make + "image.show()\nprint('shown')")
     assert r.stdout == "shown\n" and base64.b64decode(r.results[0].data["image/png"]).startswith(b"\x89PNG")
@@ -223,7 +223,7 @@ async def test_pil_images_show_as_results(engine: Engine, sandbox: SandboxHandle
     assert base64.b64decode(r.results[0].data["image/png"]).startswith(b"\x89PNG") and r.results[1].is_main_result
 
 
-async def test_a_cell_whose_caller_left_is_interrupted(engine: Engine, sandbox: SandboxHandle) -> None:
+async def test_a_cell_whose_caller_left_is_interrupted(engine: Engine, sandbox: SandboxSession) -> None:
     await engine.run_code(sandbox.id, "kept = 'state'")
     started = asyncio.Event()
     task = asyncio.create_task(engine.run_code(sandbox.id, "print('go', flush=True)\nimport time; time.sleep(300)",

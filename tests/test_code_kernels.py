@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from corral.engine import Engine, SandboxHandle, SandboxSpec
+from corral.engine import Engine, SandboxSession, SandboxSpec
 from tests.test_code_polyglot import POLYGLOT
 from tests.test_code_polyglot import polyglot as polyglot  # the fixture
 
@@ -20,7 +20,7 @@ def texts(result) -> list[str]:  # type: ignore[no-untyped-def]
     return [r.data.get("text/plain", "") for r in result.results]
 
 
-async def run(engine: Engine, sb: SandboxHandle, code: str, context: str, **kwargs):  # type: ignore[no-untyped-def]
+async def run(engine: Engine, sb: SandboxSession, code: str, context: str, **kwargs):  # type: ignore[no-untyped-def]
     chunks: list[bytes] = []
     r = await engine.run_code(sb.id, code, context=context, cwd=HOME, on_stdout=chunks.append, timeout=60,
                               **kwargs)
@@ -76,7 +76,7 @@ async def test_java_session(engine: Engine) -> None:
         assert texts(r) == ["20"]
 
 
-async def test_typescript_session(engine: Engine, polyglot: SandboxHandle) -> None:
+async def test_typescript_session(engine: Engine, polyglot: SandboxSession) -> None:
     r, chunks = await run(engine, polyglot, "const message: string = 'Hello, World!'; console.log(message)",
                           "typescript")
     assert chunks == [b"Hello, World!\n"] and r.error is None and r.language == "typescript"

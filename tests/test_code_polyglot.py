@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from corral import InvalidRequestError
-from corral.engine import Engine, SandboxHandle, SandboxSpec
+from corral.engine import Engine, SandboxSession, SandboxSpec
 from tests.conftest import DEV_ROOTFS, TEMPLATE_HOME
 from tests.test_code import run_program
 
@@ -19,7 +19,7 @@ BUILD = f"CORRAL_HOME={TEMPLATE_HOME} .venv/bin/corral templates build {POLYGLOT
 
 
 @pytest.fixture
-async def polyglot(engine: Engine) -> AsyncIterator[SandboxHandle]:
+async def polyglot(engine: Engine) -> AsyncIterator[SandboxSession]:
     from corral.templates import TemplateStore
 
     if DEV_ROOTFS or not TemplateStore(TEMPLATE_HOME).exists(POLYGLOT):

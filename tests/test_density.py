@@ -161,7 +161,7 @@ async def test_alive_reads_proc_not_runc_and_agrees_with_runc(monkeypatch: pytes
     the whole mount table; running and frozen are alive, an init that died is not, as runc says."""
     async with started_engine(test_home) as engine:
         sb = await engine.create(SandboxSpec(template=TEMPLATE))
-        record = engine._sandboxes[sb.id].record
+        record = engine.runtime.sandboxes[sb.id].record
         backend = engine.backend
         assert isinstance(backend, LocalBackend)
         runtime = backend.runtimes[record.runtime]  # type: ignore[attr-defined]

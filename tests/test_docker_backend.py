@@ -494,7 +494,7 @@ async def test_pause_and_resume(engine: Engine, docker_client: Any, home: Path) 
         ticks = home / "docker" / sb.id / "disk" / "workspace" / "ticks"  # the test peeks from the host
         await sb.pause()
         assert container_of(docker_client, engine.backend, sb.id)["State"]["Status"] == "paused"
-        assert await engine.backend.alive(engine._sandboxes[sb.id].record)
+        assert await engine.backend.alive(engine.runtime.sandboxes[sb.id].record)
         frozen = ticks.read_bytes().count(b"\n")
         await asyncio.sleep(0.3)
         assert ticks.read_bytes().count(b"\n") == frozen

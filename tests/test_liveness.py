@@ -25,7 +25,7 @@ from corral.agent import heartbeats, protocol
 from corral.agent.channel import Channel
 from corral.backends import UnixEndpoint
 from corral.control import ControlStore
-from corral.engine import AgentClient, Engine, Liveness, SandboxHandle
+from corral.engine import AgentClient, Engine, Liveness, SandboxSession
 from corral.server import create_app
 
 from .conftest import TEMPLATE, started_engine
@@ -250,7 +250,7 @@ async def engine(test_home: Path) -> AsyncIterator[Engine]:
 
 def _agent_pid(engine: Engine, sandbox_id: str) -> int:
     """The host pid of the sandbox's agent (its PID 1), from the runtime's pid file."""
-    record = engine._lookup(sandbox_id).record
+    record = engine.lookup(sandbox_id).record
     return int((record.dir / "pid").read_text())  # type: ignore[attr-defined]
 
 
@@ -277,7 +277,7 @@ async def _fails_in_time(call: Awaitable[Any]) -> AgentError:
 
 @pytest.mark.runc
 async def test_a_stopped_agent_ends_a_long_command_with_agent_error(engine: Engine,
-                                                                    sandbox: SandboxHandle) -> None:
+                                                                    sandbox: SandboxSession) -> None:
     with stopped(_agent_pid(engine, sandbox.id), after=0.5):
         err = await _fails_in_time(sandbox.exec("sleep 60", timeout=120))
     assert f"the agent of sandbox {sandbox.id} stopped answering" in err.message
@@ -288,14 +288,14 @@ async def test_a_stopped_agent_ends_a_long_command_with_agent_error(engine: Engi
 
 @pytest.mark.runc
 async def test_a_stopped_agent_ends_a_command_silent_for_a_while(engine: Engine,
-                                                                 sandbox: SandboxHandle) -> None:
+                                                                 sandbox: SandboxSession) -> None:
     with stopped(_agent_pid(engine, sandbox.id), after=0.5):
         err = await _fails_in_time(sandbox.exec("sleep 3; echo late", timeout=60))
     assert "not even a heartbeat, for 2s during 'exec'" in err.message
 
 
 @pytest.mark.runc
-async def test_a_long_healthy_silence_is_carried_by_heartbeats(sandbox: SandboxHandle) -> None:
+async def test_a_long_healthy_silence_is_carried_by_heartbeats(sandbox: SandboxSession) -> None:
     # 5 s of silence against an idle timeout of 2 s: without heartbeats this fails.
     result = await sandbox.exec("sleep 5; echo done", timeout=30)
     assert (result.exit_code, result.stdout) == (0, "done\n")
@@ -303,7 +303,7 @@ async def test_a_long_healthy_silence_is_carried_by_heartbeats(sandbox: SandboxH
 
 @pytest.mark.runc
 async def test_a_stopped_agent_ends_a_followed_process_a_cell_and_a_download(engine: Engine,
-                                                                             sandbox: SandboxHandle) -> None:
+                                                                             sandbox: SandboxSession) -> None:
     proc = await sandbox.processes.start("sleep 60")
     assert (await sandbox.run_code("print(1 + 1)")).stdout == "2\n"  # the session runs: below, a cell only computes
     await sandbox.files.write("/workspace/a.bin", b"x" * 1000)
@@ -319,7 +319,7 @@ async def test_a_stopped_agent_ends_a_followed_process_a_cell_and_a_download(eng
 
 
 @pytest.mark.runc
-async def test_a_command_waits_through_corral_s_own_pause(sandbox: SandboxHandle) -> None:
+async def test_a_command_waits_through_corral_s_own_pause(sandbox: SandboxSession) -> None:
     running = asyncio.create_task(sandbox.exec("sleep 1; echo after", timeout=60))
     await asyncio.sleep(0.3)
     await sandbox.pause()

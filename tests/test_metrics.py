@@ -21,7 +21,7 @@ import pytest
 from corral import InvalidRequestError, NotFoundError
 from corral.backends import SandboxState, SandboxUsage
 from corral.backends.local import _cgroups, _disk
-from corral.engine import Engine, Runtime, SandboxHandle
+from corral.engine import Engine, Runtime, SandboxSession
 from corral.service import CreateSandbox, MetricsSampler, SandboxMetric
 from corral.service._metrics import cpu_percent
 
@@ -40,7 +40,7 @@ BURN_HALF_A_CPU_SECOND = "import time\nwhile time.process_time() < 0.5: pass"  #
 # -- the backend: what a real sandbox uses ----------------------------------------------------------------------
 
 
-async def _usage(engine: Engine, sb: SandboxHandle) -> SandboxUsage:
+async def _usage(engine: Engine, sb: SandboxSession) -> SandboxUsage:
     usage = await engine.sandbox_usage(sb.id)
     assert usage is not None
     return usage
@@ -79,7 +79,7 @@ async def test_a_real_sandbox_reports_its_limits_and_cpu_memory_and_disk_as_they
         await engine.sandbox_usage(sb.id)
 
 
-async def _until(good: Callable[[SandboxUsage], bool], engine: Engine, sb: SandboxHandle,
+async def _until(good: Callable[[SandboxUsage], bool], engine: Engine, sb: SandboxSession,
                  timeout: float = 10.0) -> SandboxUsage:
     """The first reading `good` accepts (a process allocating memory takes a moment)."""
     deadline = time.monotonic() + timeout
@@ -108,7 +108,7 @@ async def test_a_gvisor_sandbox_reports_its_usage_from_the_host_side_too(engine:
 
 @pytest.mark.runc
 async def test_a_sandbox_paused_to_disk_has_no_usage_and_boots_with_fresh_counters(
-        engine: Engine, sandbox: SandboxHandle) -> None:
+        engine: Engine, sandbox: SandboxSession) -> None:
     await sandbox.exec(["python3", "-c", BURN_HALF_A_CPU_SECOND], timeout=60)
     before = await _usage(engine, sandbox)
     await sandbox.pause()
@@ -124,7 +124,7 @@ async def test_a_sandbox_paused_to_disk_has_no_usage_and_boots_with_fresh_counte
 
 
 @pytest.mark.runc
-async def test_a_reading_is_cheap(engine: Engine, sandbox: SandboxHandle) -> None:
+async def test_a_reading_is_cheap(engine: Engine, sandbox: SandboxSession) -> None:
     """What one sample of one sandbox costs (`-s` prints it; the sampler's docstring quotes it)."""
     await _usage(engine, sandbox)
     count = 500

@@ -75,7 +75,7 @@ def test_pool_descriptions_parse_and_bad_ones_say_what_is_expected() -> None:
 
 
 async def test_create_is_served_from_the_pool_with_the_callers_spec_applied(engine: Engine) -> None:
-    members = set(engine._pooled)
+    members = set(engine.pool.ready)
     mine = SandboxSpec(template=TEMPLATE, env={"MINE": "yes"}, metadata={"who": "caller"}, timeout=77)
     sb = await engine.create(mine)
     assert sb.id in members and _stats(engine)["claimed"] == 1
@@ -86,7 +86,7 @@ async def test_create_is_served_from_the_pool_with_the_callers_spec_applied(engi
     assert result.stdout == "yes\nsandbox\n"
     # refilled in the quiet after the claim: back to full, with a new member
     await _filled(engine)
-    assert sb.id not in engine._pooled and _stats(engine)["made"] == POOL + 1
+    assert sb.id not in engine.pool.ready and _stats(engine)["made"] == POOL + 1
 
 
 async def test_a_destroyed_sandbox_never_returns_to_the_pool(engine: Engine) -> None:
@@ -103,7 +103,7 @@ async def test_a_destroyed_sandbox_never_returns_to_the_pool(engine: Engine) -> 
 
 async def test_a_spec_the_pool_cannot_serve_starts_cold_and_leaves_the_pool_alone(engine: Engine) -> None:
     sb = await engine.create(spec(disk="512M"))  # a disk is made at start: another pool key
-    assert sb.id not in engine._pooled and engine.pool_ready == POOL
+    assert sb.id not in engine.pool.ready and engine.pool_ready == POOL
     assert _stats(engine)["claimed"] == 0 and sb.info.limits.disk == 512 * 1024**2
 
 
@@ -138,15 +138,15 @@ async def test_a_claim_for_more_memory_than_fits_takes_the_pools_room_and_never_
         sb = await engine.create(spec(memory="1G"))
         assert sb.info.limits.memory == 1024**3 and (await sb.exec("true")).exit_code == 0
         assert _stats(engine)["claimed"] == 1 and _stats(engine)["evicted"] == 1 and engine.pool_ready == 0
-        assert not engine._claimed
+        assert not engine.pool.claimed
         with pytest.raises(CapacityError):  # no member left to make room with: the machine is full
             await engine.create(spec(memory="1G"))
 
 
 async def test_a_member_whose_agent_died_is_replaced_under_the_same_id(engine: Engine) -> None:
     # Kill the agent (the sandbox's PID 1) of the newest member, the one a claim takes, from the host.
-    newest = engine._pools[engine._pool_key(SandboxSpec(template=TEMPLATE))].members[-1]
-    record = engine._pooled[newest].record
+    newest = engine.pool.states[engine.pool.key(SandboxSpec(template=TEMPLATE))].members[-1]
+    record = engine.pool.ready[newest].record
     os.kill(int((record.dir / "pid").read_text()), signal.SIGKILL)  # type: ignore[attr-defined]
     sb = await engine.create(SandboxSpec(template=TEMPLATE))
     assert sb.id == newest
@@ -155,7 +155,7 @@ async def test_a_member_whose_agent_died_is_replaced_under_the_same_id(engine: E
 
 async def test_pools_give_members_back_under_memory_pressure_and_do_not_refill(engine: Engine) -> None:
     engine.pool_memory_floor = 1 << 60  # more than any machine has: always under pressure
-    engine._pool_wake.set()
+    engine.pool.wake.set()
     deadline = time.monotonic() + _FILL_TIMEOUT
     while engine.pool_ready and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
@@ -185,7 +185,7 @@ async def test_a_callers_create_takes_the_room_of_pool_members(test_home: Path) 
 
 async def test_api_creates_claim_members_and_the_pool_counts_against_no_tenant(api: Api) -> None:
     await api.store.set_quotas(api.tenants["a"], Quotas(max_sandboxes=1))
-    members = set(api.engine._pooled)
+    members = set(api.engine.pool.ready)
     async with api.client("a_dev") as dev, api.client("admin") as admin:
         sb = await create(dev, env={"WHO": "a"}, metadata={"k": "v"}, network="none")
         assert sb["id"] in members and sb["metadata"] == {"k": "v"}
@@ -197,13 +197,13 @@ async def test_api_creates_claim_members_and_the_pool_counts_against_no_tenant(a
         audit = (await admin.get("/v1/audit", params={"action": "sandbox.create"})).json()["records"]
         assert audit[0]["target"] == sb["id"]
         refused = audit[1]["target"]
-        assert refused not in api.engine._pooled and refused not in api.engine._claimed
+        assert refused not in api.engine.pool.ready and refused not in api.engine.pool.claimed
         assert refused not in {info.id for info in api.engine.list()}
         # Another tenant cannot see the sandbox, nor the pool's members.
     async with api.client("b_dev") as other:
         listed = (await other.get("/v1/sandboxes")).json()["sandboxes"]
         assert listed == []
-        for member in set(api.engine._pooled):
+        for member in set(api.engine.pool.ready):
             assert (await other.post(f"/v1/sandboxes/{member}/exec", json={"cmd": "true"})).status_code == 404
 
 

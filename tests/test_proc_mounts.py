@@ -15,7 +15,7 @@ import pytest
 from corral.backends.local import LocalRecord
 from corral.backends.local._backend import EGRESS_TMPFS_SIZE
 from corral.backends.local._disk import is_mounted
-from corral.engine import Engine, SandboxHandle
+from corral.engine import Engine, SandboxSession
 
 from .conftest import TEMPLATE, TEMPLATE_HOME, TEST_HOME
 
@@ -27,7 +27,7 @@ def _host_paths(engine: Engine) -> list[str]:
     return sorted({str(TEST_HOME), str(TEMPLATE_HOME), rootfs, "/sandboxes/sb-", "/templates/"})
 
 
-async def _read(sandbox: SandboxHandle, path: str) -> str:
+async def _read(sandbox: SandboxSession, path: str) -> str:
     r = await sandbox.exec(["cat", path])
     assert r.exit_code == 0, r.stderr
     return str(r.stdout)
@@ -64,7 +64,7 @@ async def test_mountinfo_names_no_host_state_path(engine, sandbox):
 async def test_agent_and_egress_mounts_on_the_host(engine, sandbox):
     """The egress socket's directory is a capped tmpfs only the sandbox user enters; the agent's files are
     read-only; both go with the sandbox."""
-    record = engine._sandboxes[sandbox.id].record
+    record = engine.runtime.sandboxes[sandbox.id].record
     assert isinstance(record, LocalRecord)
     egress, agent = record.dir / "egress", record.dir / "agent"
     assert Path(engine.backend.egress_endpoint(record).path).parent == egress

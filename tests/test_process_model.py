@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from corral import ConflictError, InvalidRequestError, NotFoundError
-from corral.engine import Engine, ProcessRef, PtySize, SandboxHandle, SandboxSpec
+from corral.engine import Engine, ProcessRef, PtySize, SandboxSession, SandboxSpec
 
 from .conftest import TEMPLATE
 
@@ -66,14 +66,14 @@ async def _cancel(task: asyncio.Task[Any]) -> None:
         await task
 
 
-async def _alive(sandbox: SandboxHandle, pid: int) -> bool:
+async def _alive(sandbox: SandboxSession, pid: int) -> bool:
     return (await sandbox.exec(f"kill -0 {pid}")).exit_code == 0
 
 
 # -- detached commands ----------------------------------------------------------------------------------------
 
 
-async def test_a_detached_command_streams_to_its_caller_and_is_kept_after_it_ends(sandbox: SandboxHandle) -> None:
+async def test_a_detached_command_streams_to_its_caller_and_is_kept_after_it_ends(sandbox: SandboxSession) -> None:
     seen = Seen()
     began = time.monotonic()
     async with asyncio.timeout(BOUND):
@@ -91,7 +91,7 @@ async def test_a_detached_command_streams_to_its_caller_and_is_kept_after_it_end
     assert again is not None and again.stdout == "a\n" and again.exit_code == 3
 
 
-async def test_output_arrives_while_the_detached_command_runs(sandbox: SandboxHandle) -> None:
+async def test_output_arrives_while_the_detached_command_runs(sandbox: SandboxSession) -> None:
     seen = Seen()
     task = asyncio.create_task(sandbox.exec("echo first; sleep 2; echo second", detached=True, **seen.callbacks()))
     await seen.until(b"first\n")
@@ -101,7 +101,7 @@ async def test_output_arrives_while_the_detached_command_runs(sandbox: SandboxHa
     assert result.stdout == "first\nsecond\n"
 
 
-async def test_a_caller_that_leaves_only_stops_following(sandbox: SandboxHandle) -> None:
+async def test_a_caller_that_leaves_only_stops_following(sandbox: SandboxSession) -> None:
     seen = Seen()
     task = asyncio.create_task(sandbox.exec("for i in $(seq 1 300); do echo tick$i; sleep 0.05; done",
                                             detached=True, **seen.callbacks()))
@@ -121,7 +121,7 @@ async def test_a_caller_that_leaves_only_stops_following(sandbox: SandboxHandle)
     assert not await _alive(sandbox, pid)
 
 
-async def test_stdin_for_a_detached_command_is_fed_then_closed_or_kept_open(sandbox: SandboxHandle) -> None:
+async def test_stdin_for_a_detached_command_is_fed_then_closed_or_kept_open(sandbox: SandboxSession) -> None:
     async with asyncio.timeout(BOUND):
         fed = await sandbox.exec(["cat"], detached=True, stdin=b"hello\x00")
     assert fed.stdout_bytes == b"hello\x00" and fed.exit_code == 0
@@ -140,7 +140,7 @@ async def test_stdin_for_a_detached_command_is_fed_then_closed_or_kept_open(sand
         await sandbox.processes.send_stdin(process_id, b"late")
 
 
-async def test_a_process_started_without_stdin_refuses_input(sandbox: SandboxHandle) -> None:
+async def test_a_process_started_without_stdin_refuses_input(sandbox: SandboxSession) -> None:
     p = await sandbox.processes.start("sleep 30")
     with pytest.raises(ConflictError, match="without stdin"):
         await sandbox.processes.send_stdin(ProcessRef(pid=p.pid), b"x")
@@ -151,7 +151,7 @@ async def test_a_process_started_without_stdin_refuses_input(sandbox: SandboxHan
     await sandbox.processes.kill(p.id)
 
 
-async def test_a_detached_command_with_a_timeout_is_killed_at_its_deadline(sandbox: SandboxHandle) -> None:
+async def test_a_detached_command_with_a_timeout_is_killed_at_its_deadline(sandbox: SandboxSession) -> None:
     seen = Seen()
     async with asyncio.timeout(BOUND):
         result = await sandbox.exec("echo up; sleep 30", detached=True, timeout=0.5, **seen.callbacks())
@@ -160,7 +160,7 @@ async def test_a_detached_command_with_a_timeout_is_killed_at_its_deadline(sandb
     assert not await _alive(sandbox, seen.started[1])
 
 
-async def test_a_followed_process_hands_over_every_byte_but_keeps_a_bounded_result(sandbox: SandboxHandle) -> None:
+async def test_a_followed_process_hands_over_every_byte_but_keeps_a_bounded_result(sandbox: SandboxSession) -> None:
     seen = Seen()
     async with asyncio.timeout(BOUND):
         result = await sandbox.exec("head -c 200000 /dev/zero | tr '\\0' x; echo END", detached=True,
@@ -171,7 +171,7 @@ async def test_a_followed_process_hands_over_every_byte_but_keeps_a_bounded_resu
     assert result.stdout_bytes.endswith(b"xEND\n") and result.stdout_bytes.startswith(b"x" * 3072)
 
 
-async def test_pty_and_keep_stdin_need_a_detached_command(sandbox: SandboxHandle) -> None:
+async def test_pty_and_keep_stdin_need_a_detached_command(sandbox: SandboxSession) -> None:
     with pytest.raises(InvalidRequestError, match="detached"):
         await sandbox.exec("true", pty=PtySize(24, 80))
     with pytest.raises(InvalidRequestError, match="detached"):
@@ -181,7 +181,7 @@ async def test_pty_and_keep_stdin_need_a_detached_command(sandbox: SandboxHandle
 # -- attach ---------------------------------------------------------------------------------------------------
 
 
-async def test_attach_without_replay_follows_only_what_comes_after(sandbox: SandboxHandle) -> None:
+async def test_attach_without_replay_follows_only_what_comes_after(sandbox: SandboxSession) -> None:
     p = await sandbox.processes.start("echo before; read x; echo after-$x", stdin=True)
     attached = asyncio.Event()
     fresh, replayed = Seen(), Seen()
@@ -205,7 +205,7 @@ async def test_attach_without_replay_follows_only_what_comes_after(sandbox: Sand
 # -- selectors: pid and tag -----------------------------------------------------------------------------------
 
 
-async def test_processes_are_found_by_pid_and_unknown_ones_are_not_found(sandbox: SandboxHandle) -> None:
+async def test_processes_are_found_by_pid_and_unknown_ones_are_not_found(sandbox: SandboxSession) -> None:
     p = await sandbox.processes.start("sleep 30")
     by_pid = await sandbox.processes.get(ProcessRef(pid=p.pid))
     assert by_pid.id == p.id and by_pid.running
@@ -223,7 +223,7 @@ async def test_processes_are_found_by_pid_and_unknown_ones_are_not_found(sandbox
     await sandbox.processes.kill(ProcessRef(pid=p.pid))
 
 
-async def test_a_tag_names_one_running_process_and_is_free_once_it_ended(sandbox: SandboxHandle) -> None:
+async def test_a_tag_names_one_running_process_and_is_free_once_it_ended(sandbox: SandboxSession) -> None:
     first = await sandbox.processes.start("sleep 30", tag="web")
     before = await sandbox.processes.list()
     with pytest.raises(ConflictError, match="'web'"):
@@ -243,7 +243,7 @@ async def test_a_tag_names_one_running_process_and_is_free_once_it_ended(sandbox
     await sandbox.processes.kill(ProcessRef(tag="web"))
 
 
-async def test_list_shows_pid_tag_argv_cwd_own_env_and_pty(sandbox: SandboxHandle) -> None:
+async def test_list_shows_pid_tag_argv_cwd_own_env_and_pty(sandbox: SandboxSession) -> None:
     plain = await sandbox.processes.start(["sleep", "30"], cwd="/tmp", env={"FOO": "bar"}, tag="plain")
     term = await sandbox.processes.start(["/bin/bash", "-i", "-l"], pty=PtySize(24, 80))
     listed = {p.id: p for p in await sandbox.processes.list()}
@@ -260,7 +260,7 @@ async def test_list_shows_pid_tag_argv_cwd_own_env_and_pty(sandbox: SandboxHandl
 # -- kill and signals -----------------------------------------------------------------------------------------
 
 
-async def test_a_kill_answers_once_the_process_is_reaped(sandbox: SandboxHandle) -> None:
+async def test_a_kill_answers_once_the_process_is_reaped(sandbox: SandboxSession) -> None:
     for cmd in ("sleep 100", "sleep 100 & sleep 100; wait", "setsid sleep 100 & exec sleep 101"):
         p = await sandbox.processes.start(cmd)
         await sandbox.processes.kill(ProcessRef(pid=p.pid))
@@ -270,7 +270,7 @@ async def test_a_kill_answers_once_the_process_is_reaped(sandbox: SandboxHandle)
     assert (await sandbox.exec("pgrep -c sleep || true")).stdout.strip() == "0"  # the whole trees went
 
 
-async def test_sigterm_goes_to_the_process_group(sandbox: SandboxHandle) -> None:
+async def test_sigterm_goes_to_the_process_group(sandbox: SandboxSession) -> None:
     seen = Seen()
     task = asyncio.create_task(sandbox.exec("trap 'echo got-term; exit 0' TERM; sleep 107 & echo ready; wait",
                                             detached=True, **seen.callbacks()))
@@ -283,7 +283,7 @@ async def test_sigterm_goes_to_the_process_group(sandbox: SandboxHandle) -> None
     assert (await sandbox.exec("pgrep -xc sleep || true")).stdout.strip() == "0"
 
 
-async def test_a_killed_background_process_reports_the_signal(sandbox: SandboxHandle) -> None:
+async def test_a_killed_background_process_reports_the_signal(sandbox: SandboxSession) -> None:
     p = await sandbox.processes.start("sleep 30")
     await sandbox.processes.kill(p.id)
     result = await sandbox.processes.wait(p.id, timeout=BOUND)
@@ -296,7 +296,7 @@ async def test_a_killed_background_process_reports_the_signal(sandbox: SandboxHa
 # -- PTYs as background processes -----------------------------------------------------------------------------
 
 
-async def test_a_pty_runs_detached_resizes_takes_input_and_is_reattached(sandbox: SandboxHandle) -> None:
+async def test_a_pty_runs_detached_resizes_takes_input_and_is_reattached(sandbox: SandboxSession) -> None:
     seen = Seen()
     task = asyncio.create_task(sandbox.exec(["/bin/bash", "-i", "-l"], detached=True, pty=PtySize(24, 80),
                                             env={"FOO": "bar"}, cwd="/home/user", **seen.callbacks()))
@@ -333,7 +333,7 @@ async def test_a_pty_runs_detached_resizes_takes_input_and_is_reattached(sandbox
     assert not await _alive(sandbox, pid)
 
 
-async def test_a_killed_pty_is_gone(sandbox: SandboxHandle) -> None:
+async def test_a_killed_pty_is_gone(sandbox: SandboxSession) -> None:
     p = await sandbox.processes.start(["/bin/bash", "-i", "-l"], pty=PtySize(24, 80))
     await sandbox.processes.kill(ProcessRef(pid=p.pid))
     assert not await _alive(sandbox, p.pid)
@@ -359,7 +359,7 @@ async def test_a_commands_env_layers_over_the_sandboxs_and_never_leaks(engine: E
         await sandbox.destroy()
 
 
-async def test_followers_that_leave_are_gone_from_the_agent(sandbox: SandboxHandle) -> None:
+async def test_followers_that_leave_are_gone_from_the_agent(sandbox: SandboxSession) -> None:
     async def agent_threads() -> int:
         r = await sandbox.exec("awk '/^Threads:/ {print $2}' /proc/1/status")
         return int(r.stdout)

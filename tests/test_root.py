@@ -15,7 +15,7 @@ import pytest
 
 from corral import AsyncSandbox, InvalidRequestError, PermissionDeniedError
 from corral.backends.local._bundle import ROOT_CAPABILITIES
-from corral.engine import Engine, Files, SandboxHandle, SandboxSpec
+from corral.engine import Engine, Files, SandboxSession, SandboxSpec
 
 from .conftest import TEMPLATE
 from .test_server_api import Api, create, run, unb64
@@ -36,7 +36,7 @@ def rooted(**fields: object) -> SandboxSpec:
 
 
 @pytest.fixture
-async def root_sb(engine: Engine) -> AsyncIterator[SandboxHandle]:
+async def root_sb(engine: Engine) -> AsyncIterator[SandboxSession]:
     sb = await engine.create(rooted())
     try:
         yield sb
@@ -49,16 +49,16 @@ def status(text: str) -> dict[str, str]:
     return {k: v.strip() for k, _, v in (line.partition(":") for line in text.splitlines())}
 
 
-def upper(engine: Engine, sb: SandboxHandle) -> Path:
+def upper(engine: Engine, sb: SandboxSession) -> Path:
     return engine.home / "sandboxes" / sb.id / "disk" / "upper"
 
 
-def uid_base(engine: Engine, sb: SandboxHandle) -> int:
-    base: int = engine._sandboxes[sb.id].record.uid_base  # type: ignore[attr-defined]
+def uid_base(engine: Engine, sb: SandboxSession) -> int:
+    base: int = engine.runtime.sandboxes[sb.id].record.uid_base  # type: ignore[attr-defined]
     return base
 
 
-async def until_gone(sb: SandboxHandle, pattern: str, seconds: float = 5.0) -> str:
+async def until_gone(sb: SandboxSession, pattern: str, seconds: float = 5.0) -> str:
     """The sandbox's processes matching `pattern`, polled until there are none (or `seconds` pass)."""
     found = ""
     for _ in range(int(seconds / 0.1)):
@@ -72,7 +72,7 @@ async def until_gone(sb: SandboxHandle, pattern: str, seconds: float = 5.0) -> s
 # -- the user's side: as in any sandbox ------------------------------------------------------------------
 
 
-async def test_the_users_commands_are_as_unprivileged_as_in_any_sandbox(root_sb: SandboxHandle) -> None:
+async def test_the_users_commands_are_as_unprivileged_as_in_any_sandbox(root_sb: SandboxSession) -> None:
     r = await root_sb.exec(STATUS)
     found = status(r.stdout)
     assert found["Uid"].split() == ["1000"] * 4 and found["Gid"].split() == ["1000"] * 4, found
@@ -86,7 +86,7 @@ async def test_the_users_commands_are_as_unprivileged_as_in_any_sandbox(root_sb:
     assert listed.exit_code != 0 and "Permission denied" in listed.stderr  # root's home is root's
 
 
-async def test_the_template_is_roots_and_sudo_is_there(root_sb: SandboxHandle) -> None:
+async def test_the_template_is_roots_and_sudo_is_there(root_sb: SandboxSession) -> None:
     r = await root_sb.exec("stat -c '%U %a' /usr /usr/bin/ls /etc/passwd /root; stat -c '%U' /home/user; "
                            "command -v sudo")
     assert r.stdout.splitlines() == ["root 755", "root 755", "root 644", "root 700", "user",
@@ -96,7 +96,7 @@ async def test_the_template_is_roots_and_sudo_is_there(root_sb: SandboxHandle) -
 # -- root's side: the bounded set, nothing beyond the sandbox --------------------------------------------
 
 
-async def test_a_root_command_has_the_bounded_capability_set(root_sb: SandboxHandle) -> None:
+async def test_a_root_command_has_the_bounded_capability_set(root_sb: SandboxSession) -> None:
     r = await root_sb.exec(f"{STATUS}; echo $HOME $USER $LOGNAME", user="root")
     lines = r.stdout.splitlines()
     found = status("\n".join(lines[:-1]))
@@ -110,7 +110,7 @@ async def test_a_root_command_has_the_bounded_capability_set(root_sb: SandboxHan
 
 
 async def test_root_writes_the_system_and_its_files_are_the_sandboxs_own_range(engine: Engine,
-                                                                             root_sb: SandboxHandle) -> None:
+                                                                             root_sb: SandboxSession) -> None:
     r = await root_sb.exec("mkdir -p /usr/local/lib/pkg && echo data > /usr/local/lib/pkg/f && "
                            "echo user > /usr/local/lib/pkg/mine && chown 1000:1000 /usr/local/lib/pkg/mine && "
                            "echo '10.0.0.9 pkg.test' >> /etc/hosts && chmod 4755 /usr/local/lib/pkg/f && "
@@ -136,7 +136,7 @@ async def test_roots_writes_count_against_the_sandboxs_own_disk(engine: Engine) 
         assert not (template / "usr" / "local" / "big").exists()  # the template itself is never written
 
 
-async def test_sudo_installs_and_removes_a_package(root_sb: SandboxHandle) -> None:
+async def test_sudo_installs_and_removes_a_package(root_sb: SandboxSession) -> None:
     """dpkg as root through sudo, a package built by the user: what `sudo apt-get install` does once it has the
     .deb (the download itself goes through the egress proxy, which this test's engine has not)."""
     r = await root_sb.exec(
@@ -149,7 +149,7 @@ async def test_sudo_installs_and_removes_a_package(root_sb: SandboxHandle) -> No
     assert r.stdout.splitlines() == ["installed", "root", "Status: install ok installed", "removed"], r.stderr
 
 
-async def test_root_cannot_reach_the_agent_the_kernel_or_the_host(root_sb: SandboxHandle) -> None:
+async def test_root_cannot_reach_the_agent_the_kernel_or_the_host(root_sb: SandboxSession) -> None:
     r = await root_sb.exec(
         "unshare -U true; echo unshare=$?; mount -t tmpfs none /mnt; echo mount=$?; "
         "python3 -c 'import ctypes; l = ctypes.CDLL(None, use_errno=True); "
@@ -166,7 +166,7 @@ async def test_root_cannot_reach_the_agent_the_kernel_or_the_host(root_sb: Sandb
     assert (await root_sb.exec("echo alive")).stdout == "alive\n"  # PID 1 of its namespace: not killable
 
 
-async def test_without_the_spawn_helper_the_drop_is_the_same(root_sb: SandboxHandle) -> None:
+async def test_without_the_spawn_helper_the_drop_is_the_same(root_sb: SandboxSession) -> None:
     """Where the host had no C compiler the agent spawns through Python's preexec_fn: the same drop to the user."""
     script = ("import os, sys; sys.path.insert(0, '/.corral'); from agent import processes, users; "
               "pid = processes._popen_fallback(['grep', '-E', '^(Uid|Groups|CapPrm|CapEff|CapBnd):', "
@@ -178,7 +178,7 @@ async def test_without_the_spawn_helper_the_drop_is_the_same(root_sb: SandboxHan
     assert all(int(found[cap], 16) == 0 for cap in ("CapPrm", "CapEff", "CapBnd")), found
 
 
-async def test_code_sessions_stay_the_users(root_sb: SandboxHandle) -> None:
+async def test_code_sessions_stay_the_users(root_sb: SandboxSession) -> None:
     cell = await root_sb.run_code("import os\n"
                                   "os.getuid(), 'CapEff:\\t0000000000000000' in open('/proc/self/status').read()")
     assert cell.results[0].data["text/plain"] == "(1000, True)", cell
@@ -190,7 +190,7 @@ async def test_code_sessions_stay_the_users(root_sb: SandboxHandle) -> None:
 # -- file operations as a user --------------------------------------------------------------------------
 
 
-async def test_file_operations_act_as_the_requested_user(engine: Engine, root_sb: SandboxHandle) -> None:
+async def test_file_operations_act_as_the_requested_user(engine: Engine, root_sb: SandboxSession) -> None:
     as_user, as_root = Files(engine, root_sb.id), Files(engine, root_sb.id, user="root")
     await as_user.write("/workspace/u.txt", b"u")
     await as_root.write("/workspace/r.txt", b"r")
@@ -216,7 +216,7 @@ async def test_file_operations_act_as_the_requested_user(engine: Engine, root_sb
 # -- sudo -----------------------------------------------------------------------------------------------
 
 
-async def test_sudo_runs_as_root_with_exact_io_and_status(root_sb: SandboxHandle) -> None:
+async def test_sudo_runs_as_root_with_exact_io_and_status(root_sb: SandboxSession) -> None:
     r = await root_sb.exec("sudo echo ok")
     assert (r.exit_code, r.stdout, r.stderr) == (0, "ok\n", "")
     first = await root_sb.exec("echo $FOO", env={"FOO": "bar"})  # E2B's test_bash_command_scoped_env_vars
@@ -234,7 +234,7 @@ async def test_sudo_runs_as_root_with_exact_io_and_status(root_sb: SandboxHandle
     assert r.stdout == "not-yet\n0\n", r.stderr  # -b: sudo returns at once, the command goes on
 
 
-async def test_sudo_resets_the_environment_like_env_reset(root_sb: SandboxHandle) -> None:
+async def test_sudo_resets_the_environment_like_env_reset(root_sb: SandboxSession) -> None:
     reset = await root_sb.exec("sudo env", env={"FOO": "bar"})
     env = dict(line.split("=", 1) for line in reset.stdout.splitlines())
     assert "FOO" not in env
@@ -247,7 +247,7 @@ async def test_sudo_resets_the_environment_like_env_reset(root_sb: SandboxHandle
     assert kept.stdout == "bar root\nbaz\nbar\n"
 
 
-async def test_sudo_says_what_it_cannot_do(root_sb: SandboxHandle) -> None:
+async def test_sudo_says_what_it_cannot_do(root_sb: SandboxSession) -> None:
     r = await root_sb.exec("sudo no-such-command")
     assert (r.exit_code, r.stderr) == (1, "sudo: no-such-command: command not found\n")
     r = await root_sb.exec("sudo -Z true")
@@ -258,7 +258,7 @@ async def test_sudo_says_what_it_cannot_do(root_sb: SandboxHandle) -> None:
     assert (await root_sb.exec("sudo -v && sudo -k && sudo -l")).stdout.endswith("NOPASSWD: ALL\n")
 
 
-async def test_a_timeout_also_ends_what_sudo_started(root_sb: SandboxHandle) -> None:
+async def test_a_timeout_also_ends_what_sudo_started(root_sb: SandboxSession) -> None:
     r = await root_sb.exec("sudo sleep 301", timeout=1)
     assert r.timed_out
     assert await until_gone(root_sb, "sleep 301") == ""  # the agent killed root's tree when sudo went away
@@ -266,7 +266,7 @@ async def test_a_timeout_also_ends_what_sudo_started(root_sb: SandboxHandle) -> 
     assert r.timed_out and await until_gone(root_sb, "sleep 30[23]") == ""
 
 
-async def test_a_signal_to_sudo_reaches_the_command(root_sb: SandboxHandle) -> None:
+async def test_a_signal_to_sudo_reaches_the_command(root_sb: SandboxSession) -> None:
     proc = await root_sb.processes.start("sudo sh -c 'trap \"echo got TERM; exit 3\" TERM; sleep 30 & wait'")
     await asyncio.sleep(1.0)
     await root_sb.processes.kill(proc.id, 15)  # to sudo's group: sudo relays it to root's command
@@ -277,7 +277,7 @@ async def test_a_signal_to_sudo_reaches_the_command(root_sb: SandboxHandle) -> N
 # -- a sandbox without root -----------------------------------------------------------------------------
 
 
-async def test_a_sandbox_without_root_has_no_root_at_all(engine: Engine, sandbox: SandboxHandle) -> None:
+async def test_a_sandbox_without_root_has_no_root_at_all(engine: Engine, sandbox: SandboxSession) -> None:
     r = await sandbox.exec("command -v sudo; sudo true")
     assert r.exit_code == 127 and r.stdout == ""
     with pytest.raises(PermissionDeniedError, match="root=True"):
@@ -294,7 +294,7 @@ async def test_a_sandbox_without_root_has_no_root_at_all(engine: Engine, sandbox
     assert not (engine.home / "sandboxes" / sandbox.id / "lower").exists()  # no idmapped template either
 
 
-async def test_the_agent_outlives_signals_from_its_own_user(sandbox: SandboxHandle) -> None:
+async def test_the_agent_outlives_signals_from_its_own_user(sandbox: SandboxSession) -> None:
     """In a default sandbox the agent and the user share uid 1000: Python's SIGINT handler let `kill -INT 1`
     end the sandbox (KeyboardInterrupt in PID 1). The agent ignores it now; commands still get it by default."""
     for sig in ("INT", "TERM", "HUP", "QUIT", "USR1", "KILL"):
@@ -307,7 +307,7 @@ async def test_the_agent_outlives_signals_from_its_own_user(sandbox: SandboxHand
 # -- lifecycle of a root sandbox --------------------------------------------------------------------------
 
 
-async def test_pause_to_disk_keeps_roots_files_and_owners(engine: Engine, root_sb: SandboxHandle) -> None:
+async def test_pause_to_disk_keeps_roots_files_and_owners(engine: Engine, root_sb: SandboxSession) -> None:
     await root_sb.exec("install -m 600 /dev/null /tmp/root-only && echo secret > /tmp/root-only && "
                        "echo pkg > /usr/local/share/pkg.txt", user="root")
     await root_sb.exec("echo mine > /tmp/user.txt")
@@ -319,7 +319,7 @@ async def test_pause_to_disk_keeps_roots_files_and_owners(engine: Engine, root_s
     assert (await root_sb.exec("sudo id -u")).stdout == "0\n"
 
 
-async def test_a_boot_never_follows_what_root_planted_in_its_layer(engine: Engine, root_sb: SandboxHandle,
+async def test_a_boot_never_follows_what_root_planted_in_its_layer(engine: Engine, root_sb: SandboxSession,
                                                                    tmp_path: Path) -> None:
     """After a pause to disk the host prepares the sandbox's directories again in its upper layer, where root
     may have left symlinks to host paths in their place: they are replaced, never followed."""
@@ -342,7 +342,7 @@ async def test_a_boot_never_follows_what_root_planted_in_its_layer(engine: Engin
     await root_sb.files.write("/workspace/after.txt", b"ok")
 
 
-async def test_forks_and_snapshots_of_a_root_sandbox(engine: Engine, root_sb: SandboxHandle) -> None:
+async def test_forks_and_snapshots_of_a_root_sandbox(engine: Engine, root_sb: SandboxSession) -> None:
     await root_sb.exec("echo pkg > /usr/local/share/pkg.txt", user="root")
     async with await engine.fork(root_sb.id) as child:
         r = await child.exec("stat -c %U /usr/local/share/pkg.txt; sudo id -u; id -u")
@@ -358,7 +358,7 @@ async def test_forks_and_snapshots_of_a_root_sandbox(engine: Engine, root_sb: Sa
         await engine.delete_snapshot(artifact)
 
 
-async def test_a_root_terminal_and_a_users_terminal(root_sb: SandboxHandle) -> None:
+async def test_a_root_terminal_and_a_users_terminal(root_sb: SandboxSession) -> None:
     for user, expected in ((None, b"1000"), ("root", b"0")):
         session = await root_sb.pty(["sh", "-c", "id -u; tty; stat -c %u $(tty)"], user=user)
         output = b"".join([chunk async for chunk in session])
@@ -441,5 +441,5 @@ async def test_root_under_gvisor(engine: Engine) -> None:
         assert os.stat(upper(engine, sb) / "usr" / "local" / "r.txt").st_uid == base
         assert os.stat(upper(engine, sb) / "workspace" / "u.txt").st_uid == base + 1000
         environ = await sb.exec("cat /proc/1/environ", user="root", timeout=60)
-        token: str = engine._sandboxes[sb.id].record.token  # type: ignore[attr-defined]
+        token: str = engine.runtime.sandboxes[sb.id].record.token  # type: ignore[attr-defined]
         assert token not in environ.stdout

@@ -48,7 +48,7 @@ async def engine_with_egress(test_home: Path) -> AsyncIterator[Engine]:
 
 
 def _record(engine: Engine, sandbox_id: str) -> LocalRecord:
-    record = engine._sandboxes[sandbox_id].record
+    record = engine.runtime.sandboxes[sandbox_id].record
     assert isinstance(record, LocalRecord)
     return record
 

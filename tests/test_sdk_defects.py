@@ -35,7 +35,7 @@ from corral._sdk._transport import _TRANSPORT_ERRORS, AsyncClient, SyncClient
 from corral.cli import _eval as cli_eval
 from corral.cli import app
 from corral.cli._common import error_line
-from corral.engine import SandboxHandle
+from corral.engine import SandboxSession
 from corral.eval import RunResults, load_corpus
 
 from .conftest import TEMPLATE
@@ -71,7 +71,7 @@ async def test_each_language_has_its_own_default_session(api: Api, live_url: str
 
 @pytest.mark.anyio
 @pytest.mark.runc
-async def test_engine_picks_the_language_default_session(sandbox: SandboxHandle) -> None:
+async def test_engine_picks_the_language_default_session(sandbox: SandboxSession) -> None:
     assert (await sandbox.run_code("1", language="python")).session == "default"
     r = await sandbox.run_code("console.log(6 * 7)", language="javascript")
     assert r.error is None and r.stdout == "42\n" and r.session == "javascript"

@@ -344,7 +344,7 @@ async def test_a_warm_pool_member_claimed_with_secrets_gets_placeholders_trust_a
         async with started_engine(test_home, egress=proxy, pools=[WarmPool(SandboxSpec(template=TEMPLATE), 1)]) \
                 as engine:
             await _pool_filled(engine)
-            members = set(engine._pooled)
+            members = set(engine.pool.ready)
             async with await engine.create(secret_spec(engine, tls)) as sb:
                 assert sb.id in members  # served from the pool
                 placeholder = (await sh(sb, 'echo -n "$TOKEN"')).stdout

@@ -236,7 +236,7 @@ async def test_a_crashed_or_oom_sandbox_affects_no_other_and_not_the_server(api:
         oom = await run(dev, victim, ["python3", "-c", "b = bytearray(512 * 2**20)"])
         assert oom["oom_killed"] is True
         # now crash it: SIGKILL its PID 1 (the agent) from the host, as a kernel OOM of the agent would
-        record = api.engine._sandboxes[victim].record
+        record = api.engine.runtime.sandboxes[victim].record
         state = await api.engine.backend.runtimes[record.runtime].state(victim)
         assert state is not None
         os.kill(int(state["pid"]), signal.SIGKILL)

@@ -105,13 +105,13 @@ async def test_the_warm_pool_never_hands_a_required_runsc_tenant_a_runc_sandbox(
     await _require_runsc(s)
     # A pooled runc sandbox of the default spec: taken only by a spec of the same pool key (runtime included).
     handle = await s.engine.create()
-    member = s.engine._sandboxes.pop(handle.id)  # stand in for the pool filler: a pool of one, this sandbox
+    member = s.engine.runtime.sandboxes.pop(handle.id)  # stand in for the pool filler: a pool of one, this sandbox
     state = PoolState(WarmPool(SandboxSpec(), 1), members=[member.id])
-    s.engine._pools[s.engine._pool_key(SandboxSpec())] = state
-    s.engine._pooled[member.id] = member
+    s.engine.pool.states[s.engine.pool.key(SandboxSpec())] = state
+    s.engine.pool.ready[member.id] = member
     record = await s.service.sandboxes.create(s.who["a_dev"], CreateSandbox())
     assert record.spec.runtime is Runtime.RUNSC and record.id != handle.id
-    assert list(s.engine._pooled) == [handle.id] and state.stats.claimed == 0  # the runc one is still there
+    assert list(s.engine.pool.ready) == [handle.id] and state.stats.claimed == 0  # the runc one is still there
     assert s.engine.spec(record.id).runtime is Runtime.RUNSC
 
 

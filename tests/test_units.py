@@ -16,7 +16,7 @@ from corral.agent import archives, files, protocol
 from corral.agent.processes import OutputBuffer, ProcessError, build_argv, build_env
 from corral.backends.local._bundle import MASKED_PATHS, BundleParams, build_config
 from corral.engine import Limits, SandboxSpec, parse_size
-from corral.engine._engine import sandbox_path
+from corral.engine._session import sandbox_path
 
 
 def test_frames_round_trip_bytes_exactly():

@@ -13,7 +13,7 @@ from corral import AgentError, InvalidRequestError, NotFoundError, PermissionDen
 from corral.agent import watch as agent_watch
 from corral.agent.files import FileError
 from corral.agent.watch import MAX_QUEUED, MAX_WATCHES, Watch, Watches
-from corral.engine import Files, SandboxHandle, WatchEvent, WatchStream
+from corral.engine import Files, SandboxSession, WatchEvent, WatchStream
 
 pytestmark = [pytest.mark.anyio, pytest.mark.runc]
 
@@ -25,7 +25,7 @@ def pairs(events: list[WatchEvent]) -> list[tuple[str, str]]:
 
 
 @pytest.fixture
-async def files(sandbox: SandboxHandle) -> AsyncIterator[Files]:
+async def files(sandbox: SandboxSession) -> AsyncIterator[Files]:
     await sandbox.files.make_dir(W)
     yield sandbox.files
 

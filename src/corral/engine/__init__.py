@@ -12,7 +12,7 @@ from ._code import (
     default_context,
     normalize_language,
 )
-from ._engine import Engine, Files, Processes, SandboxHandle, read_agent_address
+from ._engine import Engine
 from ._models import (
     DEFAULT_FILE_ROOTS,
     Entry,
@@ -31,6 +31,8 @@ from ._models import (
     parse_size,
 )
 from ._pool import PoolStats, WarmPool, parse_pools
+from ._records import read_agent_address
+from ._session import Files, Processes, SandboxSession
 
 __all__ = [
     "DEFAULT_FILE_ROOTS",
@@ -57,8 +59,8 @@ __all__ = [
     "PtySize",
     "RichResult",
     "Runtime",
-    "SandboxHandle",
     "SandboxInfo",
+    "SandboxSession",
     "SandboxSpec",
     "SandboxState",
     "StartCallback",

@@ -4,17 +4,39 @@ An operator sets, per pool, the spec its members are made with (template, runtim
 how many to keep ready and how fast to refill (`corral serve --pool default=50:10`). Members are made in idle
 time (never while a caller's own create is starting), are invisible to every tenant (no record, no id handed out)
 until one is claimed, and the pools give members back under memory pressure. What a claim applies (env, network
-policy, secrets' trust files, metadata, timeout) is the engine's business (`Engine.claim`); this module holds the
-configuration and the bookkeeping of who is ready.
+policy, secrets' trust files, metadata, timeout) is the runtime's business (`Engine.adopt`); this module holds the
+configuration, the bookkeeping of who is ready and the filler (`Pools`). How many members a pool wants at any
+moment is one decision, `Pools.wanted`, that the filler, a claim and a release all consult.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import os
 import re
-from dataclasses import dataclass, field
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from .._exceptions import InvalidRequestError
+from ..backends import RESIZABLE_LIMITS, BackendCapacity
 from ._models import Runtime, SandboxSpec
+from ._sandbox import LiveSandbox
+
+logger = logging.getLogger("corral.engine")
+
+_POOL_QUIET = 0.5  # seconds after the last create or claim before pools start refilling (a burst goes first)
+_POOL_PARALLEL = max(1, os.cpu_count() or 1)  # members started at once: one per core
+_POOL_IDLE_POLL = 2.0  # seconds between looks at the pools when nothing wakes the filler
+_POOL_PRESSURE_POLL = 1.0  # ... while memory is short
+_POOL_RETRY = 5.0  # seconds before a pool whose member failed to start tries again
+_GiB = 1024**3
+
+MakeMember = Callable[[SandboxSpec, str], Awaitable[LiveSandbox]]  # (spec, id) -> a started pool member
+DestroyMember = Callable[[LiveSandbox, str], Awaitable[None]]  # (member, reason)
 
 _POOL = re.compile(r"(?P<template>[A-Za-z0-9][A-Za-z0-9._-]*)(?P<flags>(/[a-z]+)*)=(?P<size>\d+)"
                    r"(:(?P<refill>\d+(\.\d+)?))?")
@@ -86,8 +108,6 @@ class PoolState:
     stats: PoolStats = field(default_factory=PoolStats)
     next_start: float = 0.0  # monotonic time before which the refill rate allows no new start
 
-    def deficit(self) -> int:
-        return self.pool.size - len(self.members) - self.starting
 
 
 def parse_pools(texts: list[str]) -> list[WarmPool]:
@@ -100,3 +120,191 @@ def parse_pools(texts: list[str]) -> list[WarmPool]:
                                       "same sandboxes: give one")
         seen[pool.key] = pool
     return pools
+
+
+class Pools:
+    """The warm pools of one engine: ready members, claims, the filler that keeps them full in idle time.
+
+    `make` starts a member and `destroy` ends one (the runtime's); `creating` is the runtime's sandboxes being
+    created (a caller's create goes before any refill); `capacity` the backend's figures.
+    """
+
+    def __init__(self, pools: Sequence[WarmPool], *, resizable: bool, make: MakeMember, destroy: DestroyMember,
+                 capacity: Callable[[], Awaitable[BackendCapacity]], creating: Mapping[str, int]) -> None:
+        self._resizable = resizable
+        self._make, self._destroy, self._capacity, self._creating = make, destroy, capacity, creating
+        self.states: dict[tuple[object, ...], PoolState] = {}
+        for pool in pools:
+            if self.key(pool.spec) in self.states:
+                raise InvalidRequestError(f"warm pools {self.states[self.key(pool.spec)].pool.describe()!r} "
+                                          f"and {pool.describe()!r} serve the same sandboxes on this backend")
+            self.states[self.key(pool.spec)] = PoolState(pool)
+        # Pools give members back while the backend has less memory available (None: 10% of its total, >= 1 GiB).
+        self.memory_floor: int | None = None
+        self.ready: dict[str, LiveSandbox] = {}  # ready members, by id
+        self.claimed: dict[str, LiveSandbox] = {}  # taken by `claim`, not yet adopted or released
+        self.starting: set[str] = set()  # members being created (not a caller's create)
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.wake = asyncio.Event()
+        self.last_demand = 0.0  # monotonic time of the last create or claim: pools fill in the quiet after it
+
+    def key(self, spec: SandboxSpec) -> tuple[object, ...]:
+        """Which pool can serve `spec`: its `pool_key`, without the limits a `Resizable` backend sets at claim."""
+        if not self._resizable:
+            return spec.pool_key()
+        fixed = spec.limits.model_dump(exclude=set(RESIZABLE_LIMITS))
+        return (spec.template, spec.runtime.value, tuple(sorted(fixed.items())), bool(spec.volumes), spec.root)
+
+    def wanted(self, state: PoolState) -> int:
+        """How many ready members the pool wants now: the one decision of a pool's size (its configured size)."""
+        return state.pool.size
+
+    def _deficit(self, state: PoolState) -> int:
+        return self.wanted(state) - len(state.members) - state.starting
+
+    def _fullness(self, state: PoolState) -> float:
+        return len(state.members) / max(1, self.wanted(state))
+
+    def held(self) -> list[LiveSandbox]:
+        """Members that take room on the machine: ready and claimed."""
+        return [*self.ready.values(), *self.claimed.values()]
+
+    def demand(self) -> None:
+        self.last_demand = time.monotonic()
+
+    def claim(self, spec: SandboxSpec) -> str | None:
+        """Take a ready member that can serve `spec` aside, and return its id (None: no pool for `spec`, or it is
+        empty). No await: a burst's concurrent claims never get the same member."""
+        self.demand()
+        if not self.states or spec.volumes:  # no pool: no key to build on every create
+            return None
+        state = self.states.get(self.key(spec))
+        if state is None:
+            return None
+        self.wake.set()
+        if not state.members:
+            state.stats.missed += 1
+            return None
+        sandbox_id = state.members.pop()  # the newest: its pages are the likeliest still in memory
+        self.claimed[sandbox_id] = self.ready.pop(sandbox_id)
+        state.stats.claimed += 1
+        return sandbox_id
+
+    def release(self, sandbox_id: str, *, reuse: bool = True) -> None:
+        """Give a claimed member back unused; with `reuse=False` it is destroyed."""
+        sb = self.claimed.pop(sandbox_id)
+        state = self.states.get(self.key(sb.spec))
+        if not reuse or state is None or len(state.members) >= self.wanted(state):
+            self.evict(sb, state)
+            return
+        state.members.append(sandbox_id)
+        self.ready[sandbox_id] = sb
+
+    def stats(self) -> dict[str, PoolStats]:
+        """Each pool's figures, by its description (`default=50:10`)."""
+        out = {}
+        for state in self.states.values():
+            state.stats.ready, state.stats.starting = len(state.members), state.starting
+            out[state.pool.describe()] = replace(state.stats)
+        return out
+
+    async def drain(self) -> list[LiveSandbox]:
+        """Stop starting members and hand every member over (the engine closes): the caller destroys them."""
+        # Members being started finish (a create cancelled half-way undoes itself in a shielded task that this
+        # would not wait for), then every member goes with the rest.
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        members = self.held()
+        self.ready.clear()
+        self.claimed.clear()
+        for state in self.states.values():
+            state.members.clear()
+        return members
+
+    async def fill(self) -> None:
+        """Keep the pools full in idle time: start members while no caller's create is starting and none came in
+        the last `_POOL_QUIET` seconds, at most one per core at once and each pool's refill rate; give members
+        back while the backend's available memory is under `memory_floor`."""
+        while True:
+            self.wake.clear()
+            delay = await self.step()
+            # `asyncio.timeout`, not `wait_for`: on 3.11 a cancel that lands as the event is set is lost by
+            # `wait_for`, and `close` then waits for this loop forever (a test caught it).
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self.wake.wait()
+
+    async def step(self) -> float:
+        """Start what the pools lack now; the seconds until the next look."""
+        try:
+            figures = await self._capacity()
+        except Exception:
+            logger.exception("pool.capacity_failed")
+            return 5.0
+        floor = self._floor(figures)
+        available = figures.memory_available
+        if available is not None and available < floor:
+            if self.evict_one():
+                logger.warning("pool.memory_pressure", extra={"available": available, "floor": floor})
+            return _POOL_PRESSURE_POLL
+        quiet = self.last_demand + _POOL_QUIET - time.monotonic()
+        if quiet > 0 or any(sandbox_id not in self.starting for sandbox_id in self._creating):
+            return max(quiet, _POOL_QUIET / 4)
+        if available is not None and available < 2 * floor:
+            return _POOL_PRESSURE_POLL
+        now, delay = time.monotonic(), _POOL_IDLE_POLL
+        for state in sorted(self.states.values(), key=self._fullness):
+            while self._deficit(state) > 0 and len(self.tasks) < _POOL_PARALLEL:
+                if now < state.next_start:
+                    delay = min(delay, state.next_start - now)
+                    break
+                state.next_start = now + (1 / state.pool.refill if state.pool.refill else 0)
+                state.starting += 1
+                self._spawn(self._make_member(state), "corral-pool-member")
+        return delay
+
+    def _spawn(self, work: Awaitable[None], name: str) -> None:
+        task = asyncio.ensure_future(work)
+        task.set_name(name)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _make_member(self, state: PoolState) -> None:
+        sandbox_id = f"sb-{secrets.token_hex(8)}"
+        self.starting.add(sandbox_id)
+        try:
+            sb = await self._make(state.pool.spec, sandbox_id)
+        except Exception:
+            state.stats.failed += 1
+            state.next_start = time.monotonic() + _POOL_RETRY  # a broken template must not spin
+            logger.exception("pool.fill_failed", extra={"pool": state.pool.describe()})
+        else:
+            state.stats.made += 1
+            if self.states.get(self.key(state.pool.spec)) is state and len(state.members) < self.wanted(state):
+                state.members.append(sb.id)
+                self.ready[sb.id] = sb
+            else:
+                self.evict(sb, None)
+        finally:
+            state.starting -= 1
+            self.starting.discard(sandbox_id)
+            self.wake.set()
+
+    def _floor(self, figures: BackendCapacity) -> int:
+        if self.memory_floor is not None:
+            return self.memory_floor
+        return max(_GiB, int((figures.memory_total or 0) * 0.1))
+
+    def evict_one(self) -> bool:
+        """Give back the oldest ready member of the fullest pool; False when every pool is empty."""
+        candidates = [st for st in self.states.values() if st.members]
+        if not candidates:
+            return False
+        state = max(candidates, key=self._fullness)
+        self.evict(self.ready.pop(state.members.pop(0)), state)
+        return True
+
+    def evict(self, sb: LiveSandbox, state: PoolState | None) -> None:
+        """Destroy a member in the background; its room counts as free at once (`held` no longer has it)."""
+        if state is not None:
+            state.stats.evicted += 1
+        self._spawn(self._destroy(sb, "pool member given back"), "corral-pool-evict")

@@ -109,8 +109,8 @@ class Code:
         params = {"language": language, "cwd": cwd, **({"show_saved_images": True} if show_saved_images else {})}
         async with self._svc.audited(principal, "code.create_context", sandbox_id, params=params) as audit:
             await self._authorized(principal, sandbox_id)
-            context = await self._svc.engine.create_code_context(sandbox_id, language, cwd=cwd,
-                                                                 show_saved_images=show_saved_images)
+            context = await self._svc.engine.get(sandbox_id).create_code_context(language, cwd=cwd,
+                                                                          show_saved_images=show_saved_images)
             audit.outcome["context"] = context.name
         return context
 
@@ -120,31 +120,32 @@ class Code:
         `show_saved_images` if they do not exist yet), then the others in the order they were made."""
         async with self._svc.audited(principal, "code.contexts", sandbox_id) as audit:
             await self._authorized(principal, sandbox_id)
-            found = await self._svc.engine.code_contexts(sandbox_id, cwd=cwd, show_saved_images=show_saved_images)
+            found = await self._svc.engine.get(sandbox_id).code_contexts(cwd=cwd,
+                                                                  show_saved_images=show_saved_images)
             audit.outcome["count"] = len(found)
         return found
 
     async def sessions(self, principal: Principal, sandbox_id: str) -> builtins.list[CodeSession]:
         async with self._svc.audited(principal, "code.sessions", sandbox_id) as audit:
             await self._authorized(principal, sandbox_id)
-            found = await self._svc.engine.code_sessions(sandbox_id)
+            found = await self._svc.engine.get(sandbox_id).code_sessions()
             audit.outcome["count"] = len(found)
         return found
 
     async def interrupt(self, principal: Principal, sandbox_id: str, session: str) -> None:
         async with self._session_op(principal, "code.interrupt", sandbox_id, session):
             await self._authorized(principal, sandbox_id)
-            await self._svc.engine.interrupt_code(sandbox_id, session)
+            await self._svc.engine.get(sandbox_id).interrupt_code(session)
 
     async def restart(self, principal: Principal, sandbox_id: str, session: str) -> None:
         async with self._session_op(principal, "code.restart", sandbox_id, session):
             await self._authorized(principal, sandbox_id)
-            await self._svc.engine.restart_code(sandbox_id, session)
+            await self._svc.engine.get(sandbox_id).restart_code(session)
 
     async def close(self, principal: Principal, sandbox_id: str, session: str) -> None:
         async with self._session_op(principal, "code.close", sandbox_id, session):
             await self._authorized(principal, sandbox_id)
-            await self._svc.engine.close_code(sandbox_id, session)
+            await self._svc.engine.get(sandbox_id).close_code(session)
 
     async def _authorized(self, principal: Principal, sandbox_id: str) -> None:
         # Ownership first: another tenant's sandbox is a 404 before anything about its sessions is looked at.
@@ -164,5 +165,5 @@ async def _run_code(svc: Service, sandbox_id: str, cell: Cell, **callbacks: Any)
                                                ("show_saved_images", cell.show_saved_images or None),
                                                ("max_output", cell.max_output))
                              if v is not None}
-    return await svc.engine.run_code(sandbox_id, cell.code, language=cell.language, timeout=cell.timeout,
-                                     **given, **callbacks)
+    return await svc.engine.get(sandbox_id).run_code(cell.code, language=cell.language, timeout=cell.timeout,
+                                                    **given, **callbacks)

@@ -119,8 +119,8 @@ async def _exec(svc: Service, sandbox_id: str, command: Command, audit: Audited,
         if on_start is not None:
             await on_start(process_id, pid)
 
-    return await svc.engine.exec(sandbox_id, command.cmd, cwd=command.cwd, env=command.env or None,
-                                 stdin=command.stdin, timeout=command.timeout, max_output=command.max_output,
-                                 on_stdout=on_stdout, on_stderr=on_stderr, on_start=started,
-                                 detached=command.detached, tag=command.tag, pty=command.pty,
-                                 keep_stdin=command.keep_stdin, user=command.user)
+    return await svc.engine.get(sandbox_id).exec(
+        command.cmd, cwd=command.cwd, env=command.env or None, stdin=command.stdin, timeout=command.timeout,
+        max_output=command.max_output, on_stdout=on_stdout, on_stderr=on_stderr, on_start=started,
+        detached=command.detached, tag=command.tag, pty=command.pty, keep_stdin=command.keep_stdin,
+        user=command.user)

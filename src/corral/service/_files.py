@@ -199,7 +199,7 @@ class Files:
         `user` (checked before anything is asked of the sandbox)."""
         check_user(user)
         record = await self._svc.sandboxes.authorized(principal, sandbox_id, action)
-        return SandboxFiles(self._svc.engine, record.id, roots=file_roots(record), user=user)
+        return self._svc.engine.get(record.id).files_for(roots=file_roots(record), user=user)
 
 
 def _with_user(params: dict[str, Any], user: str | None) -> dict[str, Any]:

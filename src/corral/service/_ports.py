@@ -141,7 +141,7 @@ class Ports:
         try:
             if principal is not None:
                 require_sandbox(principal, Action.SANDBOX_EXEC, request.sandbox_id, owner)
-            sock = await self._svc.engine.open_port(request.sandbox_id, request.port)
+            sock = await self._svc.engine.get(request.sandbox_id).open_port(request.port)
         except BaseException as exc:
             if isinstance(exc, CorralError):
                 exc.details.setdefault("sandbox_id", request.sandbox_id)
