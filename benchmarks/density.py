@@ -245,9 +245,6 @@ async def bookkeeping(engine: Engine, backend: LocalBackend) -> dict[str, Any]:
     """The cost of the engine's per-sandbox work once over every sandbox (what a tick or a create pays)."""
     out: dict[str, Any] = {}
     t = time.perf_counter()
-    now = time.time()
-    sandboxes = engine.runtime.sandboxes.values()
-    _ = [s for s in sandboxes if s.expires_at <= now and not s.paused_to_disk]  # the reaper's scan
     engine.usage()
     out["scan_ms"] = round((time.perf_counter() - t) * 1000, 3)
     t = time.perf_counter()

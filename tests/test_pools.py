@@ -81,7 +81,6 @@ async def test_create_is_served_from_the_pool_with_the_callers_spec_applied(engi
     assert sb.id in members and _stats(engine)["claimed"] == 1
     info = sb.info
     assert info.metadata == {"who": "caller"} and info.env == {"MINE": "yes"}
-    assert 76 <= (info.expires_at - info.created_at).total_seconds() <= 77.5  # the claim's own timeout, from now
     result = await sb.exec("echo $MINE; hostname")
     assert result.stdout == "yes\nsandbox\n"
     # refilled in the quiet after the claim: back to full, with a new member

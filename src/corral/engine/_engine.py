@@ -41,7 +41,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("corral.engine")
 
-REAP_INTERVAL = 1.0
 _CLAIM_PING_TIMEOUT = 2.0  # a pool member's agent answers a ping in a millisecond; one that does not is dead
 
 
@@ -110,6 +109,10 @@ class Engine:
     def capacity(self) -> Capacity:
         return self.runtime.capacity
 
+    @capacity.setter
+    def capacity(self, capacity: Capacity) -> None:
+        self.runtime.capacity = capacity
+
     @property
     def liveness(self) -> Liveness:
         return self.runtime.liveness
@@ -124,11 +127,11 @@ class Engine:
 
     # -- lifecycle of the engine itself ---------------------------------------------------------------
 
-    async def start(self, *, expire: bool = True) -> None:
+    async def start(self) -> None:
         """Take the state directory, reattach what still runs, start the pool.
 
-        `expire`: destroy sandboxes past their timeout here. The control plane passes False: its reconciler
-        expires sandboxes from the store's records, which are the one truth of what tenants asked for.
+        The engine ends no sandbox by itself: when one ends is the store's record, and the service's reconciler
+        is the one reaper (a bare engine's sandboxes live until destroyed or the engine closes with `destroy_all`).
         """
         if self._started:
             return
@@ -136,8 +139,6 @@ class Engine:
         self._take_ownership()
         self._started = True
         await self.runtime.recover()
-        if expire:
-            self._tasks.append(asyncio.create_task(self._reaper(), name="corral-reaper"))
         if self.pool.states:
             self._tasks.append(asyncio.create_task(self.pool.fill(), name="corral-pool"))
 
@@ -251,9 +252,7 @@ class Engine:
             self.runtime.tombstones.pop(sandbox_id, None)
             sb = await self.runtime.create(spec, self.templates.get(spec.template), sandbox_id=sandbox_id)
         else:
-            now = time.time()
-            sb.spec, sb.pooled = spec, False
-            sb.created_at, sb.expires_at = now, now + spec.timeout
+            sb.spec, sb.pooled, sb.created_at = spec, False, time.time()
             self.attachment.apply(sb.id, sb.record, spec)
             self.runtime.records.save(sb)  # its spec and times, and no longer a pool member
             self.runtime.sandboxes[sb.id] = sb
@@ -323,9 +322,6 @@ class Engine:
 
     async def resume(self, sandbox_id: str) -> None:
         await self.runtime.resume(sandbox_id)
-
-    def set_timeout(self, sandbox_id: str, seconds: float) -> SandboxInfo:
-        return self.runtime.set_timeout(sandbox_id, seconds)
 
     async def snapshot(self, sandbox_id: str, snapshot_id: str | None = None) -> SnapshotArtifact:
         return await self.runtime.snapshot(sandbox_id, snapshot_id)
@@ -423,21 +419,3 @@ class Engine:
     async def volume_used(self, volume_id: str) -> int:
         """Bytes the volume's files take now."""
         return await self.backend.volume_used(volume_id)
-
-    # -- the reaper of a bare engine (the control plane's is its reconciler) --------------------------------
-
-    async def _reaper(self) -> None:
-        while True:
-            await asyncio.sleep(REAP_INTERVAL)
-            now = time.time()
-            for sb in [s for s in self.runtime.sandboxes.values() if s.expires_at <= now and not s.paused_to_disk]:
-                try:
-                    async with sb.lock:
-                        if sb.id not in self.runtime.sandboxes or sb.paused_to_disk:
-                            continue  # destroyed or paused meanwhile
-                        if sb.spec.on_timeout == "pause":
-                            await self.runtime.pause_to_disk(sb)
-                            continue
-                        await self.runtime.destroy_now(sb, "timeout")
-                except CorralError:
-                    logger.exception("sandbox.reap_failed", extra={"sandbox": sb.id})

@@ -29,7 +29,6 @@ class SandboxInfo:
     runtime: str
     limits: Limits
     created_at: datetime
-    expires_at: datetime
     env: dict[str, str]
     metadata: dict[str, str]
     paused_to_disk: bool = False

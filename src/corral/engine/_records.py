@@ -31,12 +31,10 @@ def to_json(sb: LiveSandbox, backend: str) -> dict[str, Any]:
         "id": sb.id,
         "spec": sb.spec.model_dump(mode="json"),
         "created_at": sb.created_at,
-        "expires_at": sb.expires_at,
         "state": sb.state.value,
         "template_env": sb.template_env,
         "pooled": sb.pooled,
         "paused_to_disk": sb.paused_to_disk,
-        "ttl_left": sb.ttl_left,
         "backend": backend,
         "record": sb.record.to_json(),
     }
@@ -93,10 +91,9 @@ class StateFiles:
             return LiveSandbox(
                 id=sandbox_id, spec=SandboxSpec.model_validate(data["spec"]), record=record,
                 agent=agent_client(sandbox_id, self._backend.agent_address(record), self._liveness),
-                created_at=float(data["created_at"]), expires_at=float(data["expires_at"]),
-                state=SandboxState(data["state"]), template_env=dict(data.get("template_env", {})),
-                pooled=bool(data.get("pooled")), paused_to_disk=bool(data.get("paused_to_disk")),
-                ttl_left=float(data.get("ttl_left", 0.0)))
+                created_at=float(data["created_at"]), state=SandboxState(data["state"]),
+                template_env=dict(data.get("template_env", {})), pooled=bool(data.get("pooled")),
+                paused_to_disk=bool(data.get("paused_to_disk")))
         except (ValueError, KeyError, TypeError, CorralError):
             return None
 

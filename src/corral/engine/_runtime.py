@@ -22,9 +22,7 @@ from .._exceptions import (
     AgentError,
     CapacityError,
     ConflictError,
-    InvalidRequestError,
     NotFoundError,
-    SandboxTimeoutError,
 )
 from ..backends import Backend, BackendCapacity, BackendRecord, Resizable, SnapshotArtifact
 from ..templates import Template, TemplateStore
@@ -41,6 +39,7 @@ logger = logging.getLogger("corral.engine")
 TOMBSTONES_KEPT = 1000
 _READY_POLL = 0.02  # seconds between pings while a new sandbox's agent starts
 _ALIVE_POLL = 0.25  # ... and between asking the backend whether it still runs at all
+_RETRY_AFTER = 10  # seconds a bare engine's `CapacityError` suggests waiting
 
 
 class Runtime:
@@ -80,9 +79,8 @@ class Runtime:
                 agent = self._agent(sandbox_id, record)
                 await self._wait_ready(sandbox_id, record, agent)
                 await self.attachment.attach(sandbox_id, record, spec)
-                now = time.time()
-                sb = LiveSandbox(id=sandbox_id, spec=spec, record=record, agent=agent, created_at=now,
-                                 expires_at=now + spec.timeout, template_env=dict(template.env), pooled=pooled)
+                sb = LiveSandbox(id=sandbox_id, spec=spec, record=record, agent=agent, created_at=time.time(),
+                                 template_env=dict(template.env), pooled=pooled)
                 self.records.save(sb)
             except BaseException:
                 await asyncio.shield(self._discard(sandbox_id, record))
@@ -102,7 +100,8 @@ class Runtime:
             raise ConflictError(f"sandbox {sandbox_id} already exists")
 
     def check_capacity(self, memory: int, figures: BackendCapacity) -> None:
-        self.capacity.check(self.usage(), memory, figures, retry_after=self._retry_after())
+        # When a slot frees up is the store's to know (the service answers with its own Retry-After).
+        self.capacity.check(self.usage(), memory, figures, retry_after=_RETRY_AFTER)
 
     def _check_capacity(self, spec: SandboxSpec, figures: BackendCapacity, *, pooled: bool) -> None:
         """`Capacity.check`; a caller's create that does not fit takes the room of ready pool members first."""
@@ -163,13 +162,6 @@ class Runtime:
         return MachineUsage(sandboxes=len(held) + len(self.creating),
                             memory=sum(sb.spec.limits.memory for sb in held) + sum(self.creating.values()))
 
-    def _retry_after(self) -> int:
-        """Seconds until the first sandbox reaches its timeout: the earliest a slot frees up by itself."""
-        if not self.sandboxes:
-            return 10
-        soonest = min(sb.expires_at for sb in self.sandboxes.values()) - time.time()
-        return max(1, min(300, int(soonest) + 1))
-
     # -- finding ------------------------------------------------------------------------------------------
 
     def lookup(self, sandbox_id: str) -> LiveSandbox:
@@ -177,9 +169,6 @@ class Runtime:
         if sb is not None:
             return sb
         reason = self.tombstones.get(sandbox_id)
-        if reason == "timeout":
-            raise SandboxTimeoutError(f"sandbox {sandbox_id} reached its timeout and was destroyed; "
-                                      "create a new one, or extend the timeout with set_timeout next time")
         raise NotFoundError(f"no sandbox {sandbox_id!r}" + (f" (it was {reason})" if reason else ""))
 
     def info(self, sandbox_id: str) -> SandboxInfo:
@@ -198,7 +187,7 @@ class Runtime:
     async def destroy_now(self, sb: LiveSandbox, reason: str) -> None:
         """Destroy without the sandbox's lock (the caller holds it, or the sandbox is a pool member)."""
         self.sandboxes.pop(sb.id, None)
-        self.tombstones[sb.id] = "timeout" if reason == "timeout" else "destroyed"
+        self.tombstones[sb.id] = "destroyed"
         while len(self.tombstones) > TOMBSTONES_KEPT:
             self.tombstones.pop(next(iter(self.tombstones)))
         sb.state = SandboxState.STOPPED
@@ -231,7 +220,7 @@ class Runtime:
             self.records.save(sb)
 
     async def pause_to_disk(self, sb: LiveSandbox) -> None:
-        """Under the sandbox's lock: save /tmp, stop it, keep its disk; its timeout's clock stops."""
+        """Under the sandbox's lock: save /tmp, stop it, keep its disk."""
         if sb.state == SandboxState.PAUSED:  # frozen: thaw it so its agent can save /tmp, then stop it
             await self.backend.resume(sb.record)
             sb.agent.thaw()
@@ -240,9 +229,8 @@ class Runtime:
         await self.attachment.detach(sb.id)
         await self.backend.stop(sb.record)
         sb.state, sb.paused_to_disk = SandboxState.PAUSED, True
-        sb.ttl_left = max(1.0, sb.expires_at - time.time())
         self.records.save(sb)
-        logger.info("sandbox.paused_to_disk", extra={"sandbox": sb.id, "ttl_left": round(sb.ttl_left)})
+        logger.info("sandbox.paused_to_disk", extra={"sandbox": sb.id})
 
     async def resume(self, sandbox_id: str) -> None:
         sb = self.lookup(sandbox_id)
@@ -259,7 +247,7 @@ class Runtime:
 
     async def _boot(self, sb: LiveSandbox) -> None:
         """Start a sandbox paused to disk again: capacity first (it takes memory again), then the backend, the
-        agent, egress, its /tmp; the timeout runs again from what it had left."""
+        agent, egress, its /tmp."""
         self.check_capacity(sb.spec.limits.memory, await self.backend.capacity())
         self.creating[sb.id] = sb.spec.limits.memory
         try:
@@ -277,7 +265,6 @@ class Runtime:
             self.creating.pop(sb.id, None)
         sb.record, sb.agent = record, agent
         sb.state, sb.paused_to_disk = SandboxState.RUNNING, False
-        sb.expires_at = time.time() + sb.ttl_left
         self.records.save(sb)
         self.records.tmp_path(sb.id).unlink(missing_ok=True)
         logger.info("sandbox.resumed_from_disk", extra={"sandbox": sb.id})
@@ -304,18 +291,6 @@ class Runtime:
         with open(path, "rb") as f:
             await sb.tmp_agent(agent).upload_tar("/tmp", f, owners=sb.spec.root)
 
-    def set_timeout(self, sandbox_id: str, seconds: float) -> SandboxInfo:
-        """Make the sandbox expire `seconds` from now (paused to disk: `seconds` after it resumes)."""
-        if not 0 <= seconds <= 7 * 24 * 3600:
-            raise InvalidRequestError("timeout must be between 0 (end now) and 604800 seconds")
-        sb = self.lookup(sandbox_id)
-        if sb.paused_to_disk:
-            sb.ttl_left = seconds
-        else:
-            sb.expires_at = time.time() + seconds
-        self.records.save(sb)
-        return sb.info()
-
     # -- snapshots ----------------------------------------------------------------------------------------
 
     async def snapshot(self, sandbox_id: str, snapshot_id: str | None = None) -> SnapshotArtifact:
@@ -332,8 +307,8 @@ class Runtime:
     # -- after a restart ----------------------------------------------------------------------------------
 
     async def recover(self) -> None:
-        """Reattach to running sandboxes; have the backend sweep the half-created, the dead, the expired and
-        old pool ones; forget their state files."""
+        """Reattach to running sandboxes; have the backend sweep the half-created, the dead and old pool ones;
+        forget their state files. Expired ones are the reconciler's to end, from the store's records."""
         self.records.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         known: set[str] = set()
         stale: builtins.list[Path] = []
@@ -345,8 +320,7 @@ class Runtime:
                 known.add(sb.id)
                 logger.info("sandbox.kept_paused", extra={"sandbox": sb.id})
                 continue
-            if sb is None or sb.pooled or sb.state == SandboxState.STOPPED or sb.expires_at <= time.time() \
-                    or not await self.backend.alive(sb.record):
+            if sb is None or sb.pooled or sb.state == SandboxState.STOPPED or not await self.backend.alive(sb.record):
                 stale.append(path)
                 continue
             await self.backend.adopt(sb.record)

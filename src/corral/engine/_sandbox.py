@@ -26,16 +26,14 @@ class LiveSandbox:
     record: BackendRecord
     agent: AgentClient  # made once from the backend's `agent_address`, fixed until a boot from disk replaces it
     created_at: float
-    expires_at: float
     state: SandboxState = SandboxState.RUNNING
     template_env: dict[str, str] = field(default_factory=dict)
     pooled: bool = False
-    # Paused to disk (docs/lifecycle.md): no process, no memory; `ttl_left` is what its timeout had left, the
-    # clock stops while it sleeps.
+    # Paused to disk (docs/lifecycle.md): no process, no memory. When a sandbox ends is the store's record alone
+    # (the service's reconciler ends it): the engine keeps no timeout.
     paused_to_disk: bool = False
-    ttl_left: float = 0.0
     # Serialises what changes the sandbox's state (pause, resume, snapshot, destroy): a snapshot must not copy a
-    # disk that a pause is unmounting, nor the reaper pause what a caller is resuming.
+    # disk that a pause is unmounting, nor the reconciler pause what a caller is resuming.
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, compare=False, repr=False)
 
     def info(self) -> SandboxInfo:
@@ -46,7 +44,6 @@ class LiveSandbox:
             runtime=self.spec.runtime.value,
             limits=self.spec.limits,
             created_at=datetime.fromtimestamp(self.created_at, UTC),
-            expires_at=datetime.fromtimestamp(self.expires_at, UTC),
             env=dict(self.spec.env),
             metadata=dict(self.spec.metadata),
             paused_to_disk=self.paused_to_disk,

@@ -16,7 +16,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING
 
-from .._exceptions import ConflictError, InvalidRequestError, NotFoundError, SandboxTimeoutError
+from .._exceptions import ConflictError, InvalidRequestError, NotFoundError
 from ..backends._spec import check_user
 from ._agent_client import AgentClient, OutputCallback, PtySession, Source, StartCallback, WatchStream
 from ._code import CodeResult, CodeSession, ResultCallback
@@ -200,9 +200,6 @@ class SandboxSession:
     async def fork(self) -> SandboxSession:
         return await self._engine.fork(self.id)
 
-    def set_timeout(self, seconds: float) -> SandboxInfo:
-        return self._engine.set_timeout(self.id, seconds)
-
     async def destroy(self) -> None:
         await self._engine.destroy(self.id)
 
@@ -210,7 +207,7 @@ class SandboxSession:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        with contextlib.suppress(NotFoundError, SandboxTimeoutError):
+        with contextlib.suppress(NotFoundError):
             await self.destroy()
 
 

@@ -428,9 +428,7 @@ class Sandboxes:
     async def set_timeout(self, principal: Principal, sandbox_id: str, seconds: float) -> SandboxRecord:
         async with self._svc.audited(principal, "sandbox.timeout", sandbox_id, params={"timeout": seconds}):
             await self.authorized(principal, sandbox_id, Action.SANDBOX_UPDATE)
-            record = await self._svc.store.set_sandbox_timeout(sandbox_id, seconds)
-            self._svc.engine.set_timeout(sandbox_id, seconds)
-            return record
+            return await self._svc.store.set_sandbox_timeout(sandbox_id, seconds)  # the reconciler reads it
 
     async def set_network(self, principal: Principal, sandbox_id: str,
                           network: str | builtins.list[str]) -> SandboxRecord:
@@ -463,10 +461,6 @@ class Sandboxes:
         record = await store.pause_to_disk(sandbox_id)
         try:
             await self._svc.engine.pause(sandbox_id, memory=False)
-        except ConflictError:
-            if not self._svc.engine.info(sandbox_id).paused_to_disk:  # else: the engine's own reaper was first
-                await asyncio.shield(store.resumed(sandbox_id))
-                raise
         except BaseException:
             await asyncio.shield(store.resumed(sandbox_id))
             if before.state is SandboxState.PAUSED:
@@ -491,7 +485,6 @@ class Sandboxes:
                 record = await self._resume(record)
             if timeout is not None and record.expires_at < datetime.now(UTC) + timedelta(seconds=timeout):
                 record = await self._svc.store.set_sandbox_timeout(sandbox_id, timeout)
-                self._svc.engine.set_timeout(sandbox_id, timeout)
             audit.outcome["resumed"] = was_paused
         return record, was_paused
 

@@ -110,7 +110,7 @@ class Service:
         if proxy is not None:
             proxy.on_event = self.egress.record_event
             await proxy.start()
-        await self.engine.start(expire=False)  # one reaper: the reconciler, from the store's records
+        await self.engine.start()  # it ends nothing by itself: the reconciler does, from the store's records
         await self.replica.start()
         self.reconciler.start()
         self.sampler.start()
