@@ -31,7 +31,7 @@ from corral.backends import (
     load_backend,
 )
 from corral.backends.local import LocalBackend, LocalRecord
-from corral.engine import Capacity, Engine, Limits, SandboxSpec
+from corral.engine import Adoption, Capacity, Engine, Limits, SandboxSpec
 
 from .fakes import FakeBackend, FakeTemplates, World, fake_record
 
@@ -91,12 +91,11 @@ async def test_create_waits_for_the_agent_and_keeps_its_own_state(tmp_path: Path
         assert engine.agent(sb.id) is engine.agent(sb.id)  # one client per sandbox, kept
         assert [n for n, _ in backend.calls[:4]] == ["sweep", "check", "capacity", "create"]
         state = json.loads((tmp_path / "engine" / f"{sb.id}.json").read_text())
-        assert state["backend"] == "fake" and state["state"] == "running"
+        assert state["backend"] == "fake" and "state" not in state and "spec" not in state  # the store's
         assert state["record"] == fake_record(engine.runtime.sandboxes[sb.id].record).to_json()
-        assert SandboxSpec.model_validate(state["spec"]) == SPEC
         assert engine.sandbox_env(sb.id)["FROM_TEMPLATE"] == "1"
         await sb.pause()
-        assert json.loads((tmp_path / "engine" / f"{sb.id}.json").read_text())["state"] == "paused"
+        assert "state" not in json.loads((tmp_path / "engine" / f"{sb.id}.json").read_text())  # the store's
         await sb.resume()
         await sb.destroy()
         assert backend.called("destroy") == [sb.id] and _state_files(tmp_path) == []
@@ -163,8 +162,8 @@ async def test_a_restarted_engine_restores_reattaches_and_has_the_rest_swept(tmp
     first_backend = FakeBackend(tmp_path, world)
     first = _engine(tmp_path, first_backend)
     await first.start()
-    # Past its timeout or not is the store's record (the reconciler ends it): the engine reattaches it as any.
-    kept, died, expired = [(await first.create(SPEC)).id for _ in range(3)]
+    # What the store no longer vouches for (ended, or never recorded) is swept without a question to the backend.
+    kept, died, _forgotten = [(await first.create(SPEC)).id for _ in range(3)]
     await first.close()  # the sandboxes stay
     await first_backend.world_remove(died)  # crashed while no engine ran
     world.running.add("sb-orphan0001")  # made by a backend whose engine never recorded it
@@ -173,17 +172,39 @@ async def test_a_restarted_engine_restores_reattaches_and_has_the_rest_swept(tmp
     await asyncio.sleep(0.1)
 
     backend = FakeBackend(tmp_path, world)  # a new process: a new backend object, the same world
-    async with _engine(tmp_path, backend) as engine:
-        assert sorted(s.id for s in engine.list()) == sorted([kept, expired])
-        assert sorted(backend.called("restore")) == sorted([kept, died, expired])
-        assert sorted(backend.called("alive")) == sorted([kept, died, expired])
-        assert sorted(backend.called("adopt")) == sorted([kept, expired])
-        assert backend.called("sweep") == [",".join(sorted([kept, expired]))]
-        assert world.running == {kept, expired}
-        assert _state_files(tmp_path) == sorted([kept, expired, "sb-otherbackend1"])
+    engine = _engine(tmp_path, backend)
+    await engine.start(adopt={kept: Adoption(spec=SPEC), died: Adoption(spec=SPEC)})  # the store's live records
+    try:
+        assert [s.id for s in engine.list()] == [kept]
+        assert sorted(backend.called("restore")) == sorted([kept, died])
+        assert sorted(backend.called("alive")) == sorted([kept, died])  # the forgotten one is not even asked
+        assert backend.called("adopt") == [kept]
+        assert backend.called("sweep") == [kept]
+        assert world.running == {kept}
+        assert _state_files(tmp_path) == sorted([kept, "sb-otherbackend1"])
         assert (await engine.agent(kept).ping())["event"] == "pong"
         await engine.destroy(kept)
-        await engine.destroy(expired)
+    finally:
+        await engine.close()
+
+
+async def test_a_state_file_holds_no_spec_state_or_timeout(tmp_path: Path, world: World) -> None:
+    async with _engine(tmp_path, FakeBackend(tmp_path, world)) as engine:
+        sb = await engine.create(SandboxSpec(template="default", env={"K": "v"}, timeout=60, metadata={"m": "1"}))
+        await sb.pause()
+        state = json.loads((tmp_path / "engine" / f"{sb.id}.json").read_text())
+        assert set(state) == {"id", "backend", "record", "template_env", "env"} and state["env"] == {"K": "v"}
+        await sb.destroy()
+
+
+async def test_a_bare_engine_restart_sweeps_what_no_store_vouches_for(tmp_path: Path, world: World) -> None:
+    async with _engine(tmp_path, FakeBackend(tmp_path, world)) as first:
+        made = (await first.create(SPEC)).id
+    assert world.running == {made}
+    backend = FakeBackend(tmp_path, world)
+    async with _engine(tmp_path, backend) as engine:
+        assert engine.list() == [] and world.running == set() and _state_files(tmp_path) == []
+        assert backend.called("sweep") == [""]
 
 
 async def test_a_sandbox_whose_destroy_failed_is_swept_at_the_next_start_not_reattached(

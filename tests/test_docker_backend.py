@@ -51,7 +51,7 @@ from corral.backends.docker._image import Images
 from corral.backends.local import LocalBackend
 from corral.backends.local._bundle import MASKED_PATHS, READONLY_PATHS
 from corral.egress import CertificateAuthority, EgressEvent, EgressProxy, upstream_context
-from corral.engine import Engine
+from corral.engine import Adoption, Engine
 from corral.eval import Exec, load_corpus
 from corral.eval.corpus import security
 from corral.templates import Template
@@ -521,7 +521,7 @@ async def test_restart_adopts_running_sandboxes_and_sweeps_orphans(home: Path, t
     assert container_of(docker_client, first.backend, sb.id)["State"]["Status"] == "running"
 
     second = make_engine(home)  # a new backend instance: it knows only what it restores
-    await second.start()
+    await second.start(adopt={sb.id: Adoption(spec=spec())})  # what the store would say of it
     try:
         assert [s.id for s in second.list()] == [sb.id]
         assert await second.get(sb.id).files.read("/workspace/kept") == b"still here"

@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 from corral import CapacityError, ConflictError, InvalidRequestError, NotFoundError
-from corral.engine import Capacity, SandboxSpec
+from corral.engine import Adoption, Capacity, SandboxSpec
 
 from .conftest import TEMPLATE, leaks, make_engine, spec
 
@@ -79,7 +79,7 @@ async def test_restart_reattaches(test_home):
     await first.close()  # the engine goes, the sandbox stays
 
     second = make_engine(test_home)
-    await second.start()
+    await second.start(adopt={sb.id: Adoption(spec=spec())})  # what the store would say of it
     try:
         assert [s.id for s in second.list()] == [sb.id]
         again = second.get(sb.id)

@@ -26,6 +26,7 @@ from corral import (
     Snapshot,
 )
 from corral.control import Quotas
+from corral.engine import Adoption
 from corral.server import create_app
 
 from .conftest import CGROUP_PARENT, TEMPLATE, leaks, make_engine
@@ -273,7 +274,8 @@ async def test_paused_to_disk_survives_a_server_restart(api: Api, live_url: str)
     # The server stops (its engine closes, destroying nothing); a new one starts on the same state and store.
     await api.engine.close()
     engine = make_engine(api.engine.home)
-    await engine.start()
+    record = await api.store.get_sandbox(sb.id)  # what a server's start passes its engine (Sandboxes.recoverable)
+    await engine.start(adopt={sb.id: Adoption(spec=record.spec, state=record.state, paused_to_disk=True)})
     try:
         assert engine.info(sb.id).paused_to_disk
         app = create_app(engine, api.store)

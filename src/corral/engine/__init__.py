@@ -31,13 +31,14 @@ from ._models import (
     parse_size,
 )
 from ._pool import PoolStats, WarmPool, parse_pools
-from ._records import read_agent_address
+from ._records import Adoption, read_agent_address
 from ._session import Files, Processes, SandboxSession
 
 __all__ = [
     "DEFAULT_FILE_ROOTS",
     "LANGUAGES",
     "SESSION_LANGUAGES",
+    "Adoption",
     "AgentClient",
     "Capacity",
     "CodeError",

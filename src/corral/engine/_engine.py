@@ -19,7 +19,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._exceptions import AgentError, CapacityError, ConflictError, CorralError
@@ -31,6 +31,7 @@ from ._capacity import Capacity, MachineUsage
 from ._egress_attach import DenialSource, EgressAttachment
 from ._models import SandboxInfo, SandboxSpec, SandboxState
 from ._pool import PoolStats, WarmPool
+from ._records import Adoption
 from ._runtime import Runtime
 from ._sandbox import LiveSandbox, liveness_from_settings
 from ._session import SandboxSession
@@ -127,18 +128,21 @@ class Engine:
 
     # -- lifecycle of the engine itself ---------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self, adopt: Mapping[str, Adoption] | None = None) -> None:
         """Take the state directory, reattach what still runs, start the pool.
 
-        The engine ends no sandbox by itself: when one ends is the store's record, and the service's reconciler
-        is the one reaper (a bare engine's sandboxes live until destroyed or the engine closes with `destroy_all`).
+        `adopt`: the sandboxes a previous engine on this home ran that are still live, by id, with what the control
+        store says they are (the service passes its live records); each one the backend still has is reattached,
+        everything else swept. None (a bare engine, with no store): a previous engine's sandboxes are all swept.
+        The engine ends no sandbox by itself: when one ends is the store's record, and the service's reconciler is
+        the one reaper (a bare engine's sandboxes live until destroyed, or it closes with `destroy_all`).
         """
         if self._started:
             return
         self.runtime.records.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._take_ownership()
         self._started = True
-        await self.runtime.recover()
+        await self.runtime.recover(adopt or {})
         if self.pool.states:
             self._tasks.append(asyncio.create_task(self.pool.fill(), name="corral-pool"))
 
@@ -252,9 +256,9 @@ class Engine:
             self.runtime.tombstones.pop(sandbox_id, None)
             sb = await self.runtime.create(spec, self.templates.get(spec.template), sandbox_id=sandbox_id)
         else:
-            sb.spec, sb.pooled, sb.created_at = spec, False, time.time()
+            sb.spec, sb.created_at = spec, time.time()
             self.attachment.apply(sb.id, sb.record, spec)
-            self.runtime.records.save(sb)  # its spec and times, and no longer a pool member
+            self.runtime.records.save(sb)  # the caller's environment, for a restart
             self.runtime.sandboxes[sb.id] = sb
         logger.info("sandbox.created", extra={"sandbox": sb.id, "template": spec.template,
                                               "runtime": spec.runtime.value, "pooled": True})
@@ -363,7 +367,6 @@ class Engine:
             update["network_private"] = tuple(private)
         spec = SandboxSpec.model_validate({**sb.spec.model_dump(), **update})
         sb.spec = spec
-        self.runtime.records.save(sb)
         if self.egress is not None:
             self.egress.set_policy(sb.id, self.attachment.policy(spec))
         return spec

@@ -1,9 +1,13 @@
-"""The engine's state on disk: one file per sandbox, `<home>/engine/<id>.json`, and /tmp saved across a pause.
+"""The backend's recovery record: one file per sandbox, `<home>/engine/<id>.json`, and /tmp saved across a pause.
 
-A restarted engine reads the files back, gives each backend record to `backend.restore`, and reattaches to every
-sandbox still `alive` (`Runtime.recover`). The files are small and written whole (never torn); not durable (no
-fsync): a machine crash takes the sandbox's processes with it, and a lost or stale file means the sandbox is
-swept at the next start.
+A file holds only what the backend needs to find and adopt its sandbox after a restart: the backend's name, its
+record (`Backend.restore`), and the environment its processes start with (the template build's and the spec's
+values: the store keeps only the names of those, since they often carry secrets, so the values stay on the node
+that runs the sandbox, in the engine's 0700 directory). What the sandbox is (its spec), what state it is in and
+when it ends are the control store's (`SandboxRecord`): a restarted engine is told
+them (`Adoption`, from the store's live records) and reattaches those sandboxes, and only those; the backend
+sweeps the rest (`Runtime.recover`). The files are small and written whole (never torn); not durable (no fsync):
+a machine crash takes the sandbox's processes with it, and a lost file means the sandbox is swept.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +32,19 @@ logger = logging.getLogger("corral.engine")
 STATE_DIR = "engine"  # under the home: one `<sandbox id>.json` per sandbox
 
 
+@dataclass(frozen=True)
+class Adoption:
+    """What the store says of a sandbox a restarted engine should reattach: its spec, its state, since when."""
+
+    spec: SandboxSpec
+    state: SandboxState = SandboxState.RUNNING  # PAUSED: frozen in place, or (`paused_to_disk`) stopped
+    paused_to_disk: bool = False
+    created_at: float | None = None
+
+
 def to_json(sb: LiveSandbox, backend: str) -> dict[str, Any]:
-    return {
-        "id": sb.id,
-        "spec": sb.spec.model_dump(mode="json"),
-        "created_at": sb.created_at,
-        "state": sb.state.value,
-        "template_env": sb.template_env,
-        "pooled": sb.pooled,
-        "paused_to_disk": sb.paused_to_disk,
-        "backend": backend,
-        "record": sb.record.to_json(),
-    }
+    return {"id": sb.id, "backend": backend, "record": sb.record.to_json(), "template_env": sb.template_env,
+            "env": dict(sb.spec.env)}
 
 
 def read_state(path: Path) -> dict[str, Any] | None:
@@ -81,7 +88,8 @@ class StateFiles:
                 logger.warning("sandbox.other_backend", extra={"sandbox": path.stem, "backend": data.get("backend")})
         return out
 
-    def load(self, data: dict[str, Any]) -> LiveSandbox | None:
+    def load(self, data: dict[str, Any], adoption: Adoption) -> LiveSandbox | None:
+        """The sandbox of a state file as the store describes it; None if the file does not name it."""
         try:
             sandbox_id = str(data["id"])
             check_sandbox_id(sandbox_id)
@@ -89,11 +97,12 @@ class StateFiles:
             if record.sandbox_id != sandbox_id:
                 return None
             return LiveSandbox(
-                id=sandbox_id, spec=SandboxSpec.model_validate(data["spec"]), record=record,
+                id=sandbox_id, spec=adoption.spec.model_copy(update={"env": dict(data.get("env", {}))}),
+                record=record,
                 agent=agent_client(sandbox_id, self._backend.agent_address(record), self._liveness),
-                created_at=float(data["created_at"]), state=SandboxState(data["state"]),
-                template_env=dict(data.get("template_env", {})), pooled=bool(data.get("pooled")),
-                paused_to_disk=bool(data.get("paused_to_disk")))
+                created_at=time.time() if adoption.created_at is None else adoption.created_at,
+                state=adoption.state, template_env=dict(data.get("template_env", {})),
+                paused_to_disk=adoption.paused_to_disk)
         except (ValueError, KeyError, TypeError, CorralError):
             return None
 

@@ -15,7 +15,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .._exceptions import (
@@ -31,7 +31,7 @@ from ._capacity import Capacity, MachineUsage
 from ._egress_attach import EgressAttachment
 from ._models import SandboxInfo, SandboxSpec, SandboxState
 from ._pool import Pools, WarmPool
-from ._records import StateFiles
+from ._records import Adoption, StateFiles
 from ._sandbox import LiveSandbox, agent_client, check_sandbox_id
 
 logger = logging.getLogger("corral.engine")
@@ -80,7 +80,7 @@ class Runtime:
                 await self._wait_ready(sandbox_id, record, agent)
                 await self.attachment.attach(sandbox_id, record, spec)
                 sb = LiveSandbox(id=sandbox_id, spec=spec, record=record, agent=agent, created_at=time.time(),
-                                 template_env=dict(template.env), pooled=pooled)
+                                 template_env=dict(template.env))
                 self.records.save(sb)
             except BaseException:
                 await asyncio.shield(self._discard(sandbox_id, record))
@@ -191,7 +191,6 @@ class Runtime:
         while len(self.tombstones) > TOMBSTONES_KEPT:
             self.tombstones.pop(next(iter(self.tombstones)))
         sb.state = SandboxState.STOPPED
-        self.records.save(sb)  # should `destroy` fail, the next start sweeps it rather than reattaching it
         await self.attachment.detach(sb.id)
         await self.backend.destroy(sb.record)
         self.records.forget(sb.id)
@@ -217,7 +216,6 @@ class Runtime:
                 sb.agent.thaw()
                 raise
             sb.state = SandboxState.PAUSED
-            self.records.save(sb)
 
     async def pause_to_disk(self, sb: LiveSandbox) -> None:
         """Under the sandbox's lock: save /tmp, stop it, keep its disk."""
@@ -229,7 +227,6 @@ class Runtime:
         await self.attachment.detach(sb.id)
         await self.backend.stop(sb.record)
         sb.state, sb.paused_to_disk = SandboxState.PAUSED, True
-        self.records.save(sb)
         logger.info("sandbox.paused_to_disk", extra={"sandbox": sb.id})
 
     async def resume(self, sandbox_id: str) -> None:
@@ -243,7 +240,6 @@ class Runtime:
             await self.backend.resume(sb.record)
             sb.agent.thaw()
             sb.state = SandboxState.RUNNING
-            self.records.save(sb)
 
     async def _boot(self, sb: LiveSandbox) -> None:
         """Start a sandbox paused to disk again: capacity first (it takes memory again), then the backend, the
@@ -265,7 +261,7 @@ class Runtime:
             self.creating.pop(sb.id, None)
         sb.record, sb.agent = record, agent
         sb.state, sb.paused_to_disk = SandboxState.RUNNING, False
-        self.records.save(sb)
+        self.records.save(sb)  # the backend's new record
         self.records.tmp_path(sb.id).unlink(missing_ok=True)
         logger.info("sandbox.resumed_from_disk", extra={"sandbox": sb.id})
 
@@ -306,24 +302,28 @@ class Runtime:
 
     # -- after a restart ----------------------------------------------------------------------------------
 
-    async def recover(self) -> None:
-        """Reattach to running sandboxes; have the backend sweep the half-created, the dead and old pool ones;
-        forget their state files. Expired ones are the reconciler's to end, from the store's records."""
+    async def recover(self, adopt: Mapping[str, Adoption]) -> None:
+        """Reattach to the sandboxes the store says are live (`adopt`) and the backend still has; have the
+        backend sweep the rest (half-created, dead, ended, old pool members); forget their state files. Expired
+        ones are the reconciler's to end, from the store's records."""
         self.records.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         known: set[str] = set()
         stale: builtins.list[Path] = []
         for path, data in self.records.entries():
-            sb = None if data is None else self.records.load(data)
-            if sb is not None and sb.paused_to_disk:  # asleep: nothing runs to check, and no clock runs out
+            adoption = adopt.get(path.stem)
+            sb = None if data is None or adoption is None else self.records.load(data, adoption)
+            if sb is not None and sb.paused_to_disk:  # asleep: nothing runs to check
                 await self.backend.adopt(sb.record)
                 self.sandboxes[sb.id] = sb
                 known.add(sb.id)
                 logger.info("sandbox.kept_paused", extra={"sandbox": sb.id})
                 continue
-            if sb is None or sb.pooled or sb.state == SandboxState.STOPPED or not await self.backend.alive(sb.record):
+            if sb is None or not await self.backend.alive(sb.record):
                 stale.append(path)
                 continue
             await self.backend.adopt(sb.record)
+            if sb.state is SandboxState.PAUSED:
+                sb.agent.freeze()  # calls wait for a resume rather than take its silence for a wedged agent
             self.sandboxes[sb.id] = sb
             await self.attachment.attach(sb.id, sb.record, sb.spec)
             known.add(sb.id)

@@ -28,7 +28,6 @@ class LiveSandbox:
     created_at: float
     state: SandboxState = SandboxState.RUNNING
     template_env: dict[str, str] = field(default_factory=dict)
-    pooled: bool = False
     # Paused to disk (docs/lifecycle.md): no process, no memory. When a sandbox ends is the store's record alone
     # (the service's reconciler ends it): the engine keeps no timeout.
     paused_to_disk: bool = False

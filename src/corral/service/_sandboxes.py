@@ -52,6 +52,7 @@ from ..control import (
     authorize,
 )
 from ..egress import EgressPolicy
+from ..engine import Adoption
 from ._metrics import SandboxMetric
 from ._outcome import RETRY_AFTER_DETAIL
 from ._secrets import SecretRequest, audit_secrets, seal_secrets
@@ -500,6 +501,15 @@ class Sandboxes:
             await asyncio.shield(self._svc.store.pause_to_disk(sandbox_id))
             raise
         return resumed
+
+    async def recoverable(self) -> dict[str, Adoption]:
+        """What a restarted engine reattaches, as the store describes it: every live record that runs, is paused
+        or was lost (its replica may be this one, back). The engine sweeps whatever else it finds."""
+        wanted = (SandboxState.RUNNING, SandboxState.PAUSED, SandboxState.LOST)
+        return {r.id: Adoption(spec=r.spec, state=SandboxState.PAUSED if r.state is SandboxState.PAUSED
+                               else SandboxState.RUNNING, paused_to_disk=r.paused_to_disk,
+                               created_at=r.created_at.timestamp())
+                for r in await self._svc.store.list_sandboxes(None) if r.state in wanted}
 
     # -- shared by the other services ----------------------------------------------------------------------
 

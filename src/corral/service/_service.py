@@ -110,7 +110,8 @@ class Service:
         if proxy is not None:
             proxy.on_event = self.egress.record_event
             await proxy.start()
-        await self.engine.start()  # it ends nothing by itself: the reconciler does, from the store's records
+        # What the store says is live, it reattaches; it ends nothing by itself (the reconciler does).
+        await self.engine.start(adopt=await self.sandboxes.recoverable())
         await self.replica.start()
         self.reconciler.start()
         self.sampler.start()
