@@ -4,9 +4,10 @@ The store holds what tenants asked for (a live record until its timeout); the en
 second the reconciler ends sandboxes whose record expired: destroyed (audited `sandbox.expire`), or paused to disk
 when created with `on_timeout="pause"` (`sandbox.auto_pause`; destroyed after all if the tenant's `max_paused` is
 reached). Every few passes it also destroys sandboxes paused to disk for longer than their tenant's
-`max_paused_seconds`, and sandboxes the engine runs that no live record claims (a create interrupted between
-engine and store, a record ended by another replica's kill switch). It replaces the engine's and the server's
-separate reapers.
+`max_paused_seconds`, sandboxes the engine runs that no live record claims (a create interrupted between
+engine and store, a record ended by another replica's kill switch), and ends the records of this replica's
+sandboxes that its engine no longer runs (a server killed between a destroy and its record; a backend that lost
+the sandbox while no server ran). It is the one reaper: the engine ends nothing by itself.
 
 With several replicas on one database (docs/replicas.md) each reconciles only the sandboxes its own backend runs
 (its records, and those made before replicas), and every pass destroys what its engine runs whose record another
@@ -24,6 +25,7 @@ import time
 from typing import TYPE_CHECKING
 
 from .._exceptions import ConflictError, CorralError, NotFoundError, QuotaExceededError, SandboxTimeoutError
+from ..backends import SandboxState
 from ..control import AuditEvent, SandboxRecord
 from ._background import cancel
 
@@ -80,6 +82,7 @@ class Reconciler:
         if orphans:
             await self.remove_forgotten()
             await self.remove_orphans()
+            await self.remove_ghosts()
 
     async def expire(self) -> list[str]:
         """End every sandbox past its timeout (destroyed, or paused to disk as it asked); returns their ids."""
@@ -198,6 +201,25 @@ class Reconciler:
                 outcome={"status": "destroyed", "reason": "no live record claims it"}))
             removed.append(info.id)
         return removed
+
+
+    async def remove_ghosts(self) -> list[str]:
+        """End the live records of this replica's running or paused sandboxes that its engine does not run."""
+        svc = self._svc
+        running = {info.id for info in svc.engine.list()}
+        ended: list[str] = []
+        for record in await svc.store.list_sandboxes(None):
+            if record.id in running or record.owner not in (None, svc.replica.id) \
+                    or record.state not in (SandboxState.RUNNING, SandboxState.PAUSED):
+                continue
+            if record.id in {info.id for info in svc.engine.list()}:  # made or adopted meanwhile
+                continue
+            await svc.store.mark_destroyed(record.id, failed=True)
+            await svc.store.audit.append(AuditEvent(
+                action="sandbox.lost", target=record.id, tenant_id=record.tenant_id,
+                outcome={"status": "failed", "reason": "its backend no longer runs it"}))
+            ended.append(record.id)
+        return ended
 
 
 def _young(created: float) -> bool:
