@@ -93,7 +93,7 @@ class Service:
         self.eval = EvalReports(engine.home)  # the evaluation runs kept in the server's home
         self.volumes = Volumes(self)  # docs/volumes.md
         self.secrets = StoredSecrets(self)  # docs/secrets.md
-        self.templates = Templates(self)
+        self.templates = Templates(engine.templates, self.snapshots, self._auditor)
         self.reconciler = Reconciler(self)
         self.sampler = MetricsSampler(engine)  # what `sandboxes.metrics` serves
 
