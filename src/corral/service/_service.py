@@ -89,7 +89,7 @@ class Service:
         self.tenants = Tenants(store, self._auditor)
         self.keys = Keys(store, self._auditor, self.tenants)
         self.audit = AuditTrail(store)
-        self.info = Info(self)
+        self.info = Info(store, engine.backend, self.replica, self.ports.domain)
         self.eval = EvalReports(engine.home)  # the evaluation runs kept in the server's home
         self.volumes = Volumes(self)  # docs/volumes.md
         self.secrets = StoredSecrets(self)  # docs/secrets.md
