@@ -91,8 +91,8 @@ class Service:
         self.audit = AuditTrail(store)
         self.info = Info(store, engine.backend, self.replica, self.ports.domain)
         self.eval = EvalReports(engine.home)  # the evaluation runs kept in the server's home
-        self.volumes = Volumes(self)  # docs/volumes.md
-        self.secrets = StoredSecrets(self)  # docs/secrets.md
+        self.volumes = Volumes(store, engine, self._auditor)  # docs/volumes.md
+        self.secrets = StoredSecrets(store, engine, self._auditor)  # docs/secrets.md
         self.templates = Templates(engine.templates, self.snapshots, self._auditor)
         self.reconciler = Reconciler(self)
         self.sampler = MetricsSampler(engine)  # what `sandboxes.metrics` serves
