@@ -5,13 +5,11 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import enum
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from .._exceptions import InvalidRequestError, NotFoundError
-from ..control import Action, ApiKey, NewApiKey, Principal, Tenant, authorize
-
-if TYPE_CHECKING:
-    from ._service import Service
+from ..control import Action, ApiKey, ControlStore, NewApiKey, Principal, Tenant, authorize
+from ._audited import Auditor
 
 __all__ = ["KEEP", "REQUIRED_RUNTIMES", "Keep", "Keys", "Tenants"]
 
@@ -38,21 +36,22 @@ def _required_runtime(value: str | None) -> str | None:
 
 
 class Tenants:
-    def __init__(self, service: Service) -> None:
-        self._svc = service
+    def __init__(self, store: ControlStore, audited: Auditor) -> None:
+        self._store = store
+        self._audited = audited
 
     async def create(self, principal: Principal, name: str, *, required_runtime: str | None = None) -> Tenant:
         params: dict[str, Any] = {"name": name}
         if required_runtime is not None:
             params["required_runtime"] = required_runtime
-        async with self._svc.audited(principal, "tenant.create", name[:256], params=params, status=201):
+        async with self._audited(principal, "tenant.create", name[:256], params=params, status=201):
             authorize(principal, Action.TENANT_CREATE)
-            return await self._svc.store.create_tenant(name, required_runtime=_required_runtime(required_runtime))
+            return await self._store.create_tenant(name, required_runtime=_required_runtime(required_runtime))
 
     async def list(self, principal: Principal) -> builtins.list[Tenant]:
-        async with self._svc.audited(principal, "tenant.list", None):
+        async with self._audited(principal, "tenant.list", None):
             authorize(principal, Action.TENANT_READ)
-            return await self._svc.store.list_tenants()
+            return await self._store.list_tenants()
 
     async def update(self, principal: Principal, name_or_id: str, *, quotas: dict[str, Any] | None = None,
                      disabled: bool | None = None, required_runtime: str | Keep | None = KEEP,
@@ -60,7 +59,7 @@ class Tenants:
         """Change some quotas (a key left out keeps its value; None removes the limit), disable it, and/or set the
         runtime all its sandboxes must run on (`KEEP`: unchanged; None: no requirement). All checked first:
         a bad value changes nothing."""
-        async with self._svc.audited(principal, "tenant.update", name_or_id[:256], params=params) as audit:
+        async with self._audited(principal, "tenant.update", name_or_id[:256], params=params) as audit:
             authorize(principal, Action.TENANT_UPDATE)
             tenant = await self.find(name_or_id)
             audit.target = tenant.id
@@ -72,52 +71,54 @@ class Tenants:
                 wanted = _required_runtime(required_runtime)
                 audit.outcome["required_runtime"] = {"old": tenant.required_runtime, "new": wanted}
             if quotas is not None:
-                tenant = await self._svc.store.set_quotas(tenant.id, dataclasses.replace(tenant.quotas, **quotas))
+                tenant = await self._store.set_quotas(tenant.id, dataclasses.replace(tenant.quotas, **quotas))
             if disabled is not None:
-                tenant = await self._svc.store.set_tenant_disabled(tenant.id, disabled)
+                tenant = await self._store.set_tenant_disabled(tenant.id, disabled)
             if not isinstance(required_runtime, Keep):
-                tenant = await self._svc.store.set_required_runtime(tenant.id, wanted)
+                tenant = await self._store.set_required_runtime(tenant.id, wanted)
             return tenant
 
     async def find(self, name_or_id: str) -> Tenant:
         """By name, else by id (no authorization: callers have checked the role)."""
         try:
-            return await self._svc.store.tenant_by_name(name_or_id)
+            return await self._store.tenant_by_name(name_or_id)
         except NotFoundError:
             pass
         try:
-            return await self._svc.store.get_tenant(name_or_id)
+            return await self._store.get_tenant(name_or_id)
         except NotFoundError:
             raise NotFoundError(f"no tenant {name_or_id!r}", details={"tenant": name_or_id}) from None
 
 
 class Keys:
-    def __init__(self, service: Service) -> None:
-        self._svc = service
+    def __init__(self, store: ControlStore, audited: Auditor, tenants: Tenants) -> None:
+        self._store = store
+        self._audited = audited
+        self._tenants = tenants
 
     async def list(self, principal: Principal, tenant: str | None = None
                    ) -> builtins.list[tuple[ApiKey, str | None]]:
         """Keys (of one tenant, or all) with their tenant's name; secrets are not stored, so cannot leak."""
-        async with self._svc.audited(principal, "key.list", None, params={"tenant": tenant}):
+        async with self._audited(principal, "key.list", None, params={"tenant": tenant}):
             authorize(principal, Action.KEY_READ)
-            found = await self._svc.tenants.find(tenant) if tenant else None
-            keys = await self._svc.store.list_keys(found.id if found else None)
-            names = {t.id: t.name for t in ([found] if found else await self._svc.store.list_tenants())}
+            found = await self._tenants.find(tenant) if tenant else None
+            keys = await self._store.list_keys(found.id if found else None)
+            names = {t.id: t.name for t in ([found] if found else await self._store.list_tenants())}
             return [(k, names.get(k.tenant_id)) for k in keys]
 
     async def create(self, principal: Principal, tenant: str, role: str, name: str = "") -> tuple[NewApiKey, Tenant]:
         params = {"tenant": tenant, "role": role, "name": name}
-        async with self._svc.audited(principal, "key.create", None, params=params, status=201) as audit:
+        async with self._audited(principal, "key.create", None, params=params, status=201) as audit:
             authorize(principal, Action.KEY_CREATE)
             try:
-                found = await self._svc.store.tenant_by_name(tenant)
+                found = await self._store.tenant_by_name(tenant)
             except NotFoundError as exc:
                 raise InvalidRequestError(exc.message, details={"tenant": tenant}) from None
-            new = await self._svc.store.create_key(found.id, role, name)
+            new = await self._store.create_key(found.id, role, name)
             audit.target = new.info.id
             return new, found
 
     async def revoke(self, principal: Principal, key_id: str) -> None:
-        async with self._svc.audited(principal, "key.revoke", key_id[:256], status=204):
+        async with self._audited(principal, "key.revoke", key_id[:256], status=204):
             authorize(principal, Action.KEY_REVOKE)
-            await self._svc.store.revoke_key(key_id)
+            await self._store.revoke_key(key_id)

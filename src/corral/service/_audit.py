@@ -9,13 +9,9 @@ from __future__ import annotations
 import builtins
 from collections.abc import AsyncIterator
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from .._exceptions import NotFoundError
-from ..control import Action, AuditEntry, ChainHead, Principal, Role, VerifyResult, authorize
-
-if TYPE_CHECKING:
-    from ._service import Service
+from ..control import Action, AuditEntry, ChainHead, ControlStore, Principal, Role, VerifyResult, authorize
 
 __all__ = ["AuditFilter", "AuditTrail"]
 
@@ -32,14 +28,14 @@ class AuditFilter:
 
 
 class AuditTrail:
-    def __init__(self, service: Service) -> None:
-        self._svc = service
+    def __init__(self, store: ControlStore) -> None:
+        self._store = store
 
     async def query(self, principal: Principal, where: AuditFilter, *, limit: int,
                     newest_first: bool = False) -> builtins.list[AuditEntry]:
         """The first `limit` matching records, oldest first; or the last `limit`, newest first."""
         tenant_id = await self._tenant(principal, where.tenant)
-        return await self._svc.store.audit.query(tenant=tenant_id, sandbox=where.sandbox, action=where.action,
+        return await self._store.audit.query(tenant=tenant_id, sandbox=where.sandbox, action=where.action,
                                                  since=where.since, until=where.until, limit=limit, key=where.key,
                                                  newest_first=newest_first)
 
@@ -52,7 +48,7 @@ class AuditTrail:
     async def _pages(self, tenant_id: str | None, where: AuditFilter) -> AsyncIterator[builtins.list[AuditEntry]]:
         after = 0
         while True:
-            page = await self._svc.store.audit.query(after=after, limit=_EXPORT_BATCH, tenant=tenant_id,
+            page = await self._store.audit.query(after=after, limit=_EXPORT_BATCH, tenant=tenant_id,
                                                      sandbox=where.sandbox, action=where.action,
                                                      since=where.since, until=where.until, key=where.key)
             if page:
@@ -67,25 +63,25 @@ class AuditTrail:
         so none is missed)."""
         tenant_id = await self._tenant(principal, where.tenant)
         if after is None:
-            after = (await self._svc.store.audit.head()).seq
-        return self._svc.store.audit.follow(after=after, tenant=tenant_id, sandbox=where.sandbox,
+            after = (await self._store.audit.head()).seq
+        return self._store.audit.follow(after=after, tenant=tenant_id, sandbox=where.sandbox,
                                             action=where.action, key=where.key)
 
     async def verify(self, principal: Principal, head: str | None = None) -> VerifyResult:
         authorize(principal, Action.AUDIT_READ, principal.tenant_id)
         expected = ChainHead.parse(head) if head else None
-        return await self._svc.store.audit.verify(expected)
+        return await self._store.audit.verify(expected)
 
     async def head(self, principal: Principal) -> ChainHead:
         authorize(principal, Action.AUDIT_READ, principal.tenant_id)
-        return await self._svc.store.audit.head()
+        return await self._store.audit.head()
 
     async def _tenant(self, principal: Principal, tenant: str | None) -> str | None:
         """The tenant id to filter on: admins see any (or all); others only their own."""
         tenant_id: str | None = None
         if tenant:
             try:
-                tenant_id = (await self._svc.store.tenant_by_name(tenant)).id
+                tenant_id = (await self._store.tenant_by_name(tenant)).id
             except NotFoundError:
                 tenant_id = tenant  # an id
         if principal.role is Role.ADMIN:

@@ -15,7 +15,7 @@ from ._requests import current_request
 if TYPE_CHECKING:
     from ._telemetry import Telemetry
 
-__all__ = ["Audited"]
+__all__ = ["Audited", "Auditor"]
 
 
 @dataclass
@@ -61,3 +61,17 @@ class Audited:
         await self.store.audit.append(AuditEvent.by(self.principal, action, self.target, params=self.params,
                                                     outcome=outcome,
                                                     request_id=request.request_id if request else None))
+
+
+@dataclass(frozen=True)
+class Auditor:
+    """What an area needs to audit its operations: `auditor(principal, action, target, ...)` opens one `Audited`
+    on the store's trail, counted by `telemetry` (None: nothing counted). Areas take this, not the `Service`."""
+
+    store: ControlStore
+    telemetry: Telemetry | None = None
+
+    def __call__(self, principal: Principal, action: Action | str, target: str | None, *,
+                 params: dict[str, Any] | None = None, status: int = 200) -> Audited:
+        return Audited(self.store, principal, action, target, params=params or {}, status=status,
+                       telemetry=self.telemetry)

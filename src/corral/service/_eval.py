@@ -17,13 +17,10 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._exceptions import InvalidRequestError, NotFoundError
 from ..control import Action, Principal, authorize
-
-if TYPE_CHECKING:
-    from ._service import Service
 
 __all__ = ["EVAL_DIR", "EvalReports", "EvalRun"]
 
@@ -41,12 +38,8 @@ class EvalRun:
 
 
 class EvalReports:
-    def __init__(self, service: Service) -> None:
-        self._svc = service
-
-    @property
-    def root(self) -> Path:
-        return self._svc.engine.home / EVAL_DIR
+    def __init__(self, home: Path) -> None:
+        self.root = home / EVAL_DIR  # the server's home
 
     async def list(self, principal: Principal) -> builtins.list[EvalRun]:
         """Every run directory with a report, newest first (by its start time, then by name)."""

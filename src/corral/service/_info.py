@@ -8,13 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from ..backends import backend_limitations, backend_runtimes, supports_root
-from ..control import Principal
-
-if TYPE_CHECKING:
-    from ._service import Service
+from ..backends import Backend, backend_limitations, backend_runtimes, supports_root
+from ..control import ControlStore, Principal
+from ._replicas import Replica
 
 __all__ = ["Caller", "Info", "ServerInfo"]
 
@@ -40,22 +37,25 @@ class Caller:
 
 
 class Info:
-    def __init__(self, service: Service) -> None:
-        self._svc = service
+    def __init__(self, store: ControlStore, backend: Backend, replica: Replica, domain: str) -> None:
+        self._store = store
+        self._backend = backend
+        self._replica = replica  # its id is known once it started
+        self._domain = domain
 
     @property
     def root(self) -> bool:
         """Whether this deployment's sandboxes may be created with root (a front end's default may follow it)."""
-        return supports_root(self._svc.engine.backend)
+        return supports_root(self._backend)
 
     async def get(self, principal: Principal) -> ServerInfo:
         """The server's backend as its engine has it; `principal` is any authenticated caller."""
-        backend = self._svc.engine.backend
+        backend = self._backend
         return ServerInfo(backend=backend.name, runtimes=tuple(rt.value for rt in backend_runtimes(backend)),
-                          limitations=backend_limitations(backend), domain=self._svc.ports.domain,
-                          root=supports_root(backend), replica=self._svc.replica.id)
+                          limitations=backend_limitations(backend), domain=self._domain,
+                          root=supports_root(backend), replica=self._replica.id)
 
     async def caller(self, principal: Principal) -> Caller:
         """The calling key itself (`GET /v1/info`'s `caller`): any authenticated caller may know who it is."""
-        tenant = await self._svc.store.get_tenant(principal.tenant_id)
+        tenant = await self._store.get_tenant(principal.tenant_id)
         return Caller(key_id=principal.key_id, tenant_id=tenant.id, tenant=tenant.name, role=principal.role.value)

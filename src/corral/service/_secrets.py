@@ -10,19 +10,18 @@ value back). Values never reach the audit trail, logs or the sandbox: the audit 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .._exceptions import InvalidRequestError, NotFoundError
 from ..backends._spec import MAX_SECRETS, SealedSecret
-from ..control import Action, Principal, StoredSecret, authorize
+from ..control import Action, ControlStore, Principal, StoredSecret, authorize
 from ..egress._keyring import SecretKeyring
 from ..egress._policy import normalize_host
 from ..egress._secrets import new_placeholder
-
-if TYPE_CHECKING:
-    from ._service import Service
+from ..engine import Engine
+from ._audited import Auditor
 
 __all__ = ["MAX_VALUE", "SecretRequest", "StoredSecrets", "audit_secrets", "check_secret_name", "seal_secrets"]
 
@@ -139,29 +138,31 @@ def audit_secrets(requests: dict[str, SecretRequest]) -> dict[str, Any]:
 class StoredSecrets:
     """A tenant's stored secrets: put (operators; the value sealed at once), list and delete, each audited."""
 
-    def __init__(self, service: Service) -> None:
-        self._svc = service
+    def __init__(self, store: ControlStore, engine: Engine, audited: Auditor) -> None:
+        self._store = store
+        self._engine = engine
+        self._audited = audited
 
     async def put(self, principal: Principal, name: str, request: SecretRequest) -> StoredSecret:
         params = {"name": name[:80], "hosts": request.hosts, "body": request.body}
-        async with self._svc.audited(principal, "secret.put", name[:80], params=params):
+        async with self._audited(principal, "secret.put", name[:80], params=params):
             authorize(principal, Action.SECRET_WRITE, principal.tenant_id)
             check_secret_name(name)
             if request.value is None or request.stored is not None:
                 raise InvalidRequestError("a stored secret needs its value and hosts")
-            self._svc.engine.check_secrets_supported()
-            return await self._svc.store.put_secret(principal.tenant_id, name, list(request.hosts or ()),
-                                                    request.body, self._svc.engine.keyring.seal(request.value))
+            self._engine.check_secrets_supported()
+            return await self._store.put_secret(principal.tenant_id, name, list(request.hosts or ()),
+                                                    request.body, self._engine.keyring.seal(request.value))
 
     async def list(self, principal: Principal) -> list[StoredSecret]:
-        async with self._svc.audited(principal, "secret.list", None):
+        async with self._audited(principal, "secret.list", None):
             authorize(principal, Action.SECRET_READ, principal.tenant_id)
-            return await self._svc.store.list_secrets(principal.tenant_id)
+            return await self._store.list_secrets(principal.tenant_id)
 
     async def delete(self, principal: Principal, name: str) -> None:
-        async with self._svc.audited(principal, "secret.delete", name[:80], status=204):
+        async with self._audited(principal, "secret.delete", name[:80], status=204):
             authorize(principal, Action.SECRET_WRITE, principal.tenant_id)
-            await self._svc.store.delete_secret(principal.tenant_id, name)
+            await self._store.delete_secret(principal.tenant_id, name)
 
     async def for_sandbox(self, principal: Principal, requests: dict[str, SecretRequest]) -> dict[str, StoredSecret]:
         """The stored secrets a new sandbox asks for, by stored name, with their sealed values."""
@@ -169,6 +170,6 @@ class StoredSecrets:
         if names:
             authorize(principal, Action.SECRET_READ, principal.tenant_id)
         try:
-            return {n: await self._svc.store.get_secret(principal.tenant_id, n) for n in names}
+            return {n: await self._store.get_secret(principal.tenant_id, n) for n in names}
         except NotFoundError as exc:  # a name in the request, as an unknown template is
             raise InvalidRequestError(exc.message, details=exc.details) from None

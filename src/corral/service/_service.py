@@ -27,7 +27,7 @@ from ..engine import Engine
 from ._access import SandboxAccess
 from ._accounts import Keys, Tenants
 from ._audit import AuditTrail
-from ._audited import Audited
+from ._audited import Audited, Auditor
 from ._code import Code
 from ._commands import Commands
 from ._egress import TenantEgressSettings
@@ -73,6 +73,7 @@ class Service:
         # Prometheus metrics (docs/operations.md); None: nothing is counted (`corral serve --no-metrics`).
         self.telemetry = Telemetry(self) if metrics else None
         self._on_startup = on_startup
+        self._auditor = Auditor(store, self.telemetry)
         self.replica = Replica(self, replica or ReplicaConfig())  # this server among others (docs/replicas.md)
         self.sandboxes = Sandboxes(self)
         self.access = SandboxAccess(self)  # tokens for clients that reach a sandbox without the key
@@ -85,14 +86,14 @@ class Service:
         self.code = Code(self)
         self.egress = TenantEgressSettings(self)
         engine.remote_denials = self.egress.denials  # a proxy of another process records them
-        self.tenants = Tenants(self)
-        self.keys = Keys(self)
-        self.audit = AuditTrail(self)
-        self.info = Info(self)
-        self.eval = EvalReports(self)  # the evaluation runs kept in the server's home
-        self.volumes = Volumes(self)  # docs/volumes.md
-        self.secrets = StoredSecrets(self)  # docs/secrets.md
-        self.templates = Templates(self)
+        self.tenants = Tenants(store, self._auditor)
+        self.keys = Keys(store, self._auditor, self.tenants)
+        self.audit = AuditTrail(store)
+        self.info = Info(store, engine.backend, self.replica, self.ports.domain)
+        self.eval = EvalReports(engine.home)  # the evaluation runs kept in the server's home
+        self.volumes = Volumes(store, engine, self._auditor)  # docs/volumes.md
+        self.secrets = StoredSecrets(store, engine, self._auditor)  # docs/secrets.md
+        self.templates = Templates(engine.templates, self.snapshots, self._auditor)
         self.reconciler = Reconciler(self)
         self.sampler = MetricsSampler(engine)  # what `sandboxes.metrics` serves
 
@@ -184,8 +185,7 @@ class Service:
 
     def audited(self, principal: Principal, action: Action | str, target: str | None, *,
                 params: dict[str, Any] | None = None, status: int = 200) -> Audited:
-        return Audited(self.store, principal, action, target, params=params or {}, status=status,
-                       telemetry=self.telemetry)
+        return self._auditor(principal, action, target, params=params, status=status)
 
     async def visible_tenant(self, principal: Principal, name_or_id: str, action: Action) -> Tenant:
         """The tenant named (by name or id) if `principal` may do `action` on it. The role is checked first; then,

@@ -2,31 +2,30 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .._exceptions import NotFoundError
 from ..control import Action, Principal, authorize
-from ._snapshots import SNAPSHOT_ID
-
-if TYPE_CHECKING:
-    from ._service import Service
+from ..templates import TemplateStore
+from ._audited import Auditor
+from ._snapshots import SNAPSHOT_ID, Snapshots
 
 __all__ = ["Templates"]
 
 
 class Templates:
-    def __init__(self, service: Service) -> None:
-        self._svc = service
+    def __init__(self, templates: TemplateStore, snapshots: Snapshots, audited: Auditor) -> None:
+        self._templates = templates
+        self._snapshots = snapshots
+        self._audited = audited
 
     async def exists(self, principal: Principal, name: str) -> bool:
         """Whether `name` is a template of this deployment, or a snapshot of the caller's tenant."""
-        async with self._svc.audited(principal, "template.get", name[:256]) as audit:
+        async with self._audited(principal, "template.get", name[:256]) as audit:
             authorize(principal, Action.SANDBOX_READ, principal.tenant_id)
             try:
                 if SNAPSHOT_ID.fullmatch(name):
-                    await self._svc.snapshots.authorized(principal, name, Action.SANDBOX_READ)
+                    await self._snapshots.authorized(principal, name, Action.SANDBOX_READ)
                 else:
-                    self._svc.engine.templates.get(name)
+                    self._templates.get(name)
                 found = True
             except NotFoundError:
                 found = False
