@@ -12,6 +12,9 @@ Figures:
   rounds, byte-for-byte checked; uploads over an existing file; the server's RSS growth (VmRSS before each
   transfer, and its peak sampled during it); and the ratio to a host-only baseline of the same run (`cp` of the
   same file into the sandbox's directory on the host, a write + fsync, and reading it back into bytes)
+- 100 MiB uploads in every input form `files.write` takes (bytes, bytearray, memoryview, str, an open file, a
+  BytesIO, a generator of 1 MiB chunks), sync and async SDK, rounds interleaved form by form: p50/p95 MB/s of
+  each and its ratio to the open-file form of the same run (the form that was always streamed in chunks)
 - N concurrent clients (threads, sync SDK), each driving its own sandbox through an S-step agent-like loop:
   errors, throughput (steps/s) and p95 per step
 """
@@ -19,6 +22,7 @@ Figures:
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import shutil
@@ -32,7 +36,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from corral import Admin, Sandbox
+from corral import Admin, AsyncSandbox, Sandbox
 from corral.agent import protocol
 from corral.backends import UnixEndpoint
 from corral.backends.local import LocalBackend
@@ -346,6 +350,59 @@ def _transfers(sb: Sandbox, server: ServerProcess, work: Path, size_mib: int, ro
     }
 
 
+def _forms(data: bytes, src: Path) -> dict[str, Callable[[], Any]]:
+    def chunks() -> Iterator[bytes]:
+        for i in range(0, len(data), MIB):
+            yield data[i:i + MIB]
+
+    text = data.decode("latin-1")
+    return {"open_file": partial(open, src, "rb"), "bytes": lambda: data, "bytearray": partial(bytearray, data),
+            "memoryview": partial(memoryview, data), "str": lambda: text, "bytes_io": partial(io.BytesIO, data),
+            "generator": chunks}
+
+
+def _close(body: Any) -> None:
+    if isinstance(body, io.IOBase):
+        body.close()
+
+
+def _upload_forms(sb: Sandbox, key: str, url: str, work: Path, size_mib: int, rounds: int,
+                  progress: Progress) -> dict[str, Any]:
+    """Every input form, sync then async, one round of all of them at a time (the machine's noise hits them
+    alike); sizes checked. str is ASCII-only text of the same size (its UTF-8 is as long)."""
+    data = bytes(b % 128 for b in os.urandom(size_mib * MIB))
+    src = work / "forms.bin"
+    src.write_bytes(data)
+    forms = _forms(data, src)
+    secs: dict[str, list[float]] = {f"{mode}_{name}": [] for mode in ("sync", "async") for name in forms}
+    loop = asyncio.new_event_loop()
+    try:
+        asb = loop.run_until_complete(AsyncSandbox.connect(sb.id, api_key=key, base_url=url))
+        for r in range(rounds):
+            for name, make in forms.items():
+                body = make()
+                t = time.perf_counter()
+                size = sb.files.write("/workspace/form.bin", body).size
+                secs[f"sync_{name}"].append(time.perf_counter() - t)
+                _close(body)
+                body = make()
+                t = time.perf_counter()
+                size2 = loop.run_until_complete(asb.files.write("/workspace/form.bin", body)).size
+                secs[f"async_{name}"].append(time.perf_counter() - t)
+                _close(body)
+                if size != len(data) or size2 != len(data):
+                    raise RuntimeError(f"{name}: wrote {size}/{size2} bytes, not {len(data)}")
+            progress("100 MiB uploads, every input form", r + 1, rounds)
+        loop.run_until_complete(asb.close())
+    finally:
+        loop.close()
+        src.unlink(missing_ok=True)
+    out: dict[str, Any] = {k: _mb_s(len(data), v) for k, v in secs.items()}
+    out["ratio_p50_to_open_file"] = {
+        k: round(out[k]["p50_mb_s"] / out[f"{k.split('_', 1)[0]}_open_file"]["p50_mb_s"], 2) for k in secs}
+    return out
+
+
 def _concurrent(server: ServerProcess, key: str, template: str, clients: int, steps: int,
                 progress: Progress) -> dict[str, Any]:
     barrier = threading.Barrier(clients + 1)
@@ -473,6 +530,7 @@ def _api_figures(server: ServerProcess, key: str, template: str, home: Path, n: 
     sb = Sandbox.create(template=template, timeout=600, api_key=key, base_url=server.url, limits={"disk": "2G"})
     try:
         api["transfers"] = _transfers(sb, server, home, size_mib, rounds, progress)
+        api["upload_forms"] = _upload_forms(sb, key, server.url, home, size_mib, rounds, progress)
     finally:
         sb.kill()
     api["concurrent"] = _concurrent(server, key, template, clients, steps, progress)

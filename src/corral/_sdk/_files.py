@@ -10,19 +10,20 @@ import builtins
 import inspect
 import io
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from typing import IO, Any
 
 from .._exceptions import InvalidRequestError
 from ._models import Entry
-from ._transport import AsyncClient, SyncClient, json_dict, sandbox_path
+from ._transport import UPLOAD_CHUNK, AsyncBufferBody, AsyncClient, BufferBody, SyncClient, json_dict, sandbox_path
 
-__all__ = ["AsyncFiles", "Files", "PathLike", "WriteData"]
-
-_UPLOAD_CHUNK = 256 * 1024
+__all__ = ["AsyncFiles", "AsyncWriteData", "Files", "PathLike", "WriteData"]
 
 PathLike = str | os.PathLike[str]
-WriteData = bytes | bytearray | memoryview | str | IO[bytes]
+# What an upload takes. A bytes-like object is sent in place (not copied): leave it as it is until the write
+# returns. A file object or an iterable is streamed in chunks, as it yields them.
+WriteData = bytes | bytearray | memoryview | str | IO[bytes] | Iterable[bytes]
+AsyncWriteData = WriteData | AsyncIterable[bytes]
 
 
 _OCTET_HEADERS = {"Content-Type": "application/octet-stream"}
@@ -55,39 +56,102 @@ def _rename_body(src: PathLike, dst: PathLike, overwrite: bool, user: str | None
     return {"src": _fspath(src), "dst": _fspath(dst), "overwrite": overwrite, **_as(user)}
 
 
-def _upload_kind(data: WriteData) -> bytes | IO[bytes]:
-    """The bytes to send, or the binary file object to stream from."""
+def _buffer(data: object) -> BufferBody | None:
+    """The body for bytes-like data or a str (as UTF-8), sent in place; None for a stream of chunks."""
     if isinstance(data, str):
-        return data.encode("utf-8")
+        return BufferBody(data.encode("utf-8"))
     if isinstance(data, bytes | bytearray | memoryview):
-        return bytes(data)
+        return BufferBody(data)
+    return None
+
+
+def _headers(body: BufferBody | None) -> dict[str, str]:
+    return _OCTET_HEADERS if body is None else {**_OCTET_HEADERS, "Content-Length": str(len(body))}
+
+
+def _pieces(chunk: object) -> Iterator[bytes | memoryview]:
+    """One chunk of a file object or an iterator, checked, in pieces of at most `UPLOAD_CHUNK` (see `BufferBody`).
+    A bytearray or memoryview is copied: its owner may reuse or resize it once the next chunk is asked for."""
+    if not isinstance(chunk, bytes | bytearray | memoryview):
+        raise TypeError(f"files.write: a chunk of the data is {type(chunk).__name__}, not bytes "
+                        "(open a file in binary mode)")
+    data = chunk if isinstance(chunk, bytes) else bytes(chunk)
+    if len(data) <= UPLOAD_CHUNK:
+        if data:
+            yield data
+        return
+    view = memoryview(data)  # of bytes: immutable, so its slices need no copy
+    for start in range(0, len(data), UPLOAD_CHUNK):
+        yield view[start:start + UPLOAD_CHUNK]
+
+
+def _refuse(data: object) -> None:
     if isinstance(data, io.TextIOBase):
         raise TypeError("files.write needs a binary file object (open it with 'rb'), not a text file")
-    if callable(getattr(data, "read", None)):
-        return data
-    raise TypeError(f"files.write takes bytes, str or a binary file object, not {type(data).__name__}")
 
 
-def _check_chunk(chunk: Any) -> bytes:
-    if not isinstance(chunk, bytes | bytearray | memoryview):
-        raise TypeError(f"files.write: the file object returned {type(chunk).__name__}; open it in binary mode")
-    return bytes(chunk)
+def _chunks(data: Any) -> Iterator[bytes | memoryview]:
+    """The chunks of a binary file object or an iterable of bytes (sync; `_check_source` passed it)."""
+    read = getattr(data, "read", None)
+    if callable(read):
+        while True:
+            chunk = read(UPLOAD_CHUNK)
+            if isinstance(chunk, bytes | bytearray | memoryview) and not chunk:
+                return
+            yield from _pieces(chunk)
+    else:
+        for chunk in data:
+            yield from _pieces(chunk)
 
 
-def _iter_file(f: IO[bytes]) -> Iterator[bytes]:
-    while chunk := _check_chunk(f.read(_UPLOAD_CHUNK)):
-        yield chunk
+async def _achunks(data: Any) -> AsyncIterator[bytes | memoryview]:
+    """The chunks of a file object (its `read` may be a coroutine: aiofiles, anyio) or of an iterable of bytes,
+    sync or async (`_check_source` passed it)."""
+    read = getattr(data, "read", None)
+    if callable(read):
+        while True:
+            chunk = read(UPLOAD_CHUNK)
+            if inspect.isawaitable(chunk):
+                chunk = await chunk
+            if isinstance(chunk, bytes | bytearray | memoryview) and not chunk:
+                return
+            for piece in _pieces(chunk):
+                yield piece
+    elif isinstance(data, AsyncIterable):
+        async for chunk in data:
+            for piece in _pieces(chunk):
+                yield piece
+    else:
+        for piece in _chunks(data):
+            yield piece
 
 
-async def _aiter_file(f: Any) -> AsyncIterator[bytes]:
-    while True:
-        chunk = f.read(_UPLOAD_CHUNK)
-        if inspect.isawaitable(chunk):  # an async file object (aiofiles, anyio)
-            chunk = await chunk
-        data = _check_chunk(chunk)
-        if not data:
-            return
-        yield data
+def _check_source(data: object, *, async_ok: bool) -> None:
+    """Refuse what cannot be uploaded before a request starts (a generator's bad chunk shows only as it comes)."""
+    _refuse(data)
+    if callable(getattr(data, "read", None)) or (isinstance(data, Iterable) and not isinstance(data, dict)):
+        return
+    if async_ok and isinstance(data, AsyncIterable):
+        return
+    kinds = "an iterable of bytes, sync or async" if async_ok else "an iterable of bytes"
+    raise TypeError(f"files.write takes bytes, str, a binary file object or {kinds}, not {type(data).__name__}")
+
+
+def _upload(data: WriteData) -> tuple[Any, dict[str, str]]:
+    """The request body and headers of a sync upload: a buffer in slices (with its length) or a chunk stream."""
+    body = _buffer(data)
+    if body is not None:
+        return body, _headers(body)
+    _check_source(data, async_ok=False)
+    return _chunks(data), _OCTET_HEADERS
+
+
+def _aupload(data: AsyncWriteData) -> tuple[Any, dict[str, str]]:
+    body = _buffer(data)
+    if body is not None:
+        return AsyncBufferBody(body), _headers(body)
+    _check_source(data, async_ok=True)
+    return _achunks(data), _OCTET_HEADERS
 
 
 class Files:
@@ -102,11 +166,9 @@ class Files:
 
     def write(self, path: PathLike, data: WriteData, *, mode: int | None = None,
               user: str | None = None) -> Entry:
-        """Write `data` (bytes, str as UTF-8, or a binary file object, streamed in chunks) to `path`."""
-        payload = _upload_kind(data)
-        content = payload if isinstance(payload, bytes) else _iter_file(payload)
+        """Write `data` (bytes, str as UTF-8, a binary file object or an iterable of bytes, streamed) to `path`."""
+        content, headers = _upload(data)
         params = _at(path, user) | ({} if mode is None else {"mode": str(mode)})
-        headers = {"Content-Type": "application/octet-stream"}
         reply = json_dict(
             self._client.request("PUT", self._path(), params=params, content=content, headers=headers), "a write"
         )
@@ -161,14 +223,13 @@ class Files:
         return self._download(sandbox_path(self._sandbox_id, "/archive"), path, dest, user)
 
     def write_archive(self, path: PathLike, data: WriteData, *, user: str | None = None) -> int:
-        """Extract a tar archive (bytes or a binary file object, streamed) into the directory `path`.
+        """Extract a tar archive (bytes, a binary file object or an iterable of bytes, streamed) into `path`.
 
         The archive is checked whole first: entries escaping `path` (`..`, absolute names, links out) refuse the
         lot and nothing is extracted. Returns the number of entries extracted."""
-        payload = _upload_kind(data)
-        content = payload if isinstance(payload, bytes) else _iter_file(payload)
+        content, headers = _upload(data)
         url = sandbox_path(self._sandbox_id, "/archive")
-        reply = self._client.request("PUT", url, params=_at(path, user), content=content, headers=_OCTET_HEADERS)
+        reply = self._client.request("PUT", url, params=_at(path, user), content=content, headers=headers)
         return int(json_dict(reply, "an archive upload").get("entries") or 0)
 
     def _download(self, url: str, path: PathLike, dest: IO[bytes], user: str | None = None) -> int:
@@ -190,13 +251,12 @@ class AsyncFiles:
     def _path(self, suffix: str = "") -> str:
         return sandbox_path(self._sandbox_id, "/files" + suffix)
 
-    async def write(self, path: PathLike, data: WriteData, *, mode: int | None = None,
+    async def write(self, path: PathLike, data: AsyncWriteData, *, mode: int | None = None,
                     user: str | None = None) -> Entry:
-        """Write `data` (bytes, str as UTF-8, or a binary file object, sync or async, streamed) to `path`."""
-        payload = _upload_kind(data)
-        content = payload if isinstance(payload, bytes) else _aiter_file(payload)
+        """Write `data` (bytes, str as UTF-8, a binary file object or an iterable of bytes, sync or async,
+        streamed) to `path`."""
+        content, headers = _aupload(data)
         params = _at(path, user) | ({} if mode is None else {"mode": str(mode)})
-        headers = {"Content-Type": "application/octet-stream"}
         reply = await self._client.request("PUT", self._path(), params=params, content=content, headers=headers)
         return Entry.from_wire({"type": "file", **json_dict(reply, "a write")})
 
@@ -239,11 +299,10 @@ class AsyncFiles:
     async def read_archive(self, path: PathLike, dest: Any, *, user: str | None = None) -> int:
         return await self._download(sandbox_path(self._sandbox_id, "/archive"), path, dest, user)
 
-    async def write_archive(self, path: PathLike, data: WriteData, *, user: str | None = None) -> int:
-        payload = _upload_kind(data)
-        content = payload if isinstance(payload, bytes) else _aiter_file(payload)
+    async def write_archive(self, path: PathLike, data: AsyncWriteData, *, user: str | None = None) -> int:
+        content, headers = _aupload(data)
         url = sandbox_path(self._sandbox_id, "/archive")
-        reply = await self._client.request("PUT", url, params=_at(path, user), content=content, headers=_OCTET_HEADERS)
+        reply = await self._client.request("PUT", url, params=_at(path, user), content=content, headers=headers)
         return int(json_dict(reply, "an archive upload").get("entries") or 0)
 
     async def _download(self, url: str, path: PathLike, dest: Any, user: str | None = None) -> int:

@@ -9,6 +9,11 @@ Each command's module is imported only when that command runs (or shows its own 
 line `corral --help` shows for it. So a client command loads the SDK alone, and a command that needs an extra
 which is not installed (`serve`, `eval run --local`: `corral[server]`) fails with one line that says what to
 install.
+
+Help is plain text: no command's help is read as Rich markup (`_HELP_MARKUP`), so a bracket in it
+(`TEMPLATE[/root]=SIZE`) is shown as written instead of failing as a closing tag. typer hands the mode of the
+`Typer` a tree is built from to every group and command below it, and every command is built from one of two
+(`app`, `_Command.load`'s host), so these two carry it.
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ from .. import __version__
 from .._exceptions import CorralError
 from .._logging import LOG_FORMATS, log_as_json
 from ._common import error_line
+
+# None: help text is printed as written (click's formatter), never parsed as Rich markup or Markdown.
+_HELP_MARKUP = None
 
 # The import names of what each extra installs (pyproject.toml's optional-dependencies, and what they bring;
 # tests/test_client_standalone.py checks the two agree): a command that fails to import one names the extra.
@@ -62,7 +70,8 @@ class _Command:
 
     def load(self, name: str) -> Any:  # a click Command (whose class moved between typer versions)
         obj = getattr(importlib.import_module(f"{__package__}.{self.module}"), self.attr)
-        host = typer.Typer(add_completion=False)  # built as the root would have built it with add_typer/command
+        # built as the root would have built it with add_typer/command (and so with the root's markup mode)
+        host = typer.Typer(add_completion=False, rich_markup_mode=_HELP_MARKUP)
         if isinstance(obj, typer.Typer):
             host.add_typer(obj, name=name)
         else:
@@ -148,7 +157,8 @@ class _ErrorBoundary(TyperGroup):
 
 
 app = typer.Typer(name="corral", help="Corral: isolated sandboxes for AI agents, on your own machines.",
-                  cls=_ErrorBoundary, no_args_is_help=True, pretty_exceptions_enable=False)
+                  cls=_ErrorBoundary, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode=_HELP_MARKUP)
 
 
 @app.callback()
