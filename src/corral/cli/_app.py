@@ -19,6 +19,7 @@ Help is plain text: no command's help is read as Rich markup (`_HELP_MARKUP`), s
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,7 +183,8 @@ def serve(
     domain: str = typer.Option("localhost", help="Sandboxes' ports are served on this port at "
                                "<port>-<sandbox id>.<domain> (a wildcard DNS name to this server). See docs/ports.md."),
     e2b_alias: list[str] = typer.Option([], "--e2b-alias", help="NAME=TEMPLATE: the template an E2B templateID "
-                                        "means (repeatable; default base=default, code-interpreter-v1=default). "
+                                        "means (repeatable; default base=default, code-interpreter-v1=polyglot "
+                                        "where that template is built, else default). "
                                         "See docs/e2b.md."),
     e2b_root: bool = typer.Option(True, "--e2b-root/--no-e2b-root", help="Sandboxes made through E2B's API have "
                                   "root (user=\"root\", sudo), as E2B's do, where the backend allows it. See "
@@ -217,11 +219,12 @@ def serve(
     """Run the API server (state, templates and sandboxes in $CORRAL_HOME, default /var/lib/corral)."""
     from .. import _settings as settings
     from ..backends import BACKEND_NAMES
-    from ..e2b import DEFAULT_ALIASES, E2BConfig, parse_alias
+    from ..e2b import E2BConfig, interpreter_alias, parse_alias
     from ..engine import Capacity, parse_pools
     from ..server import MetricsPort
     from ..server import serve as run_server
-    from ..service import ReplicaConfig  # FastAPI and uvicorn load only for this command
+    from ..service import ReplicaConfig
+    from ..templates import TemplateStore  # FastAPI and uvicorn load only for this command
 
     if backend not in BACKEND_NAMES:
         raise typer.BadParameter(f"choose one of {', '.join(BACKEND_NAMES)}", param_hint="--backend")
@@ -231,9 +234,12 @@ def serve(
         raise typer.BadParameter("--metrics-port serves the metrics that --no-metrics turns off",
                                  param_hint="--metrics-port")
     try:
-        aliases = {**DEFAULT_ALIASES, **dict(parse_alias(text) for text in e2b_alias)}
+        given = dict(parse_alias(text) for text in e2b_alias)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--e2b-alias") from None
+    aliases, which = interpreter_alias(given, TemplateStore(settings.corral_home()).exists)
+    # Said before the server starts, in the form its other startup notices take (one JSON object a line for json).
+    typer.echo(which if log_format == "text" else json.dumps({"level": "info", "message": which}))
     capacity = Capacity(max_sandboxes=max_sandboxes, memory_overcommit=memory_overcommit)
     try:
         pools = parse_pools(pool or [settings.warm_pools() or ""])

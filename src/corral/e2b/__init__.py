@@ -10,8 +10,9 @@ the root of Corral's own port, as thin adapters over Corral's service layer: ten
 egress policy and the audit trail are exactly those of /v1.
 """
 
-from ._config import DEFAULT_ALIASES, ENVD_VERSION, E2BConfig, parse_alias
+from ._config import DEFAULT_ALIASES, ENVD_VERSION, E2BConfig, interpreter_alias, parse_alias
 from ._files import signed_url_signer
 from ._routing import E2BMiddleware
 
-__all__ = ["DEFAULT_ALIASES", "ENVD_VERSION", "E2BConfig", "E2BMiddleware", "parse_alias", "signed_url_signer"]
+__all__ = ["DEFAULT_ALIASES", "ENVD_VERSION", "E2BConfig", "E2BMiddleware", "interpreter_alias", "parse_alias",
+           "signed_url_signer"]
