@@ -237,12 +237,12 @@ def fake_record(record: BackendRecord) -> FakeRecord:
 
 @dataclass
 class FakeTemplates:
-    """Every name is a template, except those in `missing`."""
+    """Every name is a template, except those in `missing` and those that say so (`no-such-...`)."""
 
     missing: set[str] = field(default_factory=set)
 
     def get(self, name: str) -> Template:
-        if name in self.missing:
+        if name in self.missing or name.startswith("no-such-"):
             raise NotFoundError(f"no template {name!r}")
         return Template(name=name, digest="fake", rootfs=Path("/nonexistent"), env={"FROM_TEMPLATE": "1"},
                         created_at=datetime.now(UTC), size_bytes=0, source="debootstrap", spec={})
