@@ -7,6 +7,7 @@ import contextlib
 import os
 import shutil
 import subprocess
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
@@ -102,6 +103,45 @@ async def started_engine(home: Path, **kwargs: object) -> AsyncIterator[Engine]:
 async def engine(test_home: Path) -> AsyncIterator[Engine]:
     async with started_engine(test_home) as eng:
         yield eng
+
+
+@contextlib.asynccontextmanager
+async def fake_started_engine(**kwargs: object) -> AsyncIterator[Engine]:
+    """A started engine over `FakeBackend` (its agent: tests/fake_agent.py) in a fresh temp directory, closed
+    with every sandbox destroyed and the directory removed: no runc, no template, no host process."""
+    from .fakes import FakeBackend, FakeTemplates
+
+    home = Path(tempfile.mkdtemp(prefix="corral-fake-"))  # short: agent sockets live here (108-byte limit)
+    try:
+        eng = Engine(home, backend=FakeBackend(home), templates=FakeTemplates(), **kwargs)  # type: ignore[arg-type]
+        await eng.start()
+        try:
+            yield eng
+        finally:
+            await eng.close(destroy_all=True)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture
+async def fake_engine() -> AsyncIterator[Engine]:
+    async with fake_started_engine() as eng:
+        yield eng
+
+
+@pytest.fixture
+def front_engine(request: pytest.FixtureRequest) -> Engine:
+    """The engine a front-end test runs on: a real one (runc) for a test marked `runc`, else the fake (the fast
+    tier). Front-end files use this, so moving a test between tiers is its marker alone (or `on_both_engines`)."""
+    real = getattr(request, "param", None) == "real" or request.node.get_closest_marker("runc") is not None
+    engine: Engine = request.getfixturevalue("engine" if real else "fake_engine")
+    return engine
+
+
+# A front-end test whose behaviour includes the agent's (bytes, streams, limits, paths): it runs on the fake in the
+# fast tier and on a real sandbox in the runc tier, so nothing tested on real sandboxes before leaves them.
+on_both_engines = pytest.mark.parametrize(
+    "front_engine", ["fake", pytest.param("real", marks=pytest.mark.runc)], indirect=True)
 
 
 @pytest.fixture

@@ -1,8 +1,9 @@
 """Fakes for unit tests of the layers above the backends (no runtime, no built template needed).
 
 `FakeBackend` implements the backend contract in memory: each "sandbox" is a name in a `World` (which outlives
-an engine, like real sandboxes do), and its agent is a tiny asyncio Unix server speaking
-`corral/agent/protocol.py`, enough for `ping`. `FakeTemplates` serves every name as a template.
+an engine, like real sandboxes do), and its agent is `tests/fake_agent.py`'s `FakeAgent` on an asyncio Unix
+server, speaking `corral/agent/protocol.py` (exec, processes, files, archives) over a temp directory.
+`FakeTemplates` serves every name as a template.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import shutil
 import socket
 import threading
 import time
@@ -20,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from corral import NotFoundError, ServerError
-from corral.agent import protocol
 from corral.backends import (
     AgentAddress,
     BackendCapacity,
@@ -31,6 +32,8 @@ from corral.backends import (
     UnixEndpoint,
 )
 from corral.templates import Template
+
+from .fake_agent import FakeAgent
 
 __all__ = ["FakeBackend", "FakeRecord", "FakeTemplates", "World", "fake_record", "idle_usage"]
 
@@ -53,43 +56,11 @@ class World:
     dir: Path
     running: set[str] = field(default_factory=set)
     agents: dict[str, asyncio.Server] = field(default_factory=dict)
+    fake_agents: dict[str, FakeAgent] = field(default_factory=dict)  # each keeps its files in <dir>/<id>.fs
     stopped: set[str] = field(default_factory=set)  # paused to disk
     snapshots: dict[str, str] = field(default_factory=dict)  # snapshot id -> the sandbox it was taken of
     volumes: dict[str, int] = field(default_factory=dict)  # volume id -> size
     usage: dict[str, SandboxUsage] = field(default_factory=dict)  # what `usage` reports of a running sandbox
-
-
-async def _read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
-    kind, length = protocol.parse_header(await reader.readexactly(protocol.HEADER.size))
-    return kind, await reader.readexactly(length)
-
-
-async def _agent(token: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """One request per connection, as the real agent: check the token, answer `ping`; an empty /tmp for the
-    archive calls a pause to disk makes (`tar_get` sends no entry, `tar_put` takes and drops the bytes)."""
-    try:
-        kind, payload = await _read_frame(reader)
-        request = protocol.decode_json(payload)
-        if kind != protocol.REQUEST or request.get("token") != token:
-            reply = protocol.encode_json(protocol.ERROR, {"code": "unauthenticated", "details": {},
-                                                          "message": "the agent token is missing or wrong"})
-        elif request.get("op") == "ping":
-            reply = protocol.encode_json(protocol.EVENT, {"event": "pong", "version": protocol.VERSION})
-        elif request.get("op") == "tar_get":
-            reply = (protocol.encode_json(protocol.EVENT, {"event": "archive"}) + protocol.encode(protocol.DATA_END)
-                     + protocol.encode_json(protocol.EVENT, {"event": "done"}))
-        elif request.get("op") == "tar_put":
-            writer.write(protocol.encode_json(protocol.EVENT, {"event": "ready"}))
-            while (await _read_frame(reader))[0] != protocol.DATA_END:
-                pass
-            reply = protocol.encode_json(protocol.EVENT, {"event": "done", "entries": 0})
-        else:
-            reply = protocol.encode_json(protocol.ERROR, {"code": "invalid_request", "details": {},
-                                                          "message": f"the fake agent has no {request.get('op')}"})
-        writer.write(reply)
-        await writer.drain()
-    finally:
-        writer.close()
 
 
 class FakeBackend:
@@ -167,8 +138,10 @@ class FakeBackend:
     async def _serve(self, record: FakeRecord, delay: float) -> None:
         await asyncio.sleep(delay)
         if record.sandbox_id in self.world.running:
-            self.world.agents[record.sandbox_id] = await asyncio.start_unix_server(
-                lambda r, w: _agent(record.token, r, w), path=record.socket)
+            agent = FakeAgent(self.world.dir / f"{record.sandbox_id}.fs", record.token)
+            self.world.fake_agents[record.sandbox_id] = agent
+            self.world.agents[record.sandbox_id] = await asyncio.start_unix_server(agent.handle,
+                                                                                   path=record.socket)
 
     def agent_address(self, record: BackendRecord) -> AgentAddress:
         rec = fake_record(record)
@@ -195,12 +168,17 @@ class FakeBackend:
             raise ServerError("the fake runtime cannot destroy it now")
         await self.world_remove(record.sandbox_id)
         self.world.stopped.discard(record.sandbox_id)
+        shutil.rmtree(self.world.dir / f"{record.sandbox_id}.fs", ignore_errors=True)
 
     async def world_remove(self, sandbox_id: str) -> None:
         self.world.running.discard(sandbox_id)
         server = self.world.agents.pop(sandbox_id, None)
         if server is not None:
             server.close()
+        agent = self.world.fake_agents.pop(sandbox_id, None)
+        if agent is not None:
+            await agent.close()
+        if server is not None:
             await server.wait_closed()
         (self.world.dir / f"{sandbox_id}.sock").unlink(missing_ok=True)
 
@@ -259,12 +237,12 @@ def fake_record(record: BackendRecord) -> FakeRecord:
 
 @dataclass
 class FakeTemplates:
-    """Every name is a template, except those in `missing`."""
+    """Every name is a template, except those in `missing` and those that say so (`no-such-...`)."""
 
     missing: set[str] = field(default_factory=set)
 
     def get(self, name: str) -> Template:
-        if name in self.missing:
+        if name in self.missing or name.startswith("no-such-"):
             raise NotFoundError(f"no template {name!r}")
         return Template(name=name, digest="fake", rootfs=Path("/nonexistent"), env={"FROM_TEMPLATE": "1"},
                         created_at=datetime.now(UTC), size_bytes=0, source="debootstrap", spec={})

@@ -1,4 +1,7 @@
-"""The HTTP API in-process (httpx.ASGITransport) over a real engine and a ControlStore on a temp SQLite DB.
+"""The HTTP API in-process (httpx.ASGITransport) over an engine and a ControlStore on a temp SQLite DB.
+
+The engine is the fake (tests/fake_agent.py, the fast tier) unless a test is marked `runc` (`front_engine`):
+wire shapes, auth, roles, audit and errors are the front end's own; the runc-marked ones need a real sandbox.
 
 Streaming is checked over a real socket (ASGITransport buffers whole responses): uvicorn serves the same app in
 the test's event loop.
@@ -31,9 +34,9 @@ from corral.engine import Engine
 from corral.server import create_app
 from corral.service import Service
 
-from .conftest import TEMPLATE
+from .conftest import TEMPLATE, on_both_engines
 
-pytestmark = [pytest.mark.anyio, pytest.mark.runc]
+pytestmark = [pytest.mark.anyio]
 
 BASE = "http://corral.test"
 
@@ -55,7 +58,7 @@ class Api:
 
 
 @pytest.fixture
-async def api(engine: Engine, tmp_path: Path) -> AsyncIterator[Api]:
+async def api(front_engine: Engine, tmp_path: Path) -> AsyncIterator[Api]:
     store = ControlStore(home=tmp_path)
     await store.start()
     try:
@@ -68,7 +71,7 @@ async def api(engine: Engine, tmp_path: Path) -> AsyncIterator[Api]:
                                   ("a_aud", "a", Role.AUDITOR), ("b_dev", "b", Role.DEVELOPER)]:
             new = await store.create_key(tenants[tenant], role, who)
             keys[who], key_ids[who] = new.key, new.info.id
-        yield Api(create_app(engine, store), store, engine, keys, key_ids, tenants)
+        yield Api(create_app(front_engine, store), store, front_engine, keys, key_ids, tenants)
     finally:
         await store.close()
 
@@ -221,6 +224,7 @@ async def test_other_tenants_sandbox_is_404_everywhere(api: Api, method: str, su
 # -- lifecycle ------------------------------------------------------------------------------------------------------
 
 
+@on_both_engines
 async def test_lifecycle(api: Api) -> None:
     async with api.client("a_dev") as c:
         sb = await create(c, metadata={"job": "1"}, limits={"memory": "256M"}, timeout=120)
@@ -250,6 +254,7 @@ async def test_lifecycle(api: Api) -> None:
         assert (await c.delete(f"/v1/sandboxes/{sb['id']}")).status_code == 404
 
 
+@pytest.mark.runc  # the figures are the sandbox's cgroup's
 async def test_metrics_are_sampled_and_windowed_by_unix_seconds_or_iso_times(api: Api) -> None:
     sampler = api.app.state.corral.sampler  # lifespan off: the test drives the service's sampler itself
     async with api.client("a_dev") as c:
@@ -388,6 +393,7 @@ async def test_bad_exec_and_file_requests_are_400(api: Api) -> None:
 NASTY = b"\x00\xff\xfeA\x00\x80\nend"
 
 
+@on_both_engines
 async def test_exec_output_is_byte_exact(api: Api) -> None:
     async with api.client("a_dev") as c:
         sb = await create(c)
@@ -402,6 +408,7 @@ def parse_events(body: bytes) -> list[dict[str, Any]]:
     return [json.loads(line) for line in body.splitlines() if line]
 
 
+@on_both_engines
 async def test_streamed_exec_is_byte_exact(api: Api) -> None:
     async with api.client("a_dev") as c:
         sb = await create(c)
@@ -416,6 +423,7 @@ async def test_streamed_exec_is_byte_exact(api: Api) -> None:
     assert unb64(events[-1]["stdout_b64"]) == b""  # already streamed
 
 
+@on_both_engines
 async def test_exec_stdin_bytes(api: Api) -> None:
     async with api.client("a_dev") as c:
         sb = await create(c)
@@ -425,6 +433,7 @@ async def test_exec_stdin_bytes(api: Api) -> None:
         assert unb64(out["stdout_b64"]).strip() == b"0"
 
 
+@on_both_engines
 async def test_exec_argv_cwd_env(api: Api) -> None:
     async with api.client("a_dev") as c:
         sb = await create(c)
@@ -432,6 +441,7 @@ async def test_exec_argv_cwd_env(api: Api) -> None:
     assert unb64(out["stdout_b64"]) == b"/tmp\na b\n"
 
 
+@on_both_engines
 async def test_exec_timeout_is_a_structured_outcome(api: Api) -> None:
     async with api.client("a_dev") as c:
         sb = await create(c)
@@ -466,6 +476,7 @@ async def live_url(api: Api) -> AsyncIterator[str]:
         await task
 
 
+@on_both_engines
 async def test_streamed_exec_delivers_output_before_the_command_ends(api: Api, live_url: str) -> None:
     async with api.client("a_dev") as c:
         sb = await create(c)
@@ -489,6 +500,7 @@ async def test_streamed_exec_delivers_output_before_the_command_ends(api: Api, l
 # -- files ----------------------------------------------------------------------------------------------------------
 
 
+@on_both_engines
 async def test_large_file_round_trip(api: Api) -> None:
     data = os.urandom(20 * 1024 * 1024)
 
@@ -509,6 +521,7 @@ async def test_large_file_round_trip(api: Api) -> None:
         assert unb64(out["stdout_b64"]).split()[0].decode() == hashlib.sha256(data).hexdigest()
 
 
+@on_both_engines
 async def test_empty_file(api: Api) -> None:
     async with api.client("a_dev") as c:
         sb = await create(c)
@@ -519,6 +532,7 @@ async def test_empty_file(api: Api) -> None:
         assert (await c.get(f"{base}/stat", params={"path": "empty"})).json()["size"] == 0
 
 
+@on_both_engines
 async def test_file_operations(api: Api) -> None:
     async with api.client("a_dev") as c:
         sb = await create(c)
@@ -542,6 +556,7 @@ async def test_file_operations(api: Api) -> None:
         assert (await c.get(f"{base}/exists", params={"path": "d"})).json() == {"exists": False}
 
 
+@on_both_engines
 async def test_nul_in_path_is_400_and_writes_nothing(api: Api) -> None:
     async with api.client("a_dev") as c:
         sb = await create(c)
@@ -556,6 +571,7 @@ async def test_nul_in_path_is_400_and_writes_nothing(api: Api) -> None:
 
 @pytest.mark.parametrize("path", ["../etc/passwd", "/workspace/../etc/passwd", "/etc/passwd", "/root/x",
                                   "/proc/self/environ", "/home/user/../../etc/shadow"])
+@on_both_engines
 async def test_paths_outside_the_roots_are_refused(api: Api, path: str) -> None:
     async with api.client("a_dev") as c:
         sb = await create(c)
@@ -568,6 +584,7 @@ async def test_paths_outside_the_roots_are_refused(api: Api, path: str) -> None:
         assert out["exit_code"] != 0
 
 
+@on_both_engines
 async def test_symlink_out_of_the_roots_is_refused(api: Api) -> None:
     async with api.client("a_dev") as c:
         sb = await create(c)
@@ -584,6 +601,7 @@ async def test_symlink_out_of_the_roots_is_refused(api: Api) -> None:
         assert 400 <= r.status_code < 500, r.text
 
 
+@on_both_engines
 async def test_archive_round_trip(api: Api) -> None:
     async with api.client("a_dev") as c:
         sb = await create(c)
