@@ -20,6 +20,7 @@ from corral.cli import app
 from corral.control import Quotas
 from corral.engine import Capacity, Engine, SandboxSpec, WarmPool, parse_pools
 from corral.engine._models import Runtime
+from corral.engine._pool_sizing import AutoSize
 
 from .conftest import TEMPLATE, spec, started_engine
 from .test_server_api import Api, create, error_code, run
@@ -179,9 +180,26 @@ async def test_a_callers_create_takes_the_room_of_pool_members(test_home: Path) 
         await other.destroy()
 
 
+async def test_a_self_sizing_pool_grows_to_the_burst_it_saw_and_serves_the_next_one_warm(test_home: Path) -> None:
+    pools = [WarmPool(SandboxSpec(template=TEMPLATE), auto=AutoSize(rest=1))]
+    async with started_engine(test_home, pools=pools) as engine:
+        await _filled(engine, 1)
+        first = await asyncio.gather(*(engine.create(SandboxSpec(template=TEMPLATE)) for _ in range(3)))
+        assert _stats(engine)["claimed"] == 1 and _stats(engine)["missed"] == 2
+        await asyncio.gather(*(sb.destroy() for sb in first))
+        await _filled(engine, 3)  # the burst's size, not the rest size
+        (stats,) = engine.pool_stats().values()
+        assert stats.target == 3
+        second = await asyncio.gather(*(engine.create(SandboxSpec(template=TEMPLATE)) for _ in range(3)))
+        assert _stats(engine)["claimed"] == 4 and _stats(engine)["missed"] == 2, "the second burst: all warm"
+        assert [(await sb.exec("true")).exit_code for sb in second] == [0, 0, 0]
+        await asyncio.gather(*(sb.destroy() for sb in second))
+
+
 # -- through the API ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.runc  # `api` runs on `front_engine`: this one's real, pooled `engine`
 async def test_api_creates_claim_members_and_the_pool_counts_against_no_tenant(api: Api) -> None:
     await api.store.set_quotas(api.tenants["a"], Quotas(max_sandboxes=1))
     members = set(api.engine.pool.ready)
@@ -206,6 +224,7 @@ async def test_api_creates_claim_members_and_the_pool_counts_against_no_tenant(a
             assert (await other.post(f"/v1/sandboxes/{member}/exec", json={"cmd": "true"})).status_code == 404
 
 
+@pytest.mark.runc  # `api` runs on `front_engine`: this one's real, pooled `engine`
 async def test_pool_metrics_count_claims_and_misses(api: Api) -> None:
     async with api.client("a_dev") as dev, api.client("admin") as admin:
         for _ in range(POOL + 1):

@@ -30,7 +30,7 @@ from ._models import (
     WatchEventType,
     parse_size,
 )
-from ._pool import PoolStats, WarmPool, parse_pools
+from ._pool import PoolStats, WarmPool, parse_pools, serve_pools
 from ._records import Adoption, read_agent_address
 from ._session import Files, Processes, SandboxSession
 
@@ -74,4 +74,5 @@ __all__ = [
     "parse_pools",
     "parse_size",
     "read_agent_address",
+    "serve_pools",
 ]
