@@ -15,14 +15,14 @@ import httpx
 import pytest
 
 from corral import CommandResult, ReclaimedTree, Sandbox
-from corral.check import CheckOptions, Target, run_check
+from corral.check import CheckOptions, Deployment, Target, run_check
 from corral.check._limits import HOLDING_BOMB, RUNAWAY_PIDS, SATURATE, item_46_runaway_tree_does_not_lock
 from corral.cli._exec import exit_code
 from corral.engine import ExecResult
 from corral.mcp._results import command_result
 from corral.server import ServerProcess
 
-from .test_check import needs_store
+from .test_check import FakeCorral, _context, _verdict, needs_store
 from .test_check import server as server  # the fixture: a real `corral serve` (runc) in a temporary home
 from .test_check_items import Tampering, _live, _probe, _replaced
 
@@ -96,3 +96,11 @@ def test_a_result_without_a_reclaim_has_no_notice_of_one() -> None:
     assert result.reclaimed == (ReclaimedTree(processes=3),)
     assert "of no running command" in result.notice
     assert CommandResult.from_wire({"exit_code": 0}).notice == ""
+
+
+@pytest.mark.anyio
+async def test_item_46_is_not_applicable_on_kubernetes_and_says_why() -> None:
+    # A Pod cannot be given a pids limit of its own (the kubelet's podPidsLimit is the node's): nothing to fill.
+    found = await _verdict(item_46_runaway_tree_does_not_lock,
+                           _context(FakeCorral(), Deployment(backend="kubernetes", runtimes=("runc",))))
+    assert found.status == "N/A" and "podPidsLimit" in found.detail, found

@@ -17,7 +17,7 @@ from pathlib import Path
 from .._exceptions import QuotaExceededError
 from .._sdk import AsyncSandbox, CommandResult
 from ._context import CheckContext, GiB, MiB, clip, run_ok
-from ._model import ItemFailed
+from ._model import ItemFailed, NotApplicable
 
 __all__ = ["item_09_process_limit", "item_13_output_cap", "item_46_runaway_tree_does_not_lock", "server_pid"]
 
@@ -113,9 +113,11 @@ async def _host_responsiveness(ctx: CheckContext) -> float | None:
     return time.monotonic() - t0
 
 
-# Item 46: a bomb whose every generation waits in `sleep` once it could fork one, so that it holds the limit
-# long after its command has ended (120 s: past the probe; the sandbox is destroyed with it anyway).
-HOLDING_BOMB = "(f(){ f|f & sleep 120; }; f) >/dev/null 2>&1 & echo started"
+# Item 46: a tree that forks three children a generation, five generations deep, every member then waiting in
+# `sleep` (120 s: past the probe; the sandbox is destroyed with it anyway), so that it holds the limit long after
+# its command has ended. Bounded (about 730 processes) wherever a pids limit is not what stops it.
+HOLDING_BOMB = ("(f(){ if [ $1 -gt 0 ]; then f $(($1-1)) & f $(($1-1)) & f $(($1-1)) & fi; sleep 120; }; f 5) "
+                ">/dev/null 2>&1 & echo started")
 RUNAWAY_PIDS = 128
 SATURATE = 3.0  # seconds for the bomb to fill its limit (it takes well under one)
 NEXT_COMMAND_MAX = 5.0  # seconds the next command may take: "at once", with room for a loaded machine
@@ -123,6 +125,9 @@ NEXT_COMMAND_MAX = 5.0  # seconds the next command may take: "at once", with roo
 
 async def item_46_runaway_tree_does_not_lock(ctx: CheckContext) -> str:
     """After a fork bomb's command has ended, the next command runs at once and its result says what was stopped."""
+    if ctx.deployment.backend == "kubernetes":
+        raise NotApplicable("a Pod's pids limit is its node's (the kubelet's podPidsLimit): a sandbox cannot be "
+                            f"given one of {RUNAWAY_PIDS} to fill")
     async with ctx.sandbox(limits={"pids": RUNAWAY_PIDS}) as sb:
         started = await sb.commands.run(HOLDING_BOMB, timeout=60)
         if started.stdout != "started\n":
