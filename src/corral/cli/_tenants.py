@@ -122,7 +122,7 @@ def update(
                     as_json)
 
 
-_DESTINATION_HELP = "An exact private IP address and port, e.g. 10.0.0.5:5432 or [fd00::5]:443."
+_DESTINATION_HELP = "An exact private IP address and port, e.g. 10.0.0.5:5432 (an IPv6 address in brackets)."
 
 
 def _grants_out(grants: list[dict[str, object]], as_json: bool) -> None:
