@@ -10,7 +10,7 @@ import httpx
 from corral import Sandbox
 
 from .conftest import TEMPLATE
-from .test_dashboard import Deployment, browser_test, sign_in, wait_until
+from .test_dashboard import Deployment, browser_test, screenshot, sign_in, wait_until
 from .test_dashboard import browser as browser  # the fixtures: Chromium, a page, the server
 from .test_dashboard import deployment as deployment
 from .test_dashboard import page as page
@@ -51,6 +51,7 @@ def test_a_developer_creates_a_sandbox_from_the_form(deployment: Deployment, pag
     page.click("#ns-add-metadata")
     page.locator(".ns-meta-key").nth(1).fill("agent")
     page.locator(".ns-meta-value").nth(1).fill("coder")
+    screenshot(page, "new-sandbox")
     page.click("#ns-create")
     created = page.wait_for_selector("#new-sandbox-created").inner_text()
     sandbox_id = created.removeprefix("Created ").rstrip(".")
@@ -110,5 +111,6 @@ def test_the_charts_show_the_cpu_work_and_the_memory(deployment: Deployment, pag
             assert len(values("memory-chart")) >= 3 and min(values("memory-chart")) > 0
             assert page.query_selector("#cpu-chart polyline.chart-line") is not None
             assert "%" in page.inner_text("#cpu-chart") and "MiB" in page.inner_text("#memory-chart")
+            screenshot(page, "charts")
         finally:
             sb.kill()
