@@ -531,6 +531,7 @@ async def test_commands_in_pods_go_out_through_the_standalone_proxy_and_see_its_
     upstream = await asyncio.start_server(_answer_ok, "127.0.0.2", 0)  # not 127.0.0.1: that is in NO_PROXY
     up_port = upstream.sockets[0].getsockname()[1]
     tenant = await store.create_tenant("acme")
+    await store.grants.grant(tenant.id, f"127.0.0.2:{up_port}")  # an admin's grant (docs/egress.md)
     await store.set_tenant_egress(tenant.id, TenantEgress(private=[f"127.0.0.2:{up_port}"]))
     principal = await store.key_principal((await store.create_key(tenant.id, Role.OPERATOR)).info.id)
     directory = EgressDirectory(store, TokenKey.load(cluster.home).verify_egress)
