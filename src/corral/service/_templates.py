@@ -20,9 +20,9 @@ class Templates:
 
     async def names(self, principal: Principal) -> list[str]:
         """The deployment's named templates, sorted (what the dashboard's New sandbox form offers)."""
-        async with self._svc.audited(principal, "template.list", None):
+        async with self._audited(principal, "template.list", None):
             authorize(principal, Action.SANDBOX_CREATE, principal.tenant_id)
-            return [t.name for t in self._svc.engine.templates.list()]
+            return [t.name for t in self._templates.list()]
 
     async def exists(self, principal: Principal, name: str) -> bool:
         """Whether `name` is a template of this deployment, or a snapshot of the caller's tenant."""
