@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from corral.engine import Engine, SandboxHandle
+from corral.engine import Engine, SandboxSession
 
 from .conftest import spec
 
@@ -24,7 +24,7 @@ HOLDING_BOMB = "(f(){ f|f & sleep 120; }; f) >/dev/null 2>&1 & echo started"
 SATURATE = 3.0  # seconds for a bomb to fill 128 pids (it takes well under one)
 
 
-async def _saturated(sb: SandboxHandle, command: str) -> str:
+async def _saturated(sb: SandboxSession, command: str) -> str:
     """Run a bomb whose leftovers outlive it; return its id once its tree has had time to fill the limit."""
     started = await sb.exec(command, timeout=60)
     assert started.exit_code == 0, started

@@ -15,9 +15,11 @@ import base64
 import json
 import os
 import random
+import tempfile
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -34,6 +36,7 @@ from corral.engine import Engine, SandboxSpec
 from corral.server import create_app
 
 from .conftest import TEMPLATE, make_engine
+from .fakes import FakeBackend, FakeTemplates
 
 pytestmark = [pytest.mark.runc]
 
@@ -100,9 +103,11 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
 
 
 def _spec() -> dict[str, Any]:
-    """The app's OpenAPI document; building the app needs no running engine or store."""
-    app = create_app(Engine.__new__(Engine), ControlStore.__new__(ControlStore))
-    return app.openapi()
+    """The app's OpenAPI document; building the app needs no running engine or store (an unstarted engine on the
+    fake backend, in a directory of its own)."""
+    with tempfile.TemporaryDirectory() as home:
+        engine = Engine(home, backend=FakeBackend(Path(home)), templates=FakeTemplates())  # type: ignore[arg-type]
+        return create_app(engine, ControlStore.__new__(ControlStore)).openapi()
 
 
 SCHEMA = schemathesis.openapi.from_dict(_spec())
