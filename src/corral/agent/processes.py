@@ -310,28 +310,9 @@ def _close_quietly(fd: int) -> None:
 # -- the process tree -------------------------------------------------------------------------------
 
 
-def _proc_table() -> dict[int, tuple[int, str]]:
-    """pid -> (ppid, state) for every process we can see."""
-    table: dict[int, tuple[int, str]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # comm may contain spaces and parentheses: split after the last ')'.
-        fields = stat.rsplit(b")", 1)[-1].split()
-        if len(fields) >= 2:
-            table[int(name)] = (int(fields[1]), fields[0].decode())
-    return table
-
-
 def descendants(root: int) -> list[int]:
-    table = _proc_table()
     children: dict[int, list[int]] = collections.defaultdict(list)
-    for pid, (ppid, state) in table.items():
+    for pid, (ppid, state, _) in room.processes().items():  # never PID 1: it descends from no one
         if state != "Z":
             children[ppid].append(pid)
     found: list[int] = []
