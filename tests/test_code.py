@@ -106,10 +106,10 @@ async def test_named_sessions_are_isolated(sandbox):
     await sandbox.run_code("z = 1", session="one")
     r = await sandbox.run_code("z", session="two")
     assert r.error is not None and r.error.name == "NameError"
-    sessions = await sandbox._engine.code_sessions(sandbox.id)
+    sessions = await sandbox._engine.get(sandbox.id).code_sessions()
     assert {s.name for s in sessions} == {"one", "two"} and all(s.pid > 0 for s in sessions)
-    await sandbox._engine.close_code(sandbox.id, "two")
-    assert [s.name for s in await sandbox._engine.code_sessions(sandbox.id)] == ["one"]
+    await sandbox._engine.get(sandbox.id).close_code("two")
+    assert [s.name for s in await sandbox._engine.get(sandbox.id).code_sessions()] == ["one"]
 
 
 async def test_timeout_interrupts_and_state_survives(sandbox):
@@ -126,10 +126,10 @@ async def test_interrupt_from_another_task_and_restart(sandbox):
     await sandbox.run_code("a = 1")
     task = asyncio.create_task(sandbox.run_code("import time\ntime.sleep(60)"))
     await asyncio.sleep(1.0)
-    await sandbox._engine.interrupt_code(sandbox.id, "default")
+    await sandbox._engine.get(sandbox.id).interrupt_code("default")
     r = await asyncio.wait_for(task, 10)
     assert r.error is not None and r.error.name == "KeyboardInterrupt" and not r.timed_out
-    await sandbox._engine.restart_code(sandbox.id, "default")
+    await sandbox._engine.get(sandbox.id).restart_code("default")
     r = await sandbox.run_code("a")
     assert r.error is not None and r.error.name == "NameError"
 
@@ -227,8 +227,8 @@ async def run_program(sandbox, code: str, language: str, stdin: bytes | None = N
     engine = sandbox._engine
     if stdin is None:
         return await sandbox.run_code(code, language=language, timeout=timeout)
-    if "stdin" in inspect.signature(engine.run_code).parameters:
-        return await engine.run_code(sandbox.id, code, language=language, timeout=timeout, stdin=stdin)
+    if "stdin" in inspect.signature(type(sandbox).run_code).parameters:
+        return await engine.get(sandbox.id).run_code(code, language=language, timeout=timeout, stdin=stdin)
     agent = engine.agent(sandbox.id)
     async with agent._op("code_run", code=code, language=language, session="default", timeout=timeout,
                          env=engine.sandbox_env(sandbox.id, None),

@@ -22,7 +22,7 @@ def texts(result) -> list[str]:  # type: ignore[no-untyped-def]
 
 async def run(engine: Engine, sb: SandboxSession, code: str, context: str, **kwargs):  # type: ignore[no-untyped-def]
     chunks: list[bytes] = []
-    r = await engine.run_code(sb.id, code, context=context, cwd=HOME, on_stdout=chunks.append, timeout=60,
+    r = await engine.get(sb.id).run_code(code, context=context, cwd=HOME, on_stdout=chunks.append, timeout=60,
                               **kwargs)
     return r, chunks
 
@@ -46,7 +46,7 @@ async def test_r_session(engine: Engine) -> None:
         assert r.error is not None and (r.error.name, r.error.value) == ("Error", "boom")
         r, _ = await run(engine, sb, "1 +", "r")
         assert r.error is not None and "unexpected end of input" in r.error.value
-        r = await engine.run_code(sb.id, "Sys.sleep(60)", context="r", timeout=1)
+        r = await engine.get(sb.id).run_code("Sys.sleep(60)", context="r", timeout=1)
         assert r.timed_out and r.error is not None and r.error.name == "Interrupted" and not r.session_restarted
         r, _ = await run(engine, sb, "sum(x)", "r")
         assert texts(r) == ["[1] 6"]
@@ -70,7 +70,7 @@ async def test_java_session(engine: Engine) -> None:
         assert r.error.traceback.startswith("java.lang.ArithmeticException: / by zero")
         r, _ = await run(engine, sb, 'int y = "text";', "java")
         assert r.error is not None and r.error.name == "CompileError" and "incompatible types" in r.error.value
-        r = await engine.run_code(sb.id, "while (true) {}", context="java", timeout=1)
+        r = await engine.get(sb.id).run_code("while (true) {}", context="java", timeout=1)
         assert r.timed_out and r.error is not None and r.error.name == "Interrupted" and not r.session_restarted
         r, _ = await run(engine, sb, "x", "java")
         assert texts(r) == ["20"]
@@ -94,5 +94,5 @@ async def test_typescript_session(engine: Engine, polyglot: SandboxSession) -> N
     r, _ = await run(engine, polyglot, "const n: number = 'text' as any; n", "typescript")
     assert texts(r) == ["'text'"]
     # Outside a context, typescript is still the type-checked program of /v1.
-    r = await engine.run_code(polyglot.id, "const n: number = 'text'", language="typescript")
+    r = await engine.get(polyglot.id).run_code("const n: number = 'text'", language="typescript")
     assert r.error is not None and r.error.name == "CompileError" and r.execution_count is None

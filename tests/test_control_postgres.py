@@ -70,6 +70,7 @@ chain = audit_tests.chain
 
 test_tenants = store_tests.test_tenants
 test_stored_secrets = store_tests.test_stored_secrets
+test_private_grants = store_tests.test_private_grants
 test_sandbox_lifecycle = store_tests.test_sandbox_lifecycle
 test_list_and_expired = store_tests.test_list_and_expired
 test_max_sandboxes_at_and_past_the_limit = store_tests.test_max_sandboxes_at_and_past_the_limit

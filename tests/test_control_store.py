@@ -21,6 +21,7 @@ from corral.control import (
     Role,
     SandboxRecord,
     SandboxStatus,
+    TenantEgress,
 )
 from corral.control._cache import MISSING, TTLCache
 from corral.engine import Limits, SandboxSpec
@@ -337,6 +338,26 @@ def test_ttl_cache_expiry_bound_and_invalidation_race() -> None:
     assert cache.get("e") == 2
     clock.now -= timedelta(seconds=1)  # a clock that goes back does not make entries live longer
     assert cache.get("e") is MISSING
+
+
+async def test_private_grants(store: ControlStore) -> None:
+    """The private pairs a tenant's settings hand out are those still granted; a revocation switches it off."""
+    t, other = await store.create_tenant("acme"), await store.create_tenant("other")
+    await store.set_tenant_egress(t.id, TenantEgress(private=["10.0.0.5:5432", "10.0.0.6:80"]))
+    assert (await store.tenant_egress(t.id)).private == []  # nothing granted: nothing open
+    assert await store.grants.grant(t.id, "10.0.0.5:5432", key_id="key_admin")
+    assert not await store.grants.grant(t.id, "10.0.0.5:5432")  # again: unchanged, the first grant kept
+    grants = await store.grants.list(t.id)
+    assert [(g.destination, g.key_id) for g in grants] == [("10.0.0.5:5432", "key_admin")]
+    assert grants[0].granted_at.tzinfo is not None
+    assert (await store.tenant_egress(t.id)).private == ["10.0.0.5:5432"]
+    assert (await store.tenant_settings(t.id))[1].private == ["10.0.0.5:5432"]
+    assert await store.grants.list(other.id) == []
+    assert await store.grants.revoke(t.id, "10.0.0.5:5432")
+    assert not await store.grants.revoke(t.id, "10.0.0.5:5432")
+    assert (await store.tenant_egress(t.id)).private == []
+    await store.grants.grant(t.id, "10.0.0.5:5432")
+    assert (await store.tenant_egress(t.id)).private == []  # the revocation switched it off, not just hid it
 
 
 async def test_stored_secrets(store: ControlStore) -> None:

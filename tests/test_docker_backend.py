@@ -362,6 +362,24 @@ async def test_pids_limit_gives_eagain(engine: Engine) -> None:
         assert (await sb.exec("echo alive")).stdout == "alive\n"
 
 
+HOLDING_BOMB = "(f(){ f|f & sleep 120; }; f) >/dev/null 2>&1 & echo started"  # its generations hold the limit
+
+
+async def test_a_fork_bombs_leftovers_do_not_lock_the_container(engine: Engine) -> None:
+    # Issue 25 item 6 on Docker: the ended bomb's tree holds pids.max; the next command runs at once, names it, and
+    # a background process started before survives (tests/test_forkbomb.py has the runc side in full).
+    async with await engine.create(spec(pids=128)) as sb:
+        server = await sb.processes.start("sleep 300")
+        bomb = await sb.exec(HOLDING_BOMB, timeout=60)
+        assert bomb.stdout == "started\n", bomb
+        await asyncio.sleep(3)
+        after = await sb.exec("echo ok", timeout=30)
+        assert (after.exit_code, after.stdout) == (0, "ok\n"), after
+        assert [(t.id, t.command) for t in after.reclaimed] == [(bomb.id, HOLDING_BOMB)], after.reclaimed
+        assert after.reclaimed[0].processes > 0
+        assert {p.id: p.running for p in await sb.processes.list()}.get(server.id) is True
+
+
 async def test_memory_limit_is_reported_as_oom(engine: Engine, docker_client: Any) -> None:
     async with await engine.create(spec(memory="64M")) as sb:
         info = container_of(docker_client, engine.backend, sb.id)

@@ -97,6 +97,7 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     upstream = Upstream()
     upstream.server = await asyncio.start_server(upstream.handle, "127.0.0.1", 0)
     upstream.port = upstream.server.sockets[0].getsockname()[1]
+    await store.grants.grant(tenant.id, f"127.0.0.1:{upstream.port}")  # an admin's grant (docs/egress.md)
     await store.set_tenant_egress(tenant.id, TenantEgress(private=[f"127.0.0.1:{upstream.port}"]))
     tokens = TokenKey(SECRET)
     directory = EgressDirectory(store, tokens.verify_egress, cache_ttl=0.3)

@@ -11,7 +11,7 @@ import pytest
 
 from corral import ConflictError, DiskFullError, InvalidRequestError, NotFoundError, PermissionDeniedError
 from corral.agent.files import FileError, Names, replace_metadata
-from corral.engine import DEFAULT_FILE_ROOTS, Files
+from corral.engine import DEFAULT_FILE_ROOTS
 
 from .conftest import spec
 
@@ -245,7 +245,7 @@ async def test_a_move_overwrites_a_file_only_when_asked(sandbox):
 
 
 async def test_with_root_slash_system_files_and_proc_can_be_read_stated_and_listed(engine, sandbox):
-    files = Files(engine, sandbox.id, roots=["/"])
+    files = engine.get(sandbox.id).files_for(roots=["/"])
     boot_id = await files.read("/proc/sys/kernel/random/boot_id")
     assert len(boot_id.strip()) == 36 and (await files.stat("/proc/sys/kernel/random/boot_id")).size == 0
     assert b"user:x:1000:1000" in await files.read("/etc/passwd")
@@ -261,11 +261,11 @@ async def test_with_root_slash_system_files_and_proc_can_be_read_stated_and_list
     await files.write("/home/user/e2b.txt", b"home", in_place=True)
     assert await sandbox.files.read("/home/user/e2b.txt") == b"home"
     with pytest.raises(PermissionDeniedError):  # the default roots still keep /proc out
-        await Files(engine, sandbox.id, roots=list(DEFAULT_FILE_ROOTS)).read("/proc/sys/kernel/random/boot_id")
+        await engine.get(sandbox.id).files_for(roots=list(DEFAULT_FILE_ROOTS)).read("/proc/sys/kernel/random/boot_id")
 
 
 async def test_with_root_slash_kernel_interfaces_and_corrals_directory_are_never_changed(engine, sandbox):
-    files = Files(engine, sandbox.id, roots=["/"])
+    files = engine.get(sandbox.id).files_for(roots=["/"])
     hostname = await files.read("/proc/sys/kernel/hostname")
     await sandbox.exec("ln -s /proc/1/comm /home/user/comm && mkdir /home/user/d")
     refused = [

@@ -54,7 +54,7 @@ from corral.check._backend import LIMITATION_ITEMS
 from corral.check._host import AGENT_TCP_LIMITATION, exposed_listeners
 from corral.control import ControlStore, Role, TenantEgress
 from corral.egress import EgressProxy
-from corral.engine import Engine
+from corral.engine import Adoption, Engine
 from corral.engine._agent_client import AgentClient
 from corral.service import EgressDirectory
 from corral.service._egress import recorded_denials
@@ -402,7 +402,7 @@ async def test_the_engine_runs_sandboxes_on_it(cluster: Cluster, backend: Kubern
     await engine.start()
     try:
         sb = await engine.create(SandboxSpec(template="default"))
-        result = await engine.exec(sb.id, "echo $HTTP_PROXY", cwd="/tmp")
+        result = await engine.get(sb.id).exec("echo $HTTP_PROXY", cwd="/tmp")
         assert result.exit_code == 0
         assert result.stdout_bytes.decode().startswith(f"http://{sb.id}:")
         await engine.destroy(sb.id)
@@ -511,7 +511,7 @@ async def test_the_engine_gives_remote_egress_instead_of_its_local_proxy(cluster
     await engine.start()
     try:
         sb = await engine.create(SandboxSpec(template="default", network="internet"))
-        result = await engine.exec(sb.id, "env | grep -iE '^https?_proxy=' | sort", cwd="/tmp")
+        result = await engine.get(sb.id).exec("env | grep -iE '^https?_proxy=' | sort", cwd="/tmp")
         lines = result.stdout_bytes.decode().splitlines()
         assert len(lines) == 4 and all(f"=http://{sb.id}:" in line and f"@{PROXY_IP}:3128" in line
                                        for line in lines), lines
@@ -531,6 +531,7 @@ async def test_commands_in_pods_go_out_through_the_standalone_proxy_and_see_its_
     upstream = await asyncio.start_server(_answer_ok, "127.0.0.2", 0)  # not 127.0.0.1: that is in NO_PROXY
     up_port = upstream.sockets[0].getsockname()[1]
     tenant = await store.create_tenant("acme")
+    await store.grants.grant(tenant.id, f"127.0.0.2:{up_port}")  # an admin's grant (docs/egress.md)
     await store.set_tenant_egress(tenant.id, TenantEgress(private=[f"127.0.0.2:{up_port}"]))
     principal = await store.key_principal((await store.create_key(tenant.id, Role.OPERATOR)).info.id)
     directory = EgressDirectory(store, TokenKey.load(cluster.home).verify_egress)
@@ -546,9 +547,9 @@ async def test_commands_in_pods_go_out_through_the_standalone_proxy_and_see_its_
         sb = await engine.create(spec, sandbox_id=record.id)
         await store.mark_running(sb.id)
         curl = "curl -sS -o /dev/null -w '%{http_code}' --max-time 10 "
-        allowed = await engine.exec(sb.id, curl + f"http://127.0.0.2:{up_port}/", cwd="/tmp")
+        allowed = await engine.get(sb.id).exec(curl + f"http://127.0.0.2:{up_port}/", cwd="/tmp")
         assert allowed.stdout_bytes == b"200" and allowed.egress_denials == (), allowed
-        refused = await engine.exec(sb.id, curl + "http://blocked.example/ https://pypi.org/", cwd="/tmp")
+        refused = await engine.get(sb.id).exec(curl + "http://blocked.example/ https://pypi.org/", cwd="/tmp")
         assert refused.stdout_bytes.startswith(b"403"), refused
         assert [(d.host, d.port) for d in refused.egress_denials] == [("blocked.example", 80), ("pypi.org", 443)]
         assert "not in this sandbox's allowlist" in refused.egress_denials[0].reason
@@ -632,10 +633,10 @@ async def test_a_restarted_engine_reattaches_its_pods_and_sweeps_the_rest(cluste
     finally:
         await outsider.close()
     second = Engine(cluster.home, backend=cluster.backend(), templates=FakeTemplates())  # type: ignore[arg-type]
-    await second.start()
+    await second.start(adopt={kept.id: Adoption(spec=SandboxSpec(template="default"))})  # the store's word
     try:
         assert [info.id for info in second.list()] == [kept.id]
-        assert (await second.exec(kept.id, "echo again", cwd="/tmp")).stdout_bytes == b"again\n"
+        assert (await second.get(kept.id).exec("echo again", cwd="/tmp")).stdout_bytes == b"again\n"
         assert cluster.fake.get("pods", NAMESPACE, orphan.pod) is None  # swept at start
     finally:
         await second.close(destroy_all=True)

@@ -199,7 +199,7 @@ async def test_a_self_sizing_pool_grows_to_the_burst_it_saw_and_serves_the_next_
 # -- through the API ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.runc  # `api` runs on `front_engine`: this one's real, pooled `engine`
+@pytest.mark.runc  # the api fixture's engine: this file's pooled one, not the fake
 async def test_api_creates_claim_members_and_the_pool_counts_against_no_tenant(api: Api) -> None:
     await api.store.set_quotas(api.tenants["a"], Quotas(max_sandboxes=1))
     members = set(api.engine.pool.ready)
@@ -224,7 +224,7 @@ async def test_api_creates_claim_members_and_the_pool_counts_against_no_tenant(a
             assert (await other.post(f"/v1/sandboxes/{member}/exec", json={"cmd": "true"})).status_code == 404
 
 
-@pytest.mark.runc  # `api` runs on `front_engine`: this one's real, pooled `engine`
+@pytest.mark.runc  # the api fixture's engine: this file's pooled one, not the fake
 async def test_pool_metrics_count_claims_and_misses(api: Api) -> None:
     async with api.client("a_dev") as dev, api.client("admin") as admin:
         for _ in range(POOL + 1):

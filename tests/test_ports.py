@@ -677,7 +677,7 @@ async def test_the_engine_tunnel_passes_half_closes_and_falls_back_to_ipv6(engin
     await sandbox.exec("for i in $(seq 200); do (echo > /dev/tcp/::1/9100) 2>/dev/null && exit; sleep 0.05; done")
     data = os.urandom(5 * MIB + 3)
     for _ in range(2):  # one connection after another: each is its own pipe
-        reader, writer = await asyncio.open_connection(sock=await engine.open_port(sandbox.id, 9100))
+        reader, writer = await asyncio.open_connection(sock=await engine.get(sandbox.id).open_port(9100))
         writer.write(data)
         writer.write_eof()  # the server answers only once it sees the end of the request
         answer = await asyncio.wait_for(reader.read(), 30)  # ... and its close ends the answer
@@ -688,9 +688,9 @@ async def test_the_engine_tunnel_passes_half_closes_and_falls_back_to_ipv6(engin
 @live
 async def test_the_engine_refuses_closed_and_impossible_ports(engine: Engine, sandbox: Any) -> None:
     with pytest.raises(AgentError, match="nothing is listening on port 9101 in the sandbox") as closed:
-        await engine.open_port(sandbox.id, 9101)
+        await engine.get(sandbox.id).open_port(9101)
     assert closed.value.details["port"] == 9101
     for bad in (0, 65536, -1, "80", True, 80.0):
         with pytest.raises(InvalidRequestError, match="port must be an integer from 1 to 65535"):
-            await engine.open_port(sandbox.id, bad)  # type: ignore[arg-type]
+            await engine.get(sandbox.id).open_port(bad)  # type: ignore[arg-type]
     assert (await sandbox.exec("echo still fine")).stdout == "still fine\n"  # the agent serves on

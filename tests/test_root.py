@@ -15,7 +15,7 @@ import pytest
 
 from corral import AsyncSandbox, InvalidRequestError, PermissionDeniedError
 from corral.backends.local._bundle import ROOT_CAPABILITIES
-from corral.engine import Engine, Files, SandboxSession, SandboxSpec
+from corral.engine import Engine, SandboxSession, SandboxSpec
 
 from .conftest import TEMPLATE
 from .test_server_api import Api, create, run, unb64
@@ -191,7 +191,7 @@ async def test_code_sessions_stay_the_users(root_sb: SandboxSession) -> None:
 
 
 async def test_file_operations_act_as_the_requested_user(engine: Engine, root_sb: SandboxSession) -> None:
-    as_user, as_root = Files(engine, root_sb.id), Files(engine, root_sb.id, user="root")
+    as_user, as_root = engine.get(root_sb.id).files_for(), engine.get(root_sb.id).files_for(user="root")
     await as_user.write("/workspace/u.txt", b"u")
     await as_root.write("/workspace/r.txt", b"r")
     assert (await as_user.stat("/workspace/u.txt")).owner == "user"
@@ -210,7 +210,7 @@ async def test_file_operations_act_as_the_requested_user(engine: Engine, root_sb
     with pytest.raises(PermissionDeniedError, match="never changes"):
         await as_root.write("/.corral/x", b"x")
     with pytest.raises(InvalidRequestError, match="unknown user"):
-        Files(engine, root_sb.id, user="nobody")
+        engine.get(root_sb.id).files_for(user="nobody")
 
 
 # -- sudo -----------------------------------------------------------------------------------------------
@@ -285,7 +285,7 @@ async def test_a_sandbox_without_root_has_no_root_at_all(engine: Engine, sandbox
     with pytest.raises(PermissionDeniedError, match="root=True"):
         await sandbox.processes.start("id", user="root")
     with pytest.raises(PermissionDeniedError, match="root=True"):
-        await Files(engine, sandbox.id, user="root").write("/workspace/x", b"x")
+        await engine.get(sandbox.id).files_for(user="root").write("/workspace/x", b"x")
     assert not await sandbox.files.exists("/workspace/x")  # refused: nothing written
     config = json.loads((engine.home / "sandboxes" / sandbox.id / "config.json").read_text())
     process = config["process"]
@@ -432,11 +432,11 @@ async def test_root_under_gvisor(engine: Engine) -> None:
                           timeout=60)
         assert r.stdout == "0\nx\n0\n", r.stderr
         assert (await sb.exec("sudo id -u; sudo -u user id -u", timeout=60)).stdout == "0\n1000\n"
-        await Files(engine, sb.id).write("/workspace/u.txt", b"u")
-        await Files(engine, sb.id, user="root").write("/workspace/r.txt", b"r")
+        await engine.get(sb.id).files_for().write("/workspace/u.txt", b"u")
+        await engine.get(sb.id).files_for(user="root").write("/workspace/r.txt", b"r")
         assert [(await sb.files.stat(f"/workspace/{n}.txt")).owner for n in "ur"] == ["user", "root"]
         with pytest.raises(PermissionDeniedError):
-            await Files(engine, sb.id).write("/usr/local/u.txt", b"u")
+            await engine.get(sb.id).files_for().write("/usr/local/u.txt", b"u")
         base = uid_base(engine, sb)
         assert os.stat(upper(engine, sb) / "usr" / "local" / "r.txt").st_uid == base
         assert os.stat(upper(engine, sb) / "workspace" / "u.txt").st_uid == base + 1000

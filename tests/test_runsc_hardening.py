@@ -15,7 +15,7 @@ import pytest
 
 from corral.backends.local import LocalRecord
 from corral.egress import EgressProxy
-from corral.engine import Engine, SandboxSpec
+from corral.engine import Adoption, Engine, SandboxSpec
 
 from .conftest import TEMPLATE, TEST_HOME, engine_behind, leaks, make_engine
 
@@ -108,7 +108,7 @@ async def test_a_sandbox_of_the_old_layout_is_locked_on_restart(test_home: Path)
         await first.close()  # the engine goes, the sandbox stays
 
     second = make_engine(test_home)
-    await second.start()
+    await second.start(adopt={sb.id: Adoption(spec=SandboxSpec(template=TEMPLATE, runtime="runsc"))})  # the store's
     try:
         again = second.get(sb.id)
         rec = _record(second, sb.id)

@@ -75,6 +75,25 @@ async def test_tenants_keys_and_quotas(app_and_key: tuple[object, str, ControlSt
             await admin.tenants.update("admin", disabled=True)  # would lock every admin out
 
 
+async def test_private_grants(app_and_key: tuple[object, str, ControlStore]) -> None:
+    app, key, _ = app_and_key
+    async with connect(app, key) as admin:
+        await admin.tenants.create("acme")
+        op = await admin.keys.create("acme", "operator")
+        granted = await admin.tenants.grant_private("acme", "[fd00::5]:443")
+        assert [g["destination"] for g in granted] == ["[fd00::5]:443"] and granted[0]["key_id"]
+        async with connect(app, op.key) as operator:
+            assert [g["destination"] for g in await operator.tenants.grants("acme")] == ["[fd00::5]:443"]
+            assert (await operator.tenants.set_egress("acme", private=["[fd00::5]:443"]))["private"] \
+                == ["[fd00::5]:443"]
+            with pytest.raises(PermissionDeniedError, match="not granted"):
+                await operator.tenants.set_egress("acme", private=["10.0.0.5:5432"])
+            with pytest.raises(PermissionDeniedError):
+                await operator.tenants.grant_private("acme", "10.0.0.5:5432")
+        assert await admin.tenants.revoke_private("acme", "[fd00::5]:443") == []  # brackets and colons in a path
+        assert await admin.tenants.grants("acme") == []
+
+
 async def test_audit_query_verify_and_export(app_and_key: tuple[object, str, ControlStore]) -> None:
     app, key, store = app_and_key
     async with connect(app, key) as admin:

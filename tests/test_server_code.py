@@ -7,11 +7,13 @@ and a real ControlStore; the last ones, marked runc, run cells in real sandboxes
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -60,9 +62,17 @@ class FakeEngine:
     calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = field(default_factory=list)
     sessions: dict[str, CodeSession] = field(default_factory=dict)
     egress: None = None
+    backend: None = None  # what the service's composition reads (Info, Templates); the code routes never do
+    templates: None = None
+    home: Path = Path("/nonexistent")  # the eval reports' home: never read here
 
     def info(self, sandbox_id: str) -> None:
         self.calls.append(("info", (sandbox_id,), {}))
+
+    def get(self, sandbox_id: str) -> SimpleNamespace:
+        """The sandbox's session: this engine's code operations with the sandbox's id bound, as the real one."""
+        ops = ("run_code", "code_sessions", "interrupt_code", "restart_code", "close_code")
+        return SimpleNamespace(**{op: functools.partial(getattr(self, op), sandbox_id) for op in ops})
 
     async def run_code(self, sandbox_id: str, code: str, *, language: str = "python", session: str = "default",
                        timeout: float | None = None, on_stdout: Callback | None = None,

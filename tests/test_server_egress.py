@@ -62,6 +62,8 @@ async def test_the_tenant_ceiling_bounds_every_sandbox(api: Api) -> None:
 async def test_operators_allow_private_pairs_only_in_their_tenant(api: Api) -> None:
     async with api.client("a_op") as op, api.client("a_dev") as dev, api.client("admin") as admin:
         sb = await create(dev, network=["10.0.0.5"])
+        r = await admin.post("/v1/tenants/a/egress/grants", json={"destination": "10.0.0.5:5432"})
+        assert r.status_code == 200, r.text
         r = await op.put("/v1/tenants/a/egress", json={"private": ["10.0.0.5:5432"]})
         assert r.status_code == 200 and r.json()["private"] == ["10.0.0.5:5432"], r.text
         assert api.engine.spec(sb["id"]).network_private == ("10.0.0.5:5432",)  # live sandboxes at once
@@ -72,6 +74,83 @@ async def test_operators_allow_private_pairs_only_in_their_tenant(api: Api) -> N
         r = await op.put("/v1/tenants/a/egress", json={"private": ["10.0.0.5"]})  # no port: refused
         assert r.status_code == 400, r.text
         assert (await admin.get("/v1/tenants/a/egress")).json()["private"] == ["10.0.0.5:5432"]
+
+
+# -- private destinations: the deployment's to grant (docs/egress.md) ------------------------------------------
+
+
+async def test_an_admin_grants_lists_and_revokes_private_destinations(api: Api) -> None:
+    async with api.client("admin") as admin, api.client("a_op") as op, api.client("a_dev") as dev:
+        sb = await create(dev, network=["10.0.0.5"])
+        r = await admin.post("/v1/tenants/a/egress/grants", json={"destination": "10.0.0.5:5432"})
+        assert r.status_code == 200 and [g["destination"] for g in r.json()["grants"]] == ["10.0.0.5:5432"], r.text
+        assert r.json()["grants"][0]["key_id"]  # who granted it
+        assert (await op.put("/v1/tenants/a/egress", json={"private": ["10.0.0.5:5432"]})).status_code == 200
+        assert api.engine.spec(sb["id"]).network_private == ("10.0.0.5:5432",)
+        # revoking closes it for the tenant and its live sandboxes at once
+        r = await admin.delete("/v1/tenants/a/egress/grants/10.0.0.5%3A5432")
+        assert r.status_code == 200 and r.json()["grants"] == [], r.text
+        assert (await op.get("/v1/tenants/a/egress")).json()["private"] == []
+        assert api.engine.spec(sb["id"]).network_private == ()
+        # an admin switching a pair on grants it by saying so; other tenants see none of it
+        r = await admin.put("/v1/tenants/a/egress", json={"private": ["10.0.0.6:80"]})
+        assert r.status_code == 200 and r.json()["private"] == ["10.0.0.6:80"], r.text
+        assert [g["destination"] for g in (await admin.get("/v1/tenants/a/egress/grants")).json()["grants"]] \
+            == ["10.0.0.6:80"]
+        assert (await admin.get("/v1/tenants/b/egress/grants")).json()["grants"] == []
+        actions = [e.action for e in await api.store.audit.query(action="tenant.grants.grant")]
+        assert actions == ["tenant.grants.grant"]
+        revoked = await api.store.audit.query(action="tenant.grants.revoke")
+        assert revoked and revoked[-1].params["destination"] == "10.0.0.5:5432" and revoked[-1].outcome["revoked"]
+
+
+@pytest.mark.parametrize("destination", ["127.0.0.1:7770", "0.0.0.0:7770", "[::ffff:127.0.0.1]:7770"])
+async def test_the_control_plane_can_never_be_granted(api: Api, destination: str) -> None:
+    """This server's own API (its replica URL, http://127.0.0.1:7770 by default): refused for the admin too."""
+    async with api.client("admin") as admin:
+        r = await admin.post("/v1/tenants/a/egress/grants", json={"destination": destination})
+        assert r.status_code == 400 and error_code(r) == "invalid_request", r.text
+        assert "control plane" in r.json()["error"]["message"]
+        r = await admin.put("/v1/tenants/a/egress", json={"private": [destination]})
+        assert r.status_code == 400 and "control plane" in r.json()["error"]["message"], r.text
+        assert (await admin.get("/v1/tenants/a/egress/grants")).json()["grants"] == []
+        assert (await admin.get("/v1/tenants/a/egress")).json()["private"] == []
+        r = await admin.post("/v1/tenants/a/egress/grants", json={"destination": "10.0.0.5"})  # no port
+        assert r.status_code == 400, r.text
+
+
+async def test_an_operator_switches_on_only_what_was_granted(api: Api) -> None:
+    async with api.client("a_op") as op, api.client("admin") as admin:
+        r = await op.put("/v1/tenants/a/egress", json={"private": ["10.0.0.5:5432"]})
+        assert r.status_code == 403 and error_code(r) == "permission_denied", r.text
+        assert "10.0.0.5:5432" in r.json()["error"]["message"] and "not granted" in r.json()["error"]["message"]
+        assert r.json()["error"]["details"]["missing_grants"] == ["10.0.0.5:5432"]
+        assert (await op.post("/v1/tenants/a/egress/grants", json={"destination": "10.0.0.5:5432"})).status_code \
+            == 403
+        assert (await admin.get("/v1/tenants/a/egress/grants")).json()["grants"] == []
+        await admin.post("/v1/tenants/a/egress/grants", json={"destination": "10.0.0.5:5432"})
+        assert (await op.delete("/v1/tenants/a/egress/grants/10.0.0.5%3A5432")).status_code == 403
+        r = await op.get("/v1/tenants/a/egress/grants")  # what it may switch on
+        assert r.status_code == 200 and [g["destination"] for g in r.json()["grants"]] == ["10.0.0.5:5432"]
+        r = await op.put("/v1/tenants/a/egress", json={"private": ["10.0.0.5:5432", "10.0.0.7:22"]})
+        assert r.status_code == 403 and r.json()["error"]["details"]["missing_grants"] == ["10.0.0.7:22"], r.text
+        r = await op.put("/v1/tenants/a/egress", json={"private": ["10.0.0.5:5432"]})
+        assert r.status_code == 200 and r.json()["private"] == ["10.0.0.5:5432"], r.text
+        assert (await op.get("/v1/tenants/b/egress/grants")).status_code == 404
+
+
+@pytest.mark.parametrize("who", ["a_dev", "a_aud"])
+async def test_developers_and_auditors_neither_grant_nor_switch_on(api: Api, who: str) -> None:
+    async with api.client(who) as caller, api.client("admin") as admin:
+        await admin.post("/v1/tenants/a/egress/grants", json={"destination": "10.0.0.5:5432"})
+        assert (await caller.get("/v1/tenants/a/egress/grants")).status_code == 403
+        assert (await caller.post("/v1/tenants/a/egress/grants",
+                                  json={"destination": "10.0.0.6:80"})).status_code == 403
+        assert (await caller.delete("/v1/tenants/a/egress/grants/10.0.0.5%3A5432")).status_code == 403
+        assert (await caller.put("/v1/tenants/a/egress", json={"private": ["10.0.0.5:5432"]})).status_code == 403
+        grants = (await admin.get("/v1/tenants/a/egress/grants")).json()["grants"]
+        assert [g["destination"] for g in grants] == ["10.0.0.5:5432"]
+        assert (await admin.get("/v1/tenants/a/egress")).json()["private"] == []
 
 
 # -- with the proxy: denials in results and in the audit trail -----------------------------------------------------

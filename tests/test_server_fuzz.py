@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import random
+import tempfile
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -34,6 +37,7 @@ from corral.engine import Engine, SandboxSpec
 from corral.server import create_app
 
 from .conftest import TEMPLATE, make_engine
+from .fakes import FakeBackend, FakeTemplates
 
 pytestmark = [pytest.mark.runc]
 
@@ -99,10 +103,18 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
             runner.run(teardown())
 
 
+@contextlib.contextmanager
+def _unstarted_engine() -> Iterator[Engine]:
+    """Building the app needs no running engine or store: an unstarted engine on the fake backend, in a directory
+    of its own that goes with the block."""
+    with tempfile.TemporaryDirectory() as home:
+        yield Engine(home, backend=FakeBackend(Path(home)), templates=FakeTemplates())  # type: ignore[arg-type]
+
+
 def _spec() -> dict[str, Any]:
-    """The app's OpenAPI document; building the app needs no running engine or store."""
-    app = create_app(Engine.__new__(Engine), ControlStore.__new__(ControlStore))
-    return app.openapi()
+    """The app's OpenAPI document."""
+    with _unstarted_engine() as engine:
+        return create_app(engine, ControlStore.__new__(ControlStore)).openapi()
 
 
 SCHEMA = schemathesis.openapi.from_dict(_spec())
@@ -276,7 +288,8 @@ def route_table() -> set[str]:
     from corral.e2b._routing import ENVD_RPCS
     from corral.service import Service
 
-    app = create_app(Engine.__new__(Engine), ControlStore.__new__(ControlStore))
+    with _unstarted_engine() as engine:
+        app = create_app(engine, ControlStore.__new__(ControlStore))
     front = Front(Service.__new__(Service), E2BConfig())
     table = set(_app_routes(app.routes))
     table |= set(_starlette_routes("E2B", _control.routes()))

@@ -5,6 +5,7 @@ calls the engine, and leaves exactly one audit record, also when it fails, is ca
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,9 +140,17 @@ class FakeEngine:
         if sandbox_id not in self.live:
             raise NotFoundError(f"no sandbox {sandbox_id!r}")
 
+    backend = None  # what the service's composition reads (Info, Templates); the command services never do
+    templates = None
+    home = Path("/nonexistent")  # the eval reports' home: never read here
+
     def get(self, sandbox_id: str) -> SimpleNamespace:
+        """The sandbox's session: this engine's operations with the sandbox's id bound, as the real one has them."""
         self.info(sandbox_id)
-        return SimpleNamespace(processes=self.processes, pty=self._pty)
+        ops = ("exec", "run_code", "code_sessions", "interrupt_code", "restart_code", "close_code",
+               "create_code_context", "code_contexts")
+        bound = {op: functools.partial(getattr(self, op), sandbox_id) for op in ops}
+        return SimpleNamespace(processes=self.processes, pty=self._pty, **bound)
 
     async def _pty(self, cmd: str | list[str], *, rows: int, cols: int, cwd: str | None,
                    env: dict[str, str] | None, timeout: float | None, user: str | None = None) -> FakeTerminal:

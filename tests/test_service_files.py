@@ -15,7 +15,8 @@ import pytest
 from corral import AgentError, NotFoundError, PermissionDeniedError
 from corral.backends import DEFAULT_FILE_ROOTS
 from corral.control import ControlStore, Principal, Role
-from corral.engine import Engine, Entry, SandboxSpec, WatchEvent
+from corral.engine import Engine, Entry, SandboxSession, SandboxSpec, WatchEvent
+from corral.engine import Files as SandboxFiles
 from corral.service import Service
 
 pytestmark = pytest.mark.anyio
@@ -168,6 +169,10 @@ class FakeEngine:
 
     It has no `spec`: the roots must come from the store record, never from the engine."""
 
+    backend = None  # what the service's composition reads (Info, Templates); the file operations never do
+    templates = None
+    home = Path("/nonexistent")  # the eval reports' home: never read here
+
     def __init__(self) -> None:
         self.agents: dict[str, FakeAgent] = {}
 
@@ -175,6 +180,22 @@ class FakeEngine:
         if sandbox_id not in self.agents:
             raise NotFoundError(f"no sandbox {sandbox_id!r}")
         return self.agents[sandbox_id]
+
+    def get(self, sandbox_id: str) -> FakeSession:
+        return FakeSession(self.agent(sandbox_id))
+
+
+class FakeSession:
+    """What the engine's `Files` uses of a session: its agent (as any user: the fake checks no user)."""
+
+    def __init__(self, agent: FakeAgent) -> None:
+        self._agent = agent
+
+    def agent(self, user: str | None = None) -> FakeAgent:
+        return self._agent
+
+    def files_for(self, *, roots: builtins.list[str] | None = None, user: str | None = None) -> SandboxFiles:
+        return SandboxFiles(cast(SandboxSession, self), roots=roots, user=user)
 
 
 @dataclass

@@ -34,7 +34,7 @@ from corral.backends._volumes import IMAGE, MOUNT, VOLUME_OWNER, HostVolumes, pr
 from corral.backends.local import LocalBackend
 from corral.backends.local._bundle import SANDBOX_UID, BundleParams, build_config
 from corral.cli import app
-from corral.engine import Limits, SandboxSpec
+from corral.engine import Adoption, Limits, SandboxSpec
 
 from .conftest import TEMPLATE, make_engine
 from .test_server_api import Api
@@ -190,14 +190,14 @@ async def test_sandboxes_that_outlive_their_engine_keep_their_volume(test_home: 
     await sb.exec("echo kept > /mnt/v/f")
     await first.close()  # the sandbox runs on, its bind with it
     second = make_engine(test_home)
-    await second.start()
+    await second.start(adopt={sb.id: Adoption(spec=SandboxSpec(template=TEMPLATE, volumes={"/mnt/v": vid}))})
     try:
         backend = second.backend
         assert isinstance(backend, LocalBackend)
         assert backend.volumes.users(vid) == [sb.id]  # found in the mount table, not in memory
         with pytest.raises(ConflictError, match=sb.id):
             await second.delete_volume(vid)
-        assert (await second.exec(sb.id, "cat /mnt/v/f")).stdout_bytes == b"kept\n"
+        assert (await second.get(sb.id).exec("cat /mnt/v/f")).stdout_bytes == b"kept\n"
         await second.destroy(sb.id)
         assert backend.volumes.users(vid) == [] and mounts_under(backend.volumes.root) == []
     finally:

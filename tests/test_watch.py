@@ -149,7 +149,7 @@ async def test_watchers_are_bounded_and_belong_to_their_owner(files):
 
 async def test_a_file_a_missing_path_and_a_path_outside_the_roots_are_refused(engine, sandbox, files):
     await files.write(f"{W}/file.txt", b"x")
-    confined = Files(engine, sandbox.id, roots=["/workspace"])
+    confined = engine.get(sandbox.id).files_for(roots=["/workspace"])
     cases = [(f"{W}/file.txt", files, InvalidRequestError), (f"{W}/missing", files, NotFoundError),
              (W, confined, PermissionDeniedError), ("/workspace/../home/user", confined, PermissionDeniedError)]
     for path, api, error in cases:

@@ -20,7 +20,7 @@ from ._code import AsyncCodeInterpreter, CodeInterpreter, CodeSessionInfo, Execu
 from ._commands import AsyncCommands, Commands
 from ._config import DEFAULT_REQUEST_TIMEOUT, ConnectionConfig
 from ._files import AsyncFiles, Files
-from ._models import CommandResult, EgressDenial, Entry, SandboxInfo, SandboxMetric
+from ._models import CommandResult, EgressDenial, Entry, ReclaimedTree, SandboxInfo, SandboxMetric
 from ._processes import AsyncCommandHandle, CommandHandle, ProcessInfo
 from ._pty import AsyncPty, AsyncPtySession, Pty, PtySession
 from ._sandbox import AsyncSandbox, Sandbox
@@ -62,6 +62,7 @@ __all__ = [
     "ProcessInfo",
     "Pty",
     "PtySession",
+    "ReclaimedTree",
     "Result",
     "Sandbox",
     "SandboxInfo",

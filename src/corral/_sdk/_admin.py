@@ -270,6 +270,16 @@ def _egress_body(ceiling: str | Sequence[str] | None, private: Sequence[str] | N
     return body
 
 
+def _grants_path(name_or_id: str, destination: str | None = None) -> str:
+    path = _tenant_path(name_or_id) + "/egress/grants"
+    return path if destination is None else f"{path}/{quote(destination, safe='')}"
+
+
+def _grants(data: Any) -> builtins.list[dict[str, Any]]:
+    with _malformed("grants"):
+        return [dict(g) for g in json_dict(data, "grants")["grants"]]
+
+
 def _filters(tenant: str | None, sandbox: str | None, action: str | None, since: datetime | str | None,
              until: datetime | str | None, key: str | None = None) -> dict[str, str]:
     """Query parameters of the audit calls; only the filters given (a datetime should be aware)."""
@@ -343,6 +353,20 @@ class Tenants:
         """The tenant's egress ceiling (admin) and/or exact private `ip:port` pairs (docs/egress.md)."""
         body = _egress_body(ceiling, private)
         return json_dict(self._client.request("PUT", _tenant_path(name_or_id) + "/egress", json=body), "egress")
+
+    def grants(self, name_or_id: str) -> builtins.list[dict[str, Any]]:
+        """The private destinations granted to the tenant (`destination`, `granted_at`, `key_id`; docs/egress.md):
+        what its operators may switch on with `private`."""
+        return _grants(self._client.request("GET", _grants_path(name_or_id)))
+
+    def grant_private(self, name_or_id: str, destination: str) -> builtins.list[dict[str, Any]]:
+        """Grant the tenant a private `ip:port` (admin); never one of the control plane's own services."""
+        body = {"destination": destination}
+        return _grants(self._client.request("POST", _grants_path(name_or_id), json=body))
+
+    def revoke_private(self, name_or_id: str, destination: str) -> builtins.list[dict[str, Any]]:
+        """Take a grant back (admin): the tenant's sandboxes lose the destination at once."""
+        return _grants(self._client.request("DELETE", _grants_path(name_or_id, destination)))
 
 
 class Keys:
@@ -472,6 +496,16 @@ class AsyncTenants:
         body = _egress_body(ceiling, private)
         data = await self._client.request("PUT", _tenant_path(name_or_id) + "/egress", json=body)
         return json_dict(data, "egress")
+
+    async def grants(self, name_or_id: str) -> builtins.list[dict[str, Any]]:
+        return _grants(await self._client.request("GET", _grants_path(name_or_id)))
+
+    async def grant_private(self, name_or_id: str, destination: str) -> builtins.list[dict[str, Any]]:
+        body = {"destination": destination}
+        return _grants(await self._client.request("POST", _grants_path(name_or_id), json=body))
+
+    async def revoke_private(self, name_or_id: str, destination: str) -> builtins.list[dict[str, Any]]:
+        return _grants(await self._client.request("DELETE", _grants_path(name_or_id, destination)))
 
 
 class AsyncKeys:

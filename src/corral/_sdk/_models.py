@@ -13,9 +13,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .._exceptions import ServerError
-from .._output import OutputText, egress_notice
+from .._output import OutputText, ReclaimedTree, egress_notice, reclaim_notice, reclaimed_from_wire
 
-__all__ = ["CommandResult", "EgressDenial", "Entry", "SandboxInfo", "SandboxMetric"]
+__all__ = ["CommandResult", "EgressDenial", "Entry", "ReclaimedTree", "SandboxInfo", "SandboxMetric"]
 
 
 def _b64(value: Any, what: str) -> bytes:
@@ -74,6 +74,9 @@ class CommandResult(OutputText):
     * `egress_denials` - network access the sandbox's policy refused while the command ran (pip, curl and git
       do not print a proxy's reason), one per attempt; `notice` is the same as text to show next to stderr, one
       line per host, port and reason with its count of attempts.
+    * `reclaimed` - what the sandbox stopped to make room for this command under its pids limit: processes that
+      commands which had already ended left running (a fork bomb's last generations, say), one `ReclaimedTree`
+      per command they came from (its id and command line, and how many were stopped); `notice` says it too.
     """
 
     exit_code: int | None
@@ -90,14 +93,17 @@ class CommandResult(OutputText):
     signal: int | None = None
     duration: float = 0.0
     egress_denials: tuple[EgressDenial, ...] = ()
+    reclaimed: tuple[ReclaimedTree, ...] = ()
 
     @property
     def notice(self) -> str:
-        """One line per refused host, port and reason, e.g. for an agent to read next to stderr ("" if none).
+        """One line per refused host, port and reason, then one per leftover tree stopped to make room
+        (`reclaimed`), e.g. for an agent to read next to stderr ("" if none).
 
         A tool that retries (pip tries 6 times) is refused as often; the line says so once: `... (6 attempts)`.
         """
-        return egress_notice((d.host, d.port, d.reason) for d in self.egress_denials)
+        return (egress_notice((d.host, d.port, d.reason) for d in self.egress_denials)
+                + reclaim_notice(self.reclaimed))
 
     @classmethod
     def from_wire(
@@ -122,6 +128,7 @@ class CommandResult(OutputText):
             duration=float(data.get("duration") or 0.0),
             egress_denials=tuple(EgressDenial.from_wire(d) for d in data.get("egress_denials") or ()
                                  if isinstance(d, dict)),
+            reclaimed=reclaimed_from_wire(data.get("reclaimed")),
         )
 
 

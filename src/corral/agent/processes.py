@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from . import threads
+from . import room, threads
 from .users import AGENT_IS_ROOT, ROOT, USER, User, named, privileged
 
 TYPE_CHECKING = False
@@ -47,6 +47,9 @@ KILL_PASSES = 200
 SPAWN_RETRY = 0.5  # how long a start waits out an EAGAIN (a killed tree's zombies not yet reaped)
 REAP_WAIT = 5.0  # after a SIGKILL, how long `kill` waits for the root's exit status (a D-state root may linger)
 FINISHED_KEPT = 64
+ORIGINS_KEPT = 256  # roots whose leftovers a reclaim can still name (see `room`)
+COMMAND_SHOWN = 200  # characters of a command line a reclaim notice shows
+RECLAIMS = 3  # per start: how often a refused spawn asks for room before it calls the limit reached
 MAX_TAG = 256
 CHILD_OOM_SCORE_ADJ = 500
 # Built by the host from spawn.c next to this file; see there for why. Absent: fall back to preexec_fn.
@@ -160,6 +163,7 @@ class Process:
         self.sinks: list[Sink] = []
         self.follow: list[Sink] = []  # attached followers get every byte, not only the head
         self.on_done: list[Callable[[], None]] = []  # called (without the lock) once `done` is set
+        self.reclaimed: list[dict[str, Any]] = []  # what was stopped to make room for it (`room.notice`)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
 
@@ -190,6 +194,7 @@ class Process:
             "stdout_size": self.stdout.total,
             "stderr_size": self.stderr.total,
             "truncated": bool(self.stdout.omitted or self.stderr.omitted),
+            **({"reclaimed": self.reclaimed} if self.reclaimed else {}),
         }
 
     def info(self) -> dict[str, Any]:
@@ -305,28 +310,9 @@ def _close_quietly(fd: int) -> None:
 # -- the process tree -------------------------------------------------------------------------------
 
 
-def _proc_table() -> dict[int, tuple[int, str]]:
-    """pid -> (ppid, state) for every process we can see."""
-    table: dict[int, tuple[int, str]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # comm may contain spaces and parentheses: split after the last ')'.
-        fields = stat.rsplit(b")", 1)[-1].split()
-        if len(fields) >= 2:
-            table[int(name)] = (int(fields[1]), fields[0].decode())
-    return table
-
-
 def descendants(root: int) -> list[int]:
-    table = _proc_table()
     children: dict[int, list[int]] = collections.defaultdict(list)
-    for pid, (ppid, state) in table.items():
+    for pid, (ppid, state, _) in room.processes().items():  # never PID 1: it descends from no one
         if state != "Z":
             children[ppid].append(pid)
     found: list[int] = []
@@ -408,6 +394,62 @@ class ProcessTable:
         self.lock = threading.Lock()
         self._ids = itertools.count(1)
         self._claimed: set[str] = set()  # tags of processes being spawned (not in `processes` yet)
+        # Root pid -> (id, command line) of recent commands: whose leftovers a reclaim stopped (see `room`).
+        self.origins: collections.OrderedDict[int, tuple[str, str]] = collections.OrderedDict()
+        self._reclaimed: list[dict[str, Any]] = []  # stopped, not yet told to a command's result
+        self._room_lock = threading.Lock()  # one reclaim at a time: a second caller finds the room made
+
+    # -- room under the pids limit (see `room`) ----------------------------------------------------
+
+    def make_room(self) -> bool:
+        """Stop leftovers of ended commands, largest session first, until the pids limit has its headroom again;
+        True when a retry may succeed (room made, by us or by another caller meanwhile)."""
+        with self._room_lock, privileged():  # whoever the calling request acts as, the agent kills leftovers
+            free, want = room.room()
+            if free is not None and free >= want:
+                return True
+            reclaim = room.Reclaim(self._snapshot)
+            sessions = reclaim.choose(want, free)
+            if not sessions:
+                return False
+            reclaim.stop(sessions)
+            self.reaper.have_children.set()  # the killed are our children now: the reaper must collect them
+            room.settle(want)
+            with self.lock:
+                entries = room.notice(reclaim.killed, dict(self.origins))
+                self._reclaimed = (self._reclaimed + entries)[-room.NOTICE_KEPT:]
+            return bool(entries)
+
+    def take_reclaimed(self) -> list[dict[str, Any]]:
+        """What reclaims stopped since the last call: the next command's result tells it."""
+        with self.lock:
+            found, self._reclaimed = self._reclaimed, []
+        return found
+
+    def start_thread(self, target: Callable[..., Any], *args: Any, name: str | None = None) -> threading.Thread:
+        """`threads.start`, making room once if the pids limit refuses the thread (RuntimeError if still full)."""
+        if room.room_is_short():
+            self.make_room()
+        try:
+            return threads.start(target, *args, name=name)
+        except RuntimeError:
+            if not self.make_room():
+                raise
+            return threads.start(target, *args, name=name)
+
+    def _snapshot(self) -> tuple[set[int], dict[int, tuple[int, str, int]]]:
+        """The live roots and the sandbox's processes, read while no spawn is half-way to registering its root."""
+        with self.reaper.lock:
+            return set(self.reaper.registry), room.processes()
+
+    def _remember(self, proc: Process) -> None:
+        argv = proc.argv
+        line = argv[2] if len(argv) == 3 and argv[:2] == ["/bin/bash", "-lc"] else " ".join(argv)
+        with self.lock:
+            self.origins.pop(proc.pid, None)
+            self.origins[proc.pid] = (proc.id, line[:COMMAND_SHOWN])
+            while len(self.origins) > ORIGINS_KEPT:
+                self.origins.popitem(last=False)
 
     def spawn(self, req: dict[str, Any]) -> Process:
         """Start the command `req` describes. Its environment: the base, then `env` (the sandbox's), then
@@ -417,6 +459,7 @@ class ProcessTable:
         try:
             proc, env = self._prepare(req, tag)
             self._start(proc, env, req)
+            self._remember(proc)
             with self.lock:
                 self.processes[proc.id] = proc
         finally:
@@ -483,7 +526,7 @@ class ProcessTable:
     def pump(self, proc: Process) -> None:
         """Start moving output; call after attaching sinks (until then output waits in the pipes)."""
         try:
-            threads.start(self._pump, proc, name=f"pump-{proc.id}")
+            self.start_thread(self._pump, proc, name=f"pump-{proc.id}")
         except RuntimeError:  # no thread to be had under a full pids limit: do not leave it running unwatched
             kill_tree(proc.pid)
             self._pump(proc)  # inline: closes its pipes once the killed tree is gone
@@ -540,13 +583,22 @@ class ProcessTable:
         # A tree killed a moment ago leaves zombies that count against pids.max until the reaper collects them:
         # an EAGAIN then is transient, so retry for a short, bounded while (outside the reaper's lock, which
         # the reaper needs to hand out what it collects) before calling the limit reached.
+        # Leftovers of ended commands at the limit are stopped first (`make_room`), before the spawn if the
+        # limit is known to be nearly reached, else once it refuses.
+        if room.room_is_short():
+            self.make_room()
         deadline = time.monotonic() + SPAWN_RETRY
         pause = 0.005
+        reclaims = 0
         while True:
             try:
                 self._spawn_registered(proc, argv, env, cwd, stdio, tty=tty, drop=drop)
                 break
             except OSError as exc:
+                if exc.errno == errno.EAGAIN and reclaims < RECLAIMS and self.make_room():
+                    reclaims += 1
+                    deadline = time.monotonic() + SPAWN_RETRY
+                    continue
                 if exc.errno == errno.EAGAIN and time.monotonic() + pause < deadline:
                     time.sleep(pause)
                     pause *= 2

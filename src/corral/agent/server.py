@@ -7,7 +7,7 @@ import sys
 import time
 from _operator import _compare_digest  # what hmac.compare_digest is, without importing hashlib
 
-from . import files, heartbeats, protocol, threads, users
+from . import files, heartbeats, protocol, users
 from .channel import Channel, Closed
 from .follow import follow, send_all_kept
 from .processes import SIGKILL, Process, ProcessError, ProcessTable, pty_size, resolve_user
@@ -116,6 +116,7 @@ class Agent:
                 pass
 
         proc = self.table.spawn(req)
+        proc.reclaimed = self.table.take_reclaimed()  # leftovers stopped to make room: this result says so
         if not background:
             proc.sinks.append(live)
         started = {"event": "started", "id": proc.id, "pid": proc.pid, "max_output": proc.max_output}
@@ -136,7 +137,7 @@ class Agent:
             # Feeding stdin may block on a process that does not read it: feed from a thread of its own.
             self.table.pump(proc)
             try:
-                threads.start(self._pump_input, ch, proc)
+                self.table.start_thread(self._pump_input, ch, proc)
             except RuntimeError:
                 proc.kill_tree()
                 raise ProcessError("quota_exceeded", "the sandbox's process limit is reached") from None
@@ -311,9 +312,11 @@ def serve(listener: socket, token: str) -> None:
             except OSError:
                 pass  # a peer already gone: its request fails on its own
         try:
-            threads.start(agent.handle, conn)
+            # At the pids limit, what ended commands left running is stopped first (`ProcessTable.make_room`).
+            agent.table.start_thread(agent.handle, conn)
         except RuntimeError:
-            # The pids limit is full: refuse this request, but never let PID 1 (and the sandbox) die of it.
+            # The pids limit is still full (live commands hold it): refuse this request, but never let PID 1 (and
+            # the sandbox) die of it.
             _refuse(conn, "quota_exceeded", "the sandbox's process limit is reached; kill some processes first")
 
 

@@ -21,7 +21,7 @@ import struct
 import threading
 import time
 
-from . import protocol, threads
+from . import protocol
 from .processes import REAP_WAIT, Process, ProcessError, ProcessTable, _which, decode_status
 from .sudo import SOCKET
 from .users import ROOT, USER
@@ -58,7 +58,7 @@ def _serve(listener: _socket.socket, table: ProcessTable) -> None:
             continue
         conn = _socket.socket(fileno=fd)
         try:
-            threads.start(_session, conn, table)
+            table.start_thread(_session, conn, table)
         except RuntimeError:  # the pids limit is full: this caller is refused, sudo goes on
             _refuse(conn, "quota_exceeded", "the sandbox's process limit is reached")
 

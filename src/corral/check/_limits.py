@@ -1,8 +1,9 @@
 """Items 9 and 13, the parts only a check across sandboxes and the host can see: a fork bomb at its pids limit
 leaves other sandboxes and the host responsive, and gigabytes of output pass through a server whose memory stays
-flat. (The abuse corpus's tasks prove the rest of them, and items 10 and 11, from inside one sandbox.)
+flat. (The abuse corpus's tasks prove the rest of them, and items 10 and 11, from inside one sandbox.) Item 46: a
+fork bomb whose command has ended, holding the pids limit, does not lock its sandbox out.
 
-Both are heavy: the orchestrator runs them one at a time, after everything else, so they neither disturb nor are
+All are heavy: the orchestrator runs them one at a time, after everything else, so they neither disturb nor are
 disturbed by the other probes.
 """
 
@@ -13,11 +14,12 @@ import errno
 import time
 from pathlib import Path
 
+from .._exceptions import QuotaExceededError
 from .._sdk import AsyncSandbox, CommandResult
 from ._context import CheckContext, GiB, MiB, clip, run_ok
-from ._model import ItemFailed
+from ._model import ItemFailed, NotApplicable
 
-__all__ = ["item_09_process_limit", "item_13_output_cap", "server_pid"]
+__all__ = ["item_09_process_limit", "item_13_output_cap", "item_46_runaway_tree_does_not_lock", "server_pid"]
 
 PIDS = 64
 FORK_PROBE = r"""
@@ -109,6 +111,47 @@ async def _host_responsiveness(ctx: CheckContext) -> float | None:
     async with asyncio.timeout(30):
         await proc.wait()
     return time.monotonic() - t0
+
+
+# Item 46: a tree that forks three children a generation, five generations deep, every member then waiting in
+# `sleep` (120 s: past the probe; the sandbox is destroyed with it anyway), so that it holds the limit long after
+# its command has ended. Bounded (about 730 processes) wherever a pids limit is not what stops it.
+HOLDING_BOMB = ("(f(){ if [ $1 -gt 0 ]; then f $(($1-1)) & f $(($1-1)) & f $(($1-1)) & fi; sleep 120; }; f 5) "
+                ">/dev/null 2>&1 & echo started")
+RUNAWAY_PIDS = 128
+SATURATE = 3.0  # seconds for the bomb to fill its limit (it takes well under one)
+NEXT_COMMAND_MAX = 5.0  # seconds the next command may take: "at once", with room for a loaded machine
+
+
+async def item_46_runaway_tree_does_not_lock(ctx: CheckContext) -> str:
+    """After a fork bomb's command has ended, the next command runs at once and its result says what was stopped."""
+    if ctx.deployment.backend == "kubernetes":
+        raise NotApplicable("a Pod's pids limit is its node's (the kubelet's podPidsLimit): a sandbox cannot be "
+                            f"given one of {RUNAWAY_PIDS} to fill")
+    async with ctx.sandbox(limits={"pids": RUNAWAY_PIDS}) as sb:
+        started = await sb.commands.run(HOLDING_BOMB, timeout=60)
+        if started.stdout != "started\n":
+            raise ItemFailed(f"the fork bomb did not start: exit {started.exit_code}, {clip(started.stderr)!r}")
+        await asyncio.sleep(SATURATE)
+        t0 = time.monotonic()
+        try:
+            after = await sb.commands.run("echo ok", timeout=30)
+        except QuotaExceededError as exc:
+            raise ItemFailed(f"the next command was refused while the ended bomb's processes held the pids limit "
+                             f"({RUNAWAY_PIDS}): {exc.message}") from None
+        seconds = time.monotonic() - t0
+    if (after.exit_code, after.stdout) != (0, "ok\n"):
+        raise ItemFailed(f"the next command did not run: exit {after.exit_code}, stdout {clip(after.stdout)!r}, "
+                         f"stderr {clip(after.stderr)!r}")
+    if seconds > NEXT_COMMAND_MAX:
+        raise ItemFailed(f"the next command took {seconds:.1f} s (allowed {NEXT_COMMAND_MAX:.0f} s): the sandbox "
+                         "waited for the bomb's leftovers")
+    stopped = [t for t in after.reclaimed if t.command == HOLDING_BOMB and t.processes > 0]
+    if not stopped:
+        raise ItemFailed(f"the next command ran, but its result does not say what was stopped to make room "
+                         f"(reclaimed: {after.reclaimed!r})")
+    return (f"after a fork bomb's command ended holding the pids limit ({RUNAWAY_PIDS}), the next command ran in "
+            f"{seconds:.2f} s and its result says {stopped[0].processes} of the bomb's processes were stopped")
 
 
 RSS_GROWTH_MAX = 256 * MiB

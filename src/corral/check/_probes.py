@@ -20,7 +20,7 @@ from ._fronts import item_43_front_ends_keep_tenancy
 from ._host import item_02_agent_channel, item_19_symlink_swap_race, item_36_fail_closed
 from ._kubernetes import item_44_pods_locked_down
 from ._lifecycle import item_41_ports_are_the_tenants, item_42_volumes_bounded
-from ._limits import item_09_process_limit, item_13_output_cap
+from ._limits import item_09_process_limit, item_13_output_cap, item_46_runaway_tree_does_not_lock
 from ._model import ItemFailed, NotApplicable, Status, Verdict
 from ._policy import item_40_forced_runtime_holds
 from ._secrets import item_37_secrets_never_inside, item_38_secrets_reach_only_their_hosts
@@ -62,6 +62,7 @@ PROBES: tuple[Probe, ...] = (
     Probe(42, item_42_volumes_bounded),
     Probe(43, item_43_front_ends_keep_tenancy),
     Probe(44, item_44_pods_locked_down),
+    Probe(46, item_46_runaway_tree_does_not_lock, heavy=True),
 )
 
 

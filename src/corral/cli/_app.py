@@ -19,7 +19,7 @@ Help is plain text: no command's help is read as Rich markup (`_HELP_MARKUP`), s
 from __future__ import annotations
 
 import importlib
-import json
+import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +31,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from .. import __version__
 from .._exceptions import CorralError
-from .._logging import LOG_FORMATS, log_as_json
+from .._logging import LOG_FORMATS, JSONFormatter, log_as_json
 from ._common import error_line
 
 # None: help text is printed as written (click's formatter), never parsed as Rich markup or Markdown.
@@ -246,7 +246,11 @@ def serve(
     templates = TemplateStore(settings.corral_home())
     aliases, which = interpreter_alias(given, templates.exists)
     # Said before the server starts, in the form its other startup notices take (one JSON object a line for json).
-    typer.echo(which if log_format == "text" else json.dumps({"level": "info", "message": which}))
+    if log_format == "text":
+        typer.echo(which)
+    else:  # the fields every other JSON line has (time, level, logger, event)
+        typer.echo(JSONFormatter().format(logging.makeLogRecord({"name": "corral.e2b", "levelno": logging.INFO,
+                                                                  "levelname": "INFO", "msg": which})))
     capacity = Capacity(max_sandboxes=max_sandboxes, memory_overcommit=memory_overcommit)
     if no_pool and pool:
         raise typer.BadParameter("--no-pool turns off the pools that --pool configures: give one", param_hint="--pool")

@@ -1,4 +1,5 @@
-"""`corral tenants create|ls|update` (admin): the tenants of a Corral server and their quotas."""
+"""`corral tenants create|ls|update|grants|grant-private|revoke-private` (admin): the tenants of a Corral server,
+their quotas and the private destinations granted to them."""
 
 from __future__ import annotations
 
@@ -119,3 +120,55 @@ def update(
     with admin(url, api_key) as a:
         _tenant_out(a.tenants.update(name, quotas=quotas or None, disabled=disabled, required_runtime=runtime),
                     as_json)
+
+
+_DESTINATION_HELP = "An exact private IP address and port, e.g. 10.0.0.5:5432 (an IPv6 address in brackets)."
+
+
+def _grants_out(grants: list[dict[str, object]], as_json: bool) -> None:
+    if as_json:
+        print_json(grants)
+        return
+    table = Table("destination", "granted at", "by key")
+    for g in grants:
+        table.add_row(str(g["destination"]), str(g["granted_at"]), str(g.get("key_id") or ""))
+    print_table(table)
+
+
+@tenants_app.command("grants")
+def grants(
+    name: str = typer.Argument(..., help="Tenant name or id."),
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+    api_key: ApiKeyOption = None,
+) -> None:
+    """List the private destinations granted to a tenant: what its operators may switch on (docs/egress.md)."""
+    with admin(url, api_key) as a:
+        _grants_out(a.tenants.grants(name), as_json)
+
+
+@tenants_app.command("grant-private")
+def grant_private(
+    name: str = typer.Argument(..., help="Tenant name or id."),
+    destination: str = typer.Argument(..., help=_DESTINATION_HELP),
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+    api_key: ApiKeyOption = None,
+) -> None:
+    """Grant a tenant a private destination its operators may then switch on (admin). The control plane's own
+    services (its API and metrics ports, its database, its replicas) are refused."""
+    with admin(url, api_key) as a:
+        _grants_out(a.tenants.grant_private(name, destination), as_json)
+
+
+@tenants_app.command("revoke-private")
+def revoke_private(
+    name: str = typer.Argument(..., help="Tenant name or id."),
+    destination: str = typer.Argument(..., help=_DESTINATION_HELP),
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+    api_key: ApiKeyOption = None,
+) -> None:
+    """Take a grant back (admin): the tenant's sandboxes lose the destination at once, for new connections."""
+    with admin(url, api_key) as a:
+        _grants_out(a.tenants.revoke_private(name, destination), as_json)

@@ -36,6 +36,7 @@ from ._auditkeys import (
 )
 from ._db import default_url
 from ._denials import AUTH_DENIED, AuthDenials, Denial
+from ._grants import PrivateGrants
 from ._keys import KEY_FORMAT, generate_key, hash_key, parse_key
 from ._models import (
     DEFAULT_EGRESS_CEILING,
@@ -43,6 +44,7 @@ from ._models import (
     SCHEMA_VERSION,
     ApiKey,
     NewApiKey,
+    PrivateGrant,
     Quotas,
     ReplicaInfo,
     Resealed,
@@ -86,6 +88,8 @@ __all__ = [
     "Denial",
     "NewApiKey",
     "Principal",
+    "PrivateGrant",
+    "PrivateGrants",
     "Quotas",
     "ReplicaInfo",
     "ReplicaRegistry",

@@ -95,6 +95,18 @@ class TenantEgressRow(Base):
     private: Mapped[Any] = mapped_column(JSON)  # ["10.0.0.5:5432", ...]: private ip:port pairs allowed
 
 
+class PrivateGrantRow(Base):
+    """A private `ip:port` an admin granted a tenant (docs/egress.md): its operators may switch on only these.
+    A table of its own, so older databases gain it from `create_all` (their pairs count once granted)."""
+
+    __tablename__ = "tenant_private_grants"
+
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), primary_key=True)
+    destination: Mapped[str] = mapped_column(String(64), primary_key=True)  # normalised "ip:port"
+    granted_at: Mapped[datetime]
+    key_id: Mapped[str | None] = mapped_column(String(40))  # the admin key that granted it
+
+
 class ApiKeyRow(Base):
     __tablename__ = "api_keys"
 
@@ -280,6 +292,15 @@ class TenantEgress:
 
     ceiling: str | list[str] = DEFAULT_EGRESS_CEILING
     private: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PrivateGrant:
+    """A private `ip:port` a tenant's operators may switch on (`TenantEgress.private`), granted by an admin."""
+
+    destination: str
+    granted_at: datetime
+    key_id: str | None = None
 
 
 @dataclass(frozen=True)

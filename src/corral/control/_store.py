@@ -39,6 +39,7 @@ from ._auditkeys import AuditKeyring, load_audit_keys
 from ._cache import MISSING, TTLCache
 from ._db import Database, default_url
 from ._denials import AuthDenials
+from ._grants import PrivateGrants, granted_destinations
 from ._keys import generate_key, hash_key, parse_key, same_hash, validate_key
 from ._models import (
     DEFAULT_MAX_PAUSED_SECONDS,
@@ -132,6 +133,7 @@ class ControlStore:
         self._sandboxes: TTLCache[str, SandboxRecord] = TTLCache(ttl, self._now)  # by sandbox id
         self.cache_ttl = ttl  # how late another replica's change may be seen here (module docstring)
         self.replicas = ReplicaRegistry(self._db, self._now, self._sandboxes)  # docs/replicas.md
+        self.grants = PrivateGrants(self._db, self._now)  # private destinations admins granted (docs/egress.md)
         # Quota check and insert must not interleave between two creates of this process; other processes
         # are held off by the write transaction (and, on PostgreSQL, the tenant row lock).
         self._create_lock = asyncio.Lock()
@@ -538,11 +540,14 @@ class ControlStore:
         async with self._db.read() as session:
             tenant = tenant_from_row(await _tenant_row(session, tenant_id))
             row = await session.get(TenantEgressRow, tenant_id)
-        return tenant, _tenant_egress(row)
+            granted = await granted_destinations(session, tenant_id)
+        return tenant, _tenant_egress(row, granted)
 
     async def tenant_egress(self, tenant_id: str) -> TenantEgress:
+        """The tenant's settings; `private` holds only the pairs that are still granted (`store.grants`)."""
         async with self._db.read() as session:
-            return _tenant_egress(await session.get(TenantEgressRow, tenant_id))
+            row = await session.get(TenantEgressRow, tenant_id)
+            return _tenant_egress(row, await granted_destinations(session, tenant_id))
 
     async def set_tenant_egress(self, tenant_id: str, egress: TenantEgress) -> TenantEgress:
         """Replace the tenant's egress settings (validate them first: this stores what it is given)."""
@@ -911,9 +916,11 @@ def _check_per_sandbox(tenant: TenantRow, row: SandboxRow) -> None:
     _check_limit(tenant, "max_sandbox_timeout", tenant.max_sandbox_timeout, timeout, "a sandbox timeout", unit="s")
 
 
-def _tenant_egress(row: TenantEgressRow | None) -> TenantEgress:
-    """A tenant's egress settings from its row (none: the defaults)."""
-    return TenantEgress() if row is None else TenantEgress(ceiling=row.ceiling, private=list(row.private or []))
+def _tenant_egress(row: TenantEgressRow | None, granted: frozenset[str]) -> TenantEgress:
+    """A tenant's egress settings from its row (none: the defaults), its private pairs cut to the granted ones."""
+    if row is None:
+        return TenantEgress()
+    return TenantEgress(ceiling=row.ceiling, private=[p for p in row.private or [] if p in granted])
 
 
 async def _check_totals(session: AsyncSession, tenant: TenantRow, row: SandboxRow) -> None:

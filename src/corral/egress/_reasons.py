@@ -49,14 +49,15 @@ def policy_denied(host: str, port: int, policy: EgressPolicy, rule: str) -> Refu
 def address_forbidden(host: str, ip: str, port: int, why: str, policy: EgressPolicy) -> Refusal:
     what = _show(ip) if host == ip else f"{_show(host)} resolves to {_show(ip)}"
     text = (f"Corral egress denied: {what} ({why}), an address no sandbox may reach under any policy "
-            f"(policy: {policy.describe()}); an operator can allow this exact address with "
-            f'private=["{_show(ip)}:{port}"]')
+            f"(policy: {policy.describe()}); an admin can grant this exact address and an operator switch it on "
+            f'with private=["{_show(ip)}:{port}"]')
     return Refusal(403, text, f"forbidden address {ip} ({why})")
 
 
 def no_host_service(name: str, port: int, policy: EgressPolicy) -> Refusal:
     text = (f"Corral egress denied: {name}:{port} names no host service of this tenant (policy: {policy.describe()}); "
-            f'an operator allows one with private=["<its ip>:{port}"] in the tenant\'s egress settings')
+            f'an admin grants one and an operator switches it on with private=["<its ip>:{port}"] in the tenant\'s '
+            "egress settings")
     return Refusal(403, text, "no host service")
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import IO, Any, TypeVar
 
 from .._exceptions import AgentError, CorralError, error_from_code
+from .._output import reclaimed_from_wire
 from ..agent import protocol
 from ..agent.processes import DEFAULT_MAX_OUTPUT, OutputBuffer
 from ..backends import Endpoint, UnixEndpoint
@@ -852,6 +853,7 @@ def _result(ev: dict[str, Any], out: bytes, err: bytes, out_cut: int | None, err
         stderr_cut=err_cut,
         pid=int(ev.get("pid") or 0),
         id=str(ev.get("id") or ""),
+        reclaimed=reclaimed_from_wire(ev.get("reclaimed")),
     )
 
 

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Literal
 
 from .._exceptions import InvalidRequestError
-from .._output import OutputText  # a leaf shared with the SDK, which must not import the engine
+from .._output import OutputText, ReclaimedTree  # a leaf shared with the SDK, which must not import the engine
 from ..backends._spec import DEFAULT_FILE_ROOTS, Limits, Runtime, SandboxSpec, SandboxState, parse_size
 
 if TYPE_CHECKING:
@@ -56,6 +56,8 @@ class ExecResult(OutputText):
     # Egress the command tried that policy refused (the proxy's records, in order): tools like pip and curl do
     # not print a proxy's reason, so the result carries it.
     egress_denials: tuple[EgressEvent, ...] = ()
+    # Leftovers of ended commands the agent stopped to make room under the pids limit before this one started.
+    reclaimed: tuple[ReclaimedTree, ...] = ()
 
     @property
     def ok(self) -> bool:

@@ -12,7 +12,7 @@ from typing import Any
 
 import mcp_types as types
 
-from .._output import egress_notice
+from .._output import egress_notice, reclaim_notice
 from ..control import SandboxRecord
 from ..engine import CodeResult, Entry, ExecResult, RichResult
 
@@ -55,7 +55,8 @@ def command_result(outcome: ExecResult, timeout: float) -> types.CallToolResult:
                   "timed_out": outcome.timed_out, "oom_killed": outcome.oom_killed,
                   "truncated": outcome.truncated, "signal": outcome.signal, "duration": outcome.duration,
                   "stdout_size": outcome.stdout_size, "stderr_size": outcome.stderr_size,
-                  "egress_denials": denials, "egress_notice": notice}
+                  "egress_denials": denials, "egress_notice": notice,
+                  "reclaimed": [tree.to_wire() for tree in outcome.reclaimed]}
     return result(_command_text(outcome, timeout, notice), structured)
 
 
@@ -67,6 +68,8 @@ def _command_text(outcome: ExecResult, timeout: float, notice: str) -> str:
     if notice:
         parts.append("[network refused by the sandbox's egress policy (create the sandbox with network set to "
                      f"the domains it needs)]\n{notice.rstrip()}")
+    if outcome.reclaimed:  # what an ended command left running was stopped so that this one could start
+        parts.append(reclaim_notice(outcome.reclaimed).rstrip())
     return "\n".join(parts)
 
 

@@ -82,6 +82,11 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
 
     replica = replica or ReplicaConfig(url=f"http://{host}:{port}")
     app = create_app(engine, store, on_startup=bootstrap, domain=domain, e2b=e2b, replica=replica, metrics=metrics)
+    # What no tenant may ever be granted as a private destination (docs/egress.md): this server's own listeners.
+    control_plane = app.state.corral.grants.control_plane
+    control_plane.add_listener(host, port, "the control plane's API listener")
+    if metrics_port is not None:
+        control_plane.add_listener(metrics_port.host, metrics_port.port, "the control plane's metrics port")
     # Idle connections live longer here than in clients' pools (httpx and pyqwest keep theirs 5 s by default): a
     # server that closes first races a client reusing the connection at that instant (a failed request, seen).
     # JSON logs: uvicorn configures no loggers of its own (its records reach the JSON root handler), and its

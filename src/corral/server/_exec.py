@@ -71,6 +71,7 @@ def result_json(result: ExecResult, *, streamed: bool = False) -> dict[str, Any]
         "stdout_cut": result.stdout_cut,
         "stderr_cut": result.stderr_cut,
         "egress_denials": [denial_json(d) for d in result.egress_denials],
+        "reclaimed": [tree.to_wire() for tree in result.reclaimed],
     }
 
 

@@ -1,4 +1,5 @@
-"""`GET /v1/info`: the server's backend, its runtimes and what it cannot give; see `corral.service.Info`."""
+"""`GET /v1/info`: the server's backend, its runtimes and what it cannot give (`corral.service.Info`); and
+`GET /v1/templates`: the names of its templates (`corral.service.Templates`)."""
 
 from __future__ import annotations
 
@@ -22,3 +23,8 @@ async def info(request: Request, principal: CurrentPrincipal) -> dict[str, Any]:
             "domain": found.domain, "root": found.root, "replica": found.replica,
             "caller": {"key_id": caller.key_id, "tenant_id": caller.tenant_id, "tenant": caller.tenant,
                        "role": caller.role}}
+
+
+@router.get("/templates")
+async def templates(request: Request, principal: CurrentPrincipal) -> dict[str, Any]:
+    return {"templates": [{"name": name} for name in await service(request).templates.names(principal)]}

@@ -9,6 +9,7 @@ from ._commands import Command, Commands, CommandStream, StartCallback, exec_out
 from ._egress_directory import EgressDirectory
 from ._eval import EvalReports, EvalRun
 from ._files import Files
+from ._grants import ControlPlane, PrivateGrants
 from ._info import Caller, Info, ServerInfo
 from ._metrics import MetricsSampler, SandboxMetric
 from ._outcome import RETRY_AFTER_DETAIL, STATUS_BY_CODE, outcome_of, status_for
@@ -48,6 +49,7 @@ __all__ = [
     "Command",
     "CommandStream",
     "Commands",
+    "ControlPlane",
     "CreateSandbox",
     "EgressDirectory",
     "EgressMetrics",
@@ -63,6 +65,7 @@ __all__ = [
     "PortConnection",
     "PortRequest",
     "Ports",
+    "PrivateGrants",
     "Processes",
     "Pty",
     "PtyRequest",

@@ -1,8 +1,8 @@
 """Egress settings of tenants, and the audit records of the egress proxy.
 
 The ceiling bounds every sandbox's `network` policy (admins set it); `private` lists the exact private
-`ip:port` pairs the tenant's sandboxes may reach (operators of the tenant may set it, for their own databases
-and services). A change reaches the tenant's live sandboxes at once, for new connections.
+`ip:port` pairs the tenant's sandboxes may reach (operators of the tenant switch on those an admin granted,
+`PrivateGrants`). A change reaches the tenant's live sandboxes at once, for new connections.
 
 Every attempt is one audit record (`egress_audit_event`). A proxy of another process (`corral egress-proxy`, for
 Pods) records its refusals before it answers them, so `denials` finds them in the shared trail for the command
@@ -49,14 +49,20 @@ class TenantEgressSettings:
             if ceiling is not None:
                 authorize(principal, Action.TENANT_UPDATE)  # raising or lowering the ceiling is the admin's call
             new_ceiling = current.ceiling if ceiling is None else EgressPolicy.parse(ceiling).to_wire()
-            new_private = current.private if private is None else list(private)
-            EgressPolicy.parse("none", private=new_private)  # InvalidRequestError names a malformed pair
+            # InvalidRequestError names a malformed pair; stored normalised, the form the grants compare.
+            new_private = list(EgressPolicy.parse("none", private=current.private if private is None else private)
+                               .private)
+            # -- private grants (service/_grants.py): never the control plane; an operator's only if granted --
+            granted = await self._svc.grants.allow(principal, tenant.id, new_private)
+            if granted:
+                audit.outcome["granted"] = granted
+            # -- end of private grants --
             egress = await self._svc.store.set_tenant_egress(
                 tenant.id, TenantEgress(ceiling=new_ceiling, private=new_private))
-            audit.outcome["updated"] = await self._apply_to_live_sandboxes(tenant.id, egress)
+            audit.outcome["updated"] = await self.apply_to_live_sandboxes(tenant.id, egress)
         return tenant, egress
 
-    async def _apply_to_live_sandboxes(self, tenant_id: str, egress: TenantEgress) -> int:
+    async def apply_to_live_sandboxes(self, tenant_id: str, egress: TenantEgress) -> int:
         """New private pairs apply at once; a lower ceiling narrows live sandboxes that now exceed it to `none`."""
         ceiling = EgressPolicy.parse(egress.ceiling)
         updated = 0

@@ -33,6 +33,7 @@ from ._commands import Commands
 from ._egress import TenantEgressSettings
 from ._eval import EvalReports
 from ._files import Files
+from ._grants import PrivateGrants
 from ._info import Info
 from ._metrics import MetricsSampler
 from ._ports import DEFAULT_DOMAIN, Ports
@@ -85,6 +86,7 @@ class Service:
         self.ports = Ports(self, domain)  # `domain`: where sandboxes' ports are served (docs/ports.md)
         self.code = Code(self)
         self.egress = TenantEgressSettings(self)
+        self.grants = PrivateGrants(self)  # private destinations admins grant tenants (docs/egress.md)
         engine.remote_denials = self.egress.denials  # a proxy of another process records them
         self.tenants = Tenants(store, self._auditor)
         self.keys = Keys(store, self._auditor, self.tenants)

@@ -1,4 +1,5 @@
-"""Templates as tenants see them: whether a name (or a snapshot of the caller's tenant) starts sandboxes."""
+"""Templates as tenants see them: their names, and whether a name (or a snapshot of the caller's tenant) starts
+sandboxes."""
 
 from __future__ import annotations
 
@@ -16,6 +17,12 @@ class Templates:
         self._templates = templates
         self._snapshots = snapshots
         self._audited = audited
+
+    async def names(self, principal: Principal) -> list[str]:
+        """The deployment's named templates, sorted (what the dashboard's New sandbox form offers)."""
+        async with self._audited(principal, "template.list", None):
+            authorize(principal, Action.SANDBOX_CREATE, principal.tenant_id)
+            return [t.name for t in self._templates.list()]
 
     async def exists(self, principal: Principal, name: str) -> bool:
         """Whether `name` is a template of this deployment, or a snapshot of the caller's tenant."""

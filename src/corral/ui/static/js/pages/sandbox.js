@@ -1,6 +1,8 @@
-// /ui/sandboxes/{id}: a live terminal (xterm.js over the PTY WebSocket), files, processes, recent activity.
+// /ui/sandboxes/{id}: CPU and memory charts, a live terminal (xterm.js over the PTY WebSocket), files, processes,
+// recent activity.
 import * as api from "../api.js";
 import { go } from "../app.js";
+import { lineChart } from "../charts.js";
 import { age, bytes, errorBox, h, json, mount, table, time } from "../dom.js";
 
 // What each close code of the PTY WebSocket means to the person at the terminal (docs/api.md).
@@ -22,6 +24,10 @@ export function sandboxPage(main, id) {
   mount(main,
     h("p", {}, h("a", { href: "/ui/", "data-nav": true }, "← Sandboxes")),
     header,
+    h("section", { class: "card", id: "usage-charts" }, h("h2", {}, "CPU and memory over the last hour"),
+      h("div", { class: "columns" },
+        h("div", {}, h("h3", {}, "CPU (% of its cpus)"), h("div", { id: "cpu-chart" })),
+        h("div", {}, h("h3", {}, "Memory used"), h("div", { id: "memory-chart" })))),
     h("section", { class: "card" }, h("h2", {}, "Terminal"), terminal(id, cleanups)),
     h("div", { class: "columns" },
       h("section", { class: "card" }, h("h2", {}, "Files"), files(path)),
@@ -58,7 +64,9 @@ async function loadHeader(el, path, cleanups) {
       fact("Usage", usage)));
   const sample = async () => {
     try {
-      const found = (await api.get(`${path}/metrics`, { start: Math.floor(Date.now() / 1000) - 30 })).metrics;
+      // The sampler keeps an hour of samples, one per 5 s (service/_metrics.py): chart them all.
+      const found = (await api.get(`${path}/metrics`, { start: Math.floor(Date.now() / 1000) - 3600 })).metrics;
+      charts(found);
       const m = found.at(-1);
       usage.textContent = m ? `${m.cpu_used_pct.toFixed(1)}% of ${m.cpus} cpu · memory ${bytes(m.memory_used)} / `
         + `${bytes(m.memory_total)} · disk ${bytes(m.disk_used)} / ${bytes(m.disk_total)}`
@@ -70,6 +78,22 @@ async function loadHeader(el, path, cleanups) {
   sample();
   const timer = setInterval(sample, 5000);
   cleanups.push(() => clearInterval(timer));
+}
+
+function charts(samples) {
+  const at = (m) => Date.parse(m.timestamp);
+  const cpu = document.getElementById("cpu-chart");
+  const memory = document.getElementById("memory-chart");
+  if (cpu) {
+    lineChart(cpu, samples.map((m) => ({ t: at(m), v: m.cpu_used_pct })),
+      { max: 100, format: (v) => `${v.toFixed(0)}%`, label: "CPU used, percent of its cpus" });
+  }
+  if (memory) {
+    const limit = samples.length ? samples.at(-1).memory_total : 0;
+    lineChart(memory, samples.map((m) => ({ t: at(m), v: m.memory_used })),
+      { max: Math.min(limit, Math.max(...samples.map((m) => m.memory_used), 0) * 1.25),
+        format: (v) => bytes(Math.round(v)), label: "memory used, bytes" });
+  }
 }
 
 function fact(name, value) {

@@ -1,7 +1,9 @@
-// /ui/: the tenant's sandboxes, with live CPU and memory from the metrics endpoint; kill; the kill switch.
+// /ui/: the tenant's sandboxes, with live CPU and memory from the metrics endpoint; New sandbox; kill; the kill
+// switch.
 import * as api from "../api.js";
 import { can, caller } from "../app.js";
 import { age, bytes, errorBox, h, json, mount, table } from "../dom.js";
+import { mayCreate, newSandbox } from "./newsandbox.js";
 
 const REFRESH_MS = 5000;
 
@@ -43,8 +45,10 @@ export function sandboxesPage(main) {
 
   filter.addEventListener("input", render);
   metadata.addEventListener("change", refresh);
+  const create = mayCreate() ? newSandbox(() => refresh()) : null;
   mount(main,
-    h("div", { class: "title" }, h("h1", {}, "Sandboxes"), status),
+    h("div", { class: "title" }, h("h1", {}, "Sandboxes"), status, create ? create.button : null),
+    create ? create.form : null,
     h("div", { class: "toolbar" }, filter, metadata,
       h("button", { onclick: refresh }, "Refresh")),
     list,
