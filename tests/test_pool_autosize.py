@@ -6,7 +6,6 @@ self-sizing pool of the default template by default, `--pool` pins, `--no-pool` 
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +43,21 @@ async def _capacity() -> BackendCapacity:
     return BackendCapacity(memory_total=64 * GiB, memory_available=64 * GiB)
 
 
-def _pools(members: Members, *, auto: AutoSize | None = None, size: int = 0,
-           room: Any = None) -> tuple[Pools, PoolState]:
+class Clock:
+    """The pools' monotonic time, moved by the test: a window passes without waiting for it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _pools(members: Members, *, auto: AutoSize | None = None, size: int = 0, room: Any = None,
+           clock: Clock | None = None) -> tuple[Pools, PoolState]:
     pool = WarmPool(SandboxSpec(), size=size, auto=auto) if auto else WarmPool(SandboxSpec(), size)
     pools = Pools([pool], resizable=False, make=members.make, destroy=members.destroy, capacity=_capacity,
-                  creating={}, room=room)
+                  creating={}, room=room, clock=clock or Clock())
     (state,) = pools.states.values()
     return pools, state
 
@@ -56,7 +65,7 @@ def _pools(members: Members, *, auto: AutoSize | None = None, size: int = 0,
 async def _settle(pools: Pools) -> None:
     """One filler step after the quiet that follows demand, and the members it started (bounded: a few steps)."""
     for _ in range(5):
-        pools.last_demand = 0.0  # the quiet after the last create has passed
+        pools.last_demand = -1e9  # the quiet after the last create has passed
         await pools.step()
         await asyncio.gather(*pools.tasks)
 
@@ -90,19 +99,38 @@ async def test_the_filler_waits_for_the_quiet_after_a_burst_before_it_grows_the_
 
 
 async def test_a_self_sizing_pool_shrinks_back_to_rest_once_the_burst_leaves_the_window() -> None:
-    members = Members()
-    pools, state = _pools(members, auto=AutoSize(rest=2, window=1, span=1))
+    members, clock = Members(), Clock()
+    pools, state = _pools(members, auto=AutoSize(rest=2, window=60, span=5), clock=clock)
     _burst(pools, 6)
     await _settle(pools)
     assert len(state.members) == 6
-    deadline = time.monotonic() + 10
-    while pools.wanted(state) > 2:  # the one-second bucket leaves a one-second window within two seconds
-        assert time.monotonic() < deadline, "the burst never left the window"
-        await asyncio.sleep(0.1)
+    clock.now += 59
+    assert pools.wanted(state) == 6, "still within the window"
+    await _settle(pools)
+    assert len(state.members) == 6 and not members.destroyed
+    clock.now += 2
+    assert pools.wanted(state) == 2, "the burst left the window"
     await _settle(pools)
     assert len(state.members) == 2 and len(members.destroyed) == 4
     assert state.stats.evicted == 4
     assert set(members.destroyed).isdisjoint(state.members)
+
+
+async def test_wanted_follows_the_largest_burst_still_in_the_window() -> None:
+    clock = Clock()
+    pools, state = _pools(Members(), auto=AutoSize(rest=2, window=60, span=5), clock=clock)
+    assert pools.wanted(state) == 2, "no demand yet: the rest size"
+    _burst(pools, 9)
+    clock.now += 30
+    _burst(pools, 4)  # a smaller burst later: the pool keeps the larger one's size
+    assert pools.wanted(state) == 9
+    clock.now += 3
+    _burst(pools, 3)  # within the second's span: one burst of 7
+    assert pools.wanted(state) == 9
+    clock.now += 28  # the first burst left the window, the second has not
+    assert pools.wanted(state) == 7
+    clock.now += 61
+    assert pools.wanted(state) == 2, "idle for a window: back to rest"
 
 
 async def test_a_self_sizing_pool_grows_only_into_the_room_the_machine_has() -> None:

@@ -157,13 +157,14 @@ class Pools:
     `make` starts a member and `destroy` ends one (the runtime's); `creating` is the runtime's sandboxes being
     created (a caller's create goes before any refill); `capacity` the backend's figures; `room` how many more
     sandboxes of a memory limit the machine takes now (the runtime's capacity check, counted: bounds a self-sizing
-    pool).
+    pool); `clock` the monotonic time the quiet, the refill rate and the demand window are counted in.
     """
 
     def __init__(self, pools: Sequence[WarmPool], *, resizable: bool, make: MakeMember, destroy: DestroyMember,
                  capacity: Callable[[], Awaitable[BackendCapacity]], creating: Mapping[str, int],
-                 room: Room | None = None) -> None:
+                 room: Room | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self._resizable = resizable
+        self._clock = clock  # monotonic seconds (a test's own clock: demand leaves the window without waiting)
         self._make, self._destroy, self._capacity, self._creating = make, destroy, capacity, creating
         self._room = room
         self._figures: BackendCapacity | None = None  # the backend's, as of the filler's last step
@@ -202,7 +203,7 @@ class Pools:
             free -= sum(1 for sandbox_id in self.starting if sandbox_id not in self._creating)
         room = PoolRoom(held=len(state.members) + state.starting, free=free,
                         memory_total=None if figures is None else figures.memory_total)
-        return pool_target(auto, demand, room, time.monotonic())
+        return pool_target(auto, demand, room, self._clock())
 
     def _deficit(self, state: PoolState) -> int:
         return self.wanted(state) - len(state.members) - state.starting
@@ -215,7 +216,7 @@ class Pools:
         return [*self.ready.values(), *self.claimed.values()]
 
     def demand(self) -> None:
-        self.last_demand = time.monotonic()
+        self.last_demand = self._clock()
 
     def claim(self, spec: SandboxSpec) -> str | None:
         """Take a ready member that can serve `spec` aside, and return its id (None: no pool for `spec`, or it is
@@ -228,7 +229,7 @@ class Pools:
             return None
         self.wake.set()
         if state.demand is not None:
-            state.demand.record(time.monotonic())
+            state.demand.record(self._clock())
         if not state.members:
             state.stats.missed += 1
             return None
@@ -295,13 +296,13 @@ class Pools:
             if self.evict_one():
                 logger.warning("pool.memory_pressure", extra={"available": available, "floor": floor})
             return _POOL_PRESSURE_POLL
-        quiet = self.last_demand + _POOL_QUIET - time.monotonic()
+        quiet = self.last_demand + _POOL_QUIET - self._clock()
         if quiet > 0 or any(sandbox_id not in self.starting for sandbox_id in self._creating):
             return max(quiet, _POOL_QUIET / 4)
         self._shrink()
         if available is not None and available < 2 * floor:
             return _POOL_PRESSURE_POLL
-        now, delay = time.monotonic(), _POOL_IDLE_POLL
+        now, delay = self._clock(), _POOL_IDLE_POLL
         for state in sorted(self.states.values(), key=self._fullness):
             while self._deficit(state) > 0 and len(self.tasks) < _POOL_PARALLEL:
                 if now < state.next_start:
@@ -325,7 +326,7 @@ class Pools:
             sb = await self._make(state.pool.spec, sandbox_id)
         except Exception:
             state.stats.failed += 1
-            state.next_start = time.monotonic() + _POOL_RETRY  # a broken template must not spin
+            state.next_start = self._clock() + _POOL_RETRY  # a broken template must not spin
             logger.exception("pool.fill_failed", extra={"pool": state.pool.describe()})
         else:
             state.stats.made += 1
