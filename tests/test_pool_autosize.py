@@ -219,6 +219,7 @@ def test_serve_gets_the_self_sizing_default_pool_and_pool_pins_it(served: dict[s
     result = CliRunner().invoke(app, ["serve", *args])
     assert result.exit_code == 0, result.output
     assert [p.describe() for p in served["pools"]] == pools
+    assert f"warm pools: {pools[0] if pools else 'none'}" in result.output, "serve says its pool choice at start"
 
 
 def test_serve_refuses_no_pool_with_pools(served: dict[str, Any]) -> None:

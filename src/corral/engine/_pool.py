@@ -151,6 +151,20 @@ def serve_pools(given: Sequence[WarmPool], *, default: bool) -> list[WarmPool]:
     return pools
 
 
+def pools_notice(pools: Sequence[WarmPool]) -> str:
+    """What `corral serve` says at start about its warm pools (one line)."""
+    if not pools:
+        return "warm pools: none (creates start cold; --pool TEMPLATE=SIZE or TEMPLATE=auto keeps some started)"
+    said = []
+    for pool in pools:
+        auto = pool.auto
+        said.append(pool.describe() if auto is None else
+                    f"{pool.describe()} (self-sizing: {auto.rest} at rest, growing to the largest burst of creates "
+                    f"of the last {auto.window:g} s, within capacity, {auto.memory_share:.0%} of memory and "
+                    f"{auto.ceiling} members)")
+    return "warm pools: " + ", ".join(said)
+
+
 class Pools:
     """The warm pools of one engine: ready members, claims, the filler that keeps them full in idle time.
 
