@@ -125,3 +125,21 @@ async def test_concurrent_requests_resume_it_once(e2b_env: E2BServer, cleanup: C
     assert [getattr(r, "stdout", r) for r in results] == ["7"] * 8
     assert (await sbx.get_info()).state is SandboxState.RUNNING
     assert len(_resumes(e2b_env, sbx.sandbox_id)) == 1
+
+
+def test_an_anonymous_request_to_a_public_port_resumes_it(e2b_env: E2BServer, cleanup: Cleanup) -> None:
+    sbx = cleanup.add(Sandbox.create("base", timeout=600, lifecycle=_AUTO, network={"allow_public_traffic": True}))
+    server = sbx.commands.run("cd /home/user && python3 -m http.server 8001", background=True)
+    for _ in range(100):
+        if httpx.get(f"{e2b_env.url}/", headers={"Host": sbx.get_host(8001)}, timeout=60).status_code == 200:
+            break
+        time.sleep(0.1)
+    sbx.pause()
+    assert _state(sbx) is SandboxState.PAUSED
+    r = httpx.get(f"{e2b_env.url}/", headers={"Host": sbx.get_host(8001)}, timeout=60)  # no credential at all
+    assert r.status_code == 200 and "Directory listing" in r.text
+    server.kill()
+    r = httpx.get(f"{e2b_env.url}/v1/audit", params={"sandbox": sbx.sandbox_id, "action": "sandbox.resume"},
+                  headers={"Authorization": f"Bearer {e2b_env.server.admin_key}"}, timeout=30)
+    (record,) = [rec for rec in r.json()["records"] if rec["params"].get("auto_resume")]
+    assert record["params"]["reason"] == "sandbox.port" and record["key_id"] is None and record["tenant_id"]
