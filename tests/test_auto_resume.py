@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from corral import AsyncSandbox, ConflictError
+from corral import AsyncSandbox, ConflictError, QuotaExceededError
+from corral.control import Quotas
 
 from .conftest import TEMPLATE
 from .test_server_api import Api
@@ -70,3 +71,20 @@ async def test_without_auto_resume_a_paused_sandbox_is_refused(api: Api, live_ur
             await sb.files.read("/etc/hostname")
         assert (await sb.get_info()).state == "paused"
     assert await _resumes(api, sb.id) == []
+
+
+async def test_a_resume_the_quotas_refuse_is_the_requests_error_and_changes_nothing(api: Api, live_url: str) -> None:
+    opts = _opts(api, live_url)
+    await api.store.set_quotas(api.tenants["a"], Quotas(max_sandboxes=1))
+    async with await AsyncSandbox.create(TEMPLATE, timeout=120, auto_resume=True, **opts) as sb:
+        await sb.pause(memory=False)  # its running slot is free again
+        other = await AsyncSandbox.create(TEMPLATE, timeout=120, **opts)
+        try:
+            with pytest.raises(QuotaExceededError, match="max_sandboxes"):
+                await sb.commands.run("true")
+            info = await sb.get_info()
+            assert info.state == "paused" and info.paused_to_disk
+        finally:
+            await other.kill()
+        assert (await sb.commands.run("echo back")).stdout == "back\n"
+    assert sorted(await _resumes(api, sb.id)) == [("sandbox.exec", True, 200), ("sandbox.exec", True, 429)]
