@@ -182,6 +182,9 @@ class SandboxSpec(BaseModel):
     # service resolves a tenant's names), and whether the sandbox's ports answer without the tenant's key.
     # "pause": paused to disk when the TTL ends; "pause_memory": frozen in place (docs/lifecycle.md)
     on_timeout: Literal["kill", "pause", "pause_memory"] = "kill"
+    # Paused (by its timeout or by a caller), it resumes when a request reaches it (E2B's autoResume;
+    # service/_auto_resume.py). Records from before the field read as False.
+    auto_resume: bool = False
     volumes: dict[str, str] = Field(default_factory=dict)
     public_ports: bool = False
     # Root inside the sandbox (docs/security.md): its agent runs as the user namespace's uid 0 with a bounded set

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from .._exceptions import AuthenticationError, CorralError, InvalidRequestError, NotFoundError, ServerError
 from ..control import Action, AuditEvent, ControlStore, Principal, parse_key, require_sandbox
 from ._access import TokenPurpose
+from ._auto_resume import PORT_REASON
 from ._outcome import outcome_of
 
 if TYPE_CHECKING:
@@ -121,16 +122,18 @@ class Ports:
     def __init__(self, service: Service, domain: str = DEFAULT_DOMAIN) -> None:
         self._svc = service
         self.domain = check_domain(domain)
-        self._known: dict[str, tuple[str, bool]] = {}  # sandbox id -> (tenant id, public ports), oldest first
+        # sandbox id -> (tenant id, public ports, auto-resume), oldest first
+        self._known: dict[str, tuple[str, bool, bool]] = {}
 
     async def open(self, key: str | None, client: ClientInfo, request: PortRequest) -> PortConnection:
         """Authorize the caller (the Bearer `key`, if any) for the sandbox's port and connect to it.
 
         `AuthenticationError` (401) without a valid key on a sandbox that is not public; `NotFoundError` (404)
         for another tenant's sandbox or one that does not exist; `ConflictError` (409) for a paused one;
-        `AgentError` (502) naming the port when nothing listens there. Each refusal past authentication is
-        recorded, as the connection is when it closes."""
-        owner, public = await self._owner(request.sandbox_id)
+        `AgentError` (502) naming the port when nothing listens there. A paused sandbox created with
+        `auto_resume` is resumed first (`AutoResume`). Each refusal past authentication is recorded, as the
+        connection is when it closes."""
+        owner, public, waking = await self._owner(request.sandbox_id)
         principal = None
         if public:
             audit = _Record(self._svc.store, owner, None, None, request, client.client, public=True)
@@ -141,6 +144,9 @@ class Ports:
         try:
             if principal is not None:
                 require_sandbox(principal, Action.SANDBOX_EXEC, request.sandbox_id, owner)
+            if waking:
+                record = await self._svc.store.get_sandbox(request.sandbox_id)
+                await self._svc.sandboxes.auto_resume.awake(record, principal, PORT_REASON)
             sock = await self._svc.engine.get(request.sandbox_id).open_port(request.port)
         except BaseException as exc:
             if isinstance(exc, CorralError):
@@ -158,10 +164,11 @@ class Ports:
                                                        purposes=(TokenPurpose.PORTS, TokenPurpose.SANDBOX))
         return await self._svc.authenticate(credential, client)
 
-    async def _owner(self, sandbox_id: str) -> tuple[str | None, bool]:
-        """The sandbox's tenant (None: no such live sandbox) and whether its ports are public.
+    async def _owner(self, sandbox_id: str) -> tuple[str | None, bool, bool]:
+        """The sandbox's tenant (None: no such live sandbox), whether its ports are public and whether it resumes
+        on a request (`auto_resume`).
 
-        Both are fixed for a sandbox's life and ids are never reused, so what was found is kept (a sandbox that
+        All are fixed for a sandbox's life and ids are never reused, so what was found is kept (a sandbox that
         ended since is refused by the engine, which knows only live ones); what was not found is asked again."""
         known = self._known.get(sandbox_id)
         if known is not None:
@@ -169,12 +176,12 @@ class Ports:
         try:
             record = await self._svc.store.get_sandbox(sandbox_id)
         except NotFoundError:
-            return None, False
+            return None, False, False
         if not record.live:
-            return None, False
+            return None, False, False
         if len(self._known) >= _KNOWN_MAX:
             del self._known[next(iter(self._known))]
-        self._known[sandbox_id] = found = (record.tenant_id, record.spec.public_ports)
+        self._known[sandbox_id] = found = (record.tenant_id, record.spec.public_ports, record.spec.auto_resume)
         return found
 
 

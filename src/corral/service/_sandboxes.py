@@ -53,6 +53,7 @@ from ..control import (
 )
 from ..egress import EgressPolicy
 from ..engine import Adoption
+from ._auto_resume import WAKING_ACTIONS, AutoResume
 from ._metrics import SandboxMetric
 from ._outcome import RETRY_AFTER_DETAIL
 from ._secrets import SecretRequest, audit_secrets, seal_secrets
@@ -91,6 +92,8 @@ class CreateSandbox(BaseModel):
     file_roots: list[str] | None = None  # None: DEFAULT_FILE_ROOTS
     # "pause": paused to disk when the TTL ends; "pause_memory": frozen in place, processes kept (docs/lifecycle.md)
     on_timeout: Literal["kill", "pause", "pause_memory"] = "kill"
+    # Paused, it resumes when a request reaches it (commands, files, code, ports; E2B's autoResume; docs/lifecycle.md)
+    auto_resume: bool = False
     volumes: dict[str, str] = Field(default_factory=dict)  # mount path -> the tenant's volume name
     public_ports: bool = False  # the sandbox's ports answer without the tenant's key (docs/lifecycle.md)
     # Root inside the sandbox (docs/security.md): commands and files may act as "root", and `sudo` works. Only
@@ -180,6 +183,7 @@ def check_network(network: str | list[str], egress: TenantEgress) -> str | list[
 class Sandboxes:
     def __init__(self, service: Service) -> None:
         self._svc = service
+        self.auto_resume = AutoResume(service.store, self._resume)  # what `authorized` wakes paused ones with
 
     # -- lifecycle -----------------------------------------------------------------------------------------
 
@@ -285,6 +289,7 @@ class Sandboxes:
                                else tuple(request.file_roots),
                                network=network if isinstance(network, str) else tuple(network),
                                network_private=tuple(egress.private), on_timeout=request.on_timeout,
+                               auto_resume=request.auto_resume,
                                volumes=volumes, public_ports=request.public_ports, root=request.root,
                                secrets=self._sealed(request, stored or {}))
         except pydantic.ValidationError as exc:
@@ -515,9 +520,12 @@ class Sandboxes:
 
     async def authorized(self, principal: Principal, sandbox_id: str, action: Action) -> SandboxRecord:
         """The sandbox if `principal` may do `action` on it; another tenant's is as unknown as a missing one. One
-        that another replica runs, or that is lost, is refused with the reason (`Replica.check_local`)."""
+        that another replica runs, or that is lost, is refused with the reason (`Replica.check_local`). An action
+        that reaches into the sandbox resumes it first if it is paused and was created with `auto_resume`."""
         record = await self._svc.store.sandbox_for(principal, sandbox_id, action)
         self._svc.replica.check_local(record, action)
+        if action in WAKING_ACTIONS:
+            record = await self.auto_resume.awake(record, principal, action.value)
         return record
 
     async def destroy(self, sandbox_id: str) -> None:
