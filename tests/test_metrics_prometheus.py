@@ -147,7 +147,7 @@ async def test_a_server_without_metrics_counts_nothing_and_has_no_route(home: Pa
 
 
 async def test_each_app_counts_in_a_registry_of_its_own(served: Served) -> None:
-    other = Telemetry(served.service)
+    other = Telemetry(served.service.store, served.service.engine, served.service.replica)
     other.operations.labels("sandbox.get", "ok").inc()
     assert value(await served.scrape(), "corral_operations_total", action="sandbox.get", outcome="ok") == 0
 

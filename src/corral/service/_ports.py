@@ -35,7 +35,9 @@ from ._access import TokenPurpose
 from ._outcome import outcome_of
 
 if TYPE_CHECKING:
-    from ._service import ClientInfo, Service
+    from ._access import SandboxAccess
+    from ._callers import Callers, ClientInfo
+    from ._on_sandbox import Sessions
 
 __all__ = ["DEFAULT_DOMAIN", "PORT_ACTION", "PortConnection", "PortRequest", "Ports", "check_domain"]
 
@@ -118,8 +120,12 @@ class PortConnection:
 
 
 class Ports:
-    def __init__(self, service: Service, domain: str = DEFAULT_DOMAIN) -> None:
-        self._svc = service
+    def __init__(self, store: ControlStore, sessions: Sessions, callers: Callers, access: SandboxAccess,
+                 domain: str = DEFAULT_DOMAIN) -> None:
+        self._store = store
+        self._sessions = sessions
+        self._callers = callers  # API keys
+        self._access = access  # the sandbox's own tokens
         self.domain = check_domain(domain)
         self._known: dict[str, tuple[str, bool]] = {}  # sandbox id -> (tenant id, public ports), oldest first
 
@@ -133,15 +139,15 @@ class Ports:
         owner, public = await self._owner(request.sandbox_id)
         principal = None
         if public:
-            audit = _Record(self._svc.store, owner, None, None, request, client.client, public=True)
+            audit = _Record(self._store, owner, None, None, request, client.client, public=True)
         else:
             principal = await self._caller(key, client, request.sandbox_id)
-            audit = _Record(self._svc.store, principal.tenant_id, principal.key_id, principal.role.value, request,
+            audit = _Record(self._store, principal.tenant_id, principal.key_id, principal.role.value, request,
                             client.client, public=False)
         try:
             if principal is not None:
                 require_sandbox(principal, Action.SANDBOX_EXEC, request.sandbox_id, owner)
-            sock = await self._svc.engine.get(request.sandbox_id).open_port(request.port)
+            sock = await self._sessions.get(request.sandbox_id).open_port(request.port)
         except BaseException as exc:
             if isinstance(exc, CorralError):
                 exc.details.setdefault("sandbox_id", request.sandbox_id)
@@ -154,9 +160,9 @@ class Ports:
     async def _caller(self, credential: str | None, client: ClientInfo, sandbox_id: str) -> Principal:
         """An API key, or one of the sandbox's own access tokens (its ports token, as E2B's SDKs send it)."""
         if credential is not None and not _is_corral_key(credential):
-            return await self._svc.access.authenticate(sandbox_id, credential, client,
-                                                       purposes=(TokenPurpose.PORTS, TokenPurpose.SANDBOX))
-        return await self._svc.authenticate(credential, client)
+            return await self._access.authenticate(sandbox_id, credential, client,
+                                                   purposes=(TokenPurpose.PORTS, TokenPurpose.SANDBOX))
+        return await self._callers.authenticate(credential, client)
 
     async def _owner(self, sandbox_id: str) -> tuple[str | None, bool]:
         """The sandbox's tenant (None: no such live sandbox) and whether its ports are public.
@@ -167,7 +173,7 @@ class Ports:
         if known is not None:
             return known
         try:
-            record = await self._svc.store.get_sandbox(sandbox_id)
+            record = await self._store.get_sandbox(sandbox_id)
         except NotFoundError:
             return None, False
         if not record.live:
