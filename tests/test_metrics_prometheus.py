@@ -240,11 +240,11 @@ async def test_exec_latency_and_file_bytes_come_from_the_operations_records(serv
     one place every front end's operation is recorded (the runc test below does it for real)."""
     svc = served.service
     principal = await svc.store.authenticate(served.keys["dev"])
-    records = [svc.audited(principal, "sandbox.exec", "sb-x", params={"cmd": "true"}),
-               svc.audited(principal, "sandbox.exec", "sb-x", params={"cmd": "sleep 1d", "detached": True}),
-               svc.audited(principal, "files.write", "sb-x", params={"path": "/workspace/a", "size": 1000}),
-               svc.audited(principal, "archive.write", "sb-x", params={"path": "/workspace", "size": 24}),
-               svc.audited(principal, "files.read", "sb-x", params={"path": "/workspace/a"})]
+    records = [svc.auditor(principal, "sandbox.exec", "sb-x", params={"cmd": "true"}),
+               svc.auditor(principal, "sandbox.exec", "sb-x", params={"cmd": "sleep 1d", "detached": True}),
+               svc.auditor(principal, "files.write", "sb-x", params={"path": "/workspace/a", "size": 1000}),
+               svc.auditor(principal, "archive.write", "sb-x", params={"path": "/workspace", "size": 24}),
+               svc.auditor(principal, "files.read", "sb-x", params={"path": "/workspace/a"})]
     records[-1].outcome["size"] = 1000
     for record in records:
         await record.record()

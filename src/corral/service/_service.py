@@ -63,7 +63,8 @@ class Service:
         self.replica = Replica(store, engine, replica or ReplicaConfig())  # this server among others (docs/replicas.md)
         # Prometheus metrics (docs/operations.md); None: nothing is counted (`corral serve --no-metrics`).
         self.telemetry = Telemetry(store, engine, self.replica) if metrics else None
-        audited = self._auditor = Auditor(store, self.telemetry)
+        # One audit record per operation, counted: what every area that audits is given.
+        audited = self.auditor = Auditor(store, self.telemetry)
         self.callers = Callers(store, self.telemetry)  # who calls, and the records of refused callers
         self.tenants = Tenants(store, audited)
         self.keys = Keys(store, audited, self.tenants)
