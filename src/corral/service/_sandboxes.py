@@ -8,9 +8,7 @@ record whose sandbox could not be made stops counting against the tenant's quota
 from __future__ import annotations
 
 import asyncio
-import base64
 import builtins
-import json
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -53,6 +51,7 @@ from ..control import (
 )
 from ..egress import EgressPolicy
 from ..engine import Adoption
+from ._cursor import decode_cursor, encode_cursor
 from ._metrics import SandboxMetric
 from ._outcome import RETRY_AFTER_DETAIL
 from ._secrets import SecretRequest, audit_secrets, seal_secrets
@@ -136,20 +135,6 @@ class SandboxPage:
 
     records: builtins.list[SandboxRecord]
     next_cursor: str | None
-
-
-def _encode_cursor(record: SandboxRecord) -> str:
-    raw = json.dumps([record.created_at.isoformat(), record.id]).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str) -> tuple[datetime, str]:
-    try:
-        at, last_id = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        return datetime.fromisoformat(at), str(last_id)
-    except (ValueError, TypeError, RecursionError) as exc:
-        raise InvalidRequestError(f"malformed page token {cursor[:64]!r}: pass the one the previous page gave")\
-            from exc
 
 
 @dataclass(frozen=True)
@@ -397,14 +382,14 @@ class Sandboxes:
         async with self._audited(principal, "sandbox.list", None, params=params) as audit:
             authorize(principal, Action.SANDBOX_READ, principal.tenant_id)
             limit = query.limit
-            wanted = replace(query, after=_decode_cursor(cursor) if cursor else None,
+            wanted = replace(query, after=decode_cursor(cursor) if cursor else None,
                              limit=None if limit is None else limit + 1)
             records = await self._store.query_sandboxes(principal.tenant_id, wanted)
             more = limit is not None and len(records) > limit
             if more:
                 records = records[:limit]
             audit.outcome["count"] = len(records)
-        return SandboxPage(records, _encode_cursor(records[-1]) if more else None)
+        return SandboxPage(records, encode_cursor(records[-1]) if more else None)
 
     async def egress_limits(self, principal: Principal) -> TenantEgress:
         """What network the caller's own tenant may give its sandboxes (its ceiling and private pairs): what a
