@@ -110,7 +110,7 @@ class Code:
         async with self._on.audited(principal, "code.create_context", sandbox_id, params=params) as audit:
             await self._authorized(principal, sandbox_id)
             context = await self._on.sessions.get(sandbox_id).create_code_context(language, cwd=cwd,
-                                                                          show_saved_images=show_saved_images)
+                                                                                  show_saved_images=show_saved_images)
             audit.outcome["context"] = context.name
         return context
 
@@ -121,7 +121,7 @@ class Code:
         async with self._on.audited(principal, "code.contexts", sandbox_id) as audit:
             await self._authorized(principal, sandbox_id)
             found = await self._on.sessions.get(sandbox_id).code_contexts(cwd=cwd,
-                                                                  show_saved_images=show_saved_images)
+                                                                          show_saved_images=show_saved_images)
             audit.outcome["count"] = len(found)
         return found
 
@@ -166,4 +166,4 @@ async def _run_code(sessions: Sessions, sandbox_id: str, cell: Cell, **callbacks
                                                ("max_output", cell.max_output))
                              if v is not None}
     return await sessions.get(sandbox_id).run_code(cell.code, language=cell.language, timeout=cell.timeout,
-                                                    **given, **callbacks)
+                                                   **given, **callbacks)

@@ -107,7 +107,7 @@ class Commands:
 
     def _audited(self, principal: Principal, sandbox_id: str, command: Command, *, stream: bool) -> Audited:
         return self._on.audited(principal, "sandbox.exec", sandbox_id,
-                                 params={**command.audit_params(), "stream": stream})
+                                params={**command.audit_params(), "stream": stream})
 
 
 async def _exec(sessions: Sessions, sandbox_id: str, command: Command, audit: Audited,

@@ -87,7 +87,7 @@ class Files:
         """Unpack the tar `data` into the directory at `path`; returns the number of entries."""
         digest = _Digest()
         async with self._on.audited(principal, "archive.write", sandbox_id,
-                                     params=_with_user({"path": path}, user)) as audit:
+                                    params=_with_user({"path": path}, user)) as audit:
             files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_WRITE, user)
             try:
                 entries = await files.upload_tar(path, digest.wrap(data))
@@ -129,7 +129,7 @@ class Files:
     async def remove(self, principal: Principal, sandbox_id: str, path: str, *, recursive: bool = True,
                      user: str | None = None) -> None:
         async with self._on.audited(principal, "files.remove", sandbox_id,
-                                     params=_with_user({"recursive": recursive, "path": path}, user), status=204):
+                                    params=_with_user({"recursive": recursive, "path": path}, user), status=204):
             files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_WRITE, user)
             await files.remove(path, recursive=recursive)
 
@@ -141,7 +141,7 @@ class Files:
         if parents:
             params["parents"] = True
         async with self._on.audited(principal, "files.rename", sandbox_id, params=_with_user(params, user),
-                                     status=204):
+                                    status=204):
             files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_WRITE, user)
             return await files.rename(src, dst, overwrite=overwrite, parents=parents)
 
@@ -170,7 +170,7 @@ class Files:
         `watch`. Gone with `remove_watcher`, with the sandbox, or after 10 minutes without a poll."""
         params = {"path": path, "recursive": recursive, "include_entry": include_entry}
         async with self._on.audited(principal, "files.watcher_create", sandbox_id,
-                                     params=_with_user(params, user)) as audit:
+                                    params=_with_user(params, user)) as audit:
             files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_READ, user)
             watcher_id = await files.create_watcher(path, recursive=recursive, include_entry=include_entry,
                                                     owner=principal.key_id)
@@ -181,7 +181,7 @@ class Files:
                              watcher_id: str) -> builtins.list[WatchEvent]:
         """The watcher's events since the last poll; every change that finished before this call is in them."""
         async with self._on.audited(principal, "files.watcher_events", sandbox_id,
-                                     params={"watcher_id": watcher_id}) as audit:
+                                    params={"watcher_id": watcher_id}) as audit:
             files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_READ)
             events = await files.watcher_events(watcher_id, owner=principal.key_id)
             audit.outcome["events"] = len(events)
@@ -189,7 +189,7 @@ class Files:
 
     async def remove_watcher(self, principal: Principal, sandbox_id: str, watcher_id: str) -> None:
         async with self._on.audited(principal, "files.watcher_remove", sandbox_id,
-                                     params={"watcher_id": watcher_id}, status=204):
+                                    params={"watcher_id": watcher_id}, status=204):
             files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_READ)
             await files.remove_watcher(watcher_id, owner=principal.key_id)
 

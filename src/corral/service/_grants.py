@@ -134,7 +134,7 @@ class PrivateGrants:
 
     async def grant(self, principal: Principal, name_or_id: str, destination: object) -> tuple[Tenant, str]:
         async with self._audited(principal, "tenant.grants.grant", name_or_id[:256],
-                                     params={"destination": str(destination)[:256]}) as audit:
+                                 params={"destination": str(destination)[:256]}) as audit:
             tenant = await self._tenants.visible(principal, name_or_id, Action.TENANT_UPDATE)
             audit.target = tenant.id
             pair = normalise_destination(destination)
@@ -145,7 +145,7 @@ class PrivateGrants:
     async def revoke(self, principal: Principal, name_or_id: str, destination: object) -> tuple[Tenant, str]:
         """Take a grant back: the tenant's sandboxes lose the destination at once, for new connections."""
         async with self._audited(principal, "tenant.grants.revoke", name_or_id[:256],
-                                     params={"destination": str(destination)[:256]}) as audit:
+                                 params={"destination": str(destination)[:256]}) as audit:
             tenant = await self._tenants.visible(principal, name_or_id, Action.TENANT_UPDATE)
             audit.target = tenant.id
             pair = normalise_destination(destination)

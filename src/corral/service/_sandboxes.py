@@ -195,7 +195,7 @@ class Sandboxes:
     async def create(self, principal: Principal, request: CreateSandbox) -> SandboxRecord:
         sandbox_id = f"sb-{secrets.token_hex(8)}"
         async with self._audited(principal, "sandbox.create", sandbox_id, params=request.audit_params(),
-                               status=201) as audit:
+                                 status=201) as audit:
             source = await self._source(principal, request.template)
             volumes = await self._volumes.resolve(principal, request.volumes) if request.volumes else {}
             stored = await self._secrets.for_sandbox(principal, request.secrets) if request.secrets else {}
@@ -319,7 +319,7 @@ class Sandboxes:
         All or nothing: a quota that lacks room for all of them, or a child that cannot start, starts none."""
         child_ids = [f"sb-{secrets.token_hex(8)}" for _ in range(request.count or 1)]
         async with self._audited(principal, "sandbox.fork", sandbox_id,
-                               params=request.model_dump(mode="json"), status=201) as audit:
+                                 params=request.model_dump(mode="json"), status=201) as audit:
             await self.authorized(principal, sandbox_id, Action.SANDBOX_READ)
             authorize(principal, Action.SANDBOX_CREATE, principal.tenant_id)
             changes: dict[str, Any] = {}
@@ -341,7 +341,7 @@ class Sandboxes:
                        running: bool = False) -> SandboxRecord:
         try:
             return await self._store.reserve_sandbox(principal, spec, sandbox_id=sandbox_id,
-                                                         owner=self._replica.id, running=running)
+                                                     owner=self._replica.id, running=running)
         except QuotaExceededError as exc:
             if exc.details.get("limit") in _TOTAL_QUOTAS:
                 exc.details[RETRY_AFTER_DETAIL] = await self._retry_after(principal.tenant_id)
@@ -486,7 +486,7 @@ class Sandboxes:
         more seconds (its end is only ever moved later, never earlier). Returns the record and whether it was
         resumed."""
         async with self._audited(principal, "sandbox.connect", sandbox_id,
-                                     params={"timeout": timeout, "resume": resume}) as audit:
+                                 params={"timeout": timeout, "resume": resume}) as audit:
             record = await self.authorized(principal, sandbox_id, Action.SANDBOX_UPDATE)
             was_paused = resume and record.state is SandboxState.PAUSED
             if was_paused:
