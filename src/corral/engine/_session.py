@@ -14,7 +14,7 @@ import contextlib
 import socket
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .._exceptions import ConflictError, InvalidRequestError, NotFoundError
 from ..backends._spec import check_user
@@ -25,8 +25,9 @@ from ._models import Entry, ExecResult, ProcessInfo, ProcessSelector, PtySize, S
 from ._sandbox import LiveSandbox
 
 if TYPE_CHECKING:
-    from ..backends import SnapshotArtifact
-    from ._engine import Engine
+    from ..backends import Backend, SnapshotArtifact
+    from ._egress_attach import EgressAttachment
+    from ._models import SandboxSpec
 
 WORKSPACE = "/workspace"
 
@@ -49,7 +50,7 @@ def sandbox_path(path: str) -> str:
 class SandboxSession:
     """One sandbox: `exec`, `run_code`, `files`, `processes`, `pty`, `open_port`, `pause`/`resume`, `destroy`."""
 
-    def __init__(self, engine: Engine, sb: LiveSandbox) -> None:
+    def __init__(self, engine: SessionHost, sb: LiveSandbox) -> None:
         self._engine = engine
         self._sb = sb
         self.id = sb.id
@@ -351,3 +352,28 @@ class Processes:
         """Follow the process to its end: the output kept so far (not with `replay=False`: only what comes
         after), then every new byte. Cancelling only detaches."""
         return await self._agent().attach(ref, on_stdout, on_stderr, replay=replay, on_start=on_start)
+
+
+class SessionHost(Protocol):
+    """What a session needs of the engine that made it (`Engine` is one): its backend, its egress attachment,
+    the lookup of a live sandbox, and the lifecycle calls the runtime carries out. A protocol, not the `Engine`
+    class, so the engine's modules import each other one way only."""
+
+    @property
+    def backend(self) -> Backend: ...
+
+    @property
+    def attachment(self) -> EgressAttachment: ...
+
+    def lookup(self, sandbox_id: str) -> LiveSandbox: ...
+
+    async def destroy(self, sandbox_id: str) -> None: ...
+
+    async def pause(self, sandbox_id: str, *, memory: bool = True) -> None: ...
+
+    async def resume(self, sandbox_id: str) -> None: ...
+
+    async def snapshot(self, sandbox_id: str, snapshot_id: str | None = None) -> SnapshotArtifact: ...
+
+    async def fork(self, sandbox_id: str, *, child_id: str | None = None,
+                   spec: SandboxSpec | None = None) -> SandboxSession: ...

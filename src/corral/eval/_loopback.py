@@ -21,7 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Self
 
-from ._task import Blob, blob_from_path
+from ._blob import Blob, blob_from_path
 
 __all__ = ["LoopbackServer"]
 

@@ -2,7 +2,8 @@
 its timeout, `on_timeout="pause"`/`"pause_memory"`, or by a caller, in memory or to disk) is resumed by the first
 request that reaches it, which is then served as if it had never been paused.
 
-The one place it happens is `Sandboxes.authorized`, the lookup every operation on a sandbox makes: the actions
+The one place it happens is the authorize step every operation on a sandbox takes (`Waking`, around
+`SandboxGate`; `Sandboxes.authorized` and the areas built on `OnSandbox` are given it): the actions
 that reach into a sandbox (`WAKING_ACTIONS`: commands, processes, terminals, code, files) wake it, whatever the
 front end (REST, E2B's envd and code interpreter, MCP); the ports route (`Ports.open`), which finds its sandbox
 by itself, asks here too. Reading a sandbox's record, its health, pausing, killing or snapshotting it never
@@ -24,10 +25,11 @@ from typing import Any
 from .._exceptions import QuotaExceededError
 from ..backends import SandboxState
 from ..control import Action, AuditEvent, ControlStore, Principal, SandboxRecord
+from ._on_sandbox import Authorize
 from ._outcome import outcome_of
 from ._requests import current_request
 
-__all__ = ["MIN_TIMEOUT", "PORT_REASON", "WAKING_ACTIONS", "AutoResume"]
+__all__ = ["MIN_TIMEOUT", "PORT_REASON", "WAKING_ACTIONS", "AutoResume", "Waking"]
 
 # What reaches into a sandbox: these wake it. Reading its record (`sandbox.read`) or changing its lifecycle
 # (`sandbox.update`: pause, resume, timeout, snapshot) does not.
@@ -108,3 +110,18 @@ class AutoResume:
             event = AuditEvent(action="sandbox.resume", target=record.id, tenant_id=record.tenant_id,
                                params=params, outcome=outcome, request_id=request_id)
         await self._store.audit.append(event)
+
+
+class Waking:
+    """The authorize step (`Authorize`) that wakes what it lets through: `authorize`'s record, resumed first by
+    `auto_resume` when the action reaches into the sandbox (`WAKING_ACTIONS`)."""
+
+    def __init__(self, authorize: Authorize, auto_resume: AutoResume) -> None:
+        self._authorize = authorize
+        self._auto_resume = auto_resume
+
+    async def __call__(self, principal: Principal, sandbox_id: str, action: Action) -> SandboxRecord:
+        record = await self._authorize(principal, sandbox_id, action)
+        if action in WAKING_ACTIONS:
+            record = await self._auto_resume.awake(record, principal, action.value)
+        return record
