@@ -2,7 +2,8 @@
 with curl inside real runc sandboxes, through the real egress proxy, against a loopback server of the test's own
 that reflects the value in each way a probe found:
 
-- the Basic credentials the proxy built (`curl -u`, URL credentials), echoed as they were sent, percent-encoded,
+- the Basic credentials the proxy built (`curl -u`, URL credentials; plain HTTP and inside an intercepted TLS
+  tunnel), echoed as they were sent, percent-encoded,
   and later, from another connection;
 - in the answer's head outside header values: the reason phrase, a header's name, and the texts of the proxy's
   own refusals of a malformed head (which quoted the server's bytes);
@@ -25,9 +26,10 @@ from typing import Any
 
 import pytest
 
-from .test_secrets import BOUND, VALUE, secret_spec, sh
+from .test_secrets import BOUND, VALUE, Echo, secret_spec, sh
 from .test_secrets import egress as egress  # the fixtures: a real engine (runc) behind a real proxy
 from .test_secrets import pki as pki
+from .test_secrets import tls as tls  # an echo server over TLS, its certificate from `pki`
 
 pytestmark = [pytest.mark.anyio, pytest.mark.runc]
 
@@ -158,6 +160,17 @@ async def test_basic_credentials_the_proxy_built_come_back_as_the_placeholder(eg
         # Another connection, no credentials of its own: what the server kept from the first is scrubbed too.
         r = await sh(sb, f"curl -sS {base}/stored")
         assert r.exit_code == 0 and json.loads(r.stdout) == {"authorization": f"Basic {_b64(f'ab:{placeholder}')}"}
+
+
+async def test_inside_an_intercepted_tunnel_too(egress: Any, tls: Echo) -> None:
+    engine, _, _ = egress
+    async with await engine.create(secret_spec(engine, tls)) as sb:
+        placeholder = (await sh(sb, 'echo -n "$TOKEN"')).stdout
+        r = await sh(sb, f'curl -sS -D - -u "ab:$TOKEN" https://{BOUND}:{tls.port}/basic')
+        assert r.exit_code == 0, r.stderr
+        assert tls.seen[-1].headers["Authorization"] == f"Basic {_b64(f'ab:{VALUE}')}"
+        assert _b64(f"ab:{VALUE}") not in r.stdout
+        assert f"X-Echo-Auth: Basic {_b64(f'ab:{placeholder}')}" in r.stdout, r.stdout
 
 
 @pytest.mark.parametrize("route", ["reason", "name"])
