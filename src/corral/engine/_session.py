@@ -17,7 +17,8 @@ from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING
 
 from .._exceptions import ConflictError, InvalidRequestError, NotFoundError
-from ..backends._spec import check_user
+from .._paths import WORKSPACE, sandbox_path
+from .._users import check_user
 from ._agent_client import AgentClient, OutputCallback, PtySession, Source, StartCallback, WatchStream
 from ._code import CodeResult, CodeSession, ResultCallback
 from ._environment import code_with_oom, may_be_oom, with_denials, with_oom
@@ -27,23 +28,6 @@ from ._sandbox import LiveSandbox
 if TYPE_CHECKING:
     from ..backends import SnapshotArtifact
     from ._engine import Engine
-
-WORKSPACE = "/workspace"
-
-
-def sandbox_path(path: str) -> str:
-    """Relative paths resolve against /workspace; the agent validates the rest (NUL, encoding)."""
-    if not isinstance(path, str):
-        raise InvalidRequestError("path must be a string")
-    if "\x00" in path:
-        raise InvalidRequestError("path contains a NUL byte")
-    try:
-        path.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidRequestError("path is not valid UTF-8") from exc
-    if not path:
-        raise InvalidRequestError("path is empty")
-    return path if path.startswith("/") else f"{WORKSPACE}/{path}"
 
 
 class SandboxSession:
@@ -213,6 +197,9 @@ class SandboxSession:
 
 class Files:
     """File operations, resolved inside the sandbox.
+
+    Paths are `SandboxPath`s, checked by the front end that received them, or plain strings from a Python caller,
+    checked here by the same check (`corral._paths.sandbox_path`; relative ones resolve in /workspace).
 
     `roots`: the directories they may touch, if the caller holds them (the service: the sandbox's store record);
     None: the spec the engine created the sandbox with. `user`: who opens the files (the kernel checks each path
