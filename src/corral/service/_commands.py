@@ -10,11 +10,10 @@ leaves stops following, and the process goes on, to be found with `service.proce
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..control import Action, Principal
-from ..engine import ExecResult, PtySize
+from ..engine import ExecOptions, ExecResult
 from ._audited import Audited
 from ._streamed import OutputCallback, Streamed, refusals
 
@@ -26,28 +25,9 @@ __all__ = ["Command", "CommandStream", "Commands", "StartCallback", "exec_outcom
 StartCallback = Callable[[str, int], Awaitable[None]]  # (Corral's process id, its pid inside the sandbox)
 
 
-@dataclass(frozen=True)
-class Command:
-    """What to run: a shell string (`bash -lc`) or an argv list, and how.
-
-    `env` is the command's own, over the sandbox's, and never reaches a later command. `detached`: a background
-    process that the call follows, named by `tag` (unique among running processes) if given, in a terminal of
-    size `pty` (its output is stdout; a detached command only), its stdin kept open for `processes.send_stdin`
-    with `keep_stdin` (after `stdin`, if any). `user`: who runs it, None the sandbox user (uid 1000), "root" only
-    in a sandbox created with root (else `PermissionDeniedError`; docs/security.md).
-    """
-
-    cmd: str | list[str]
-    cwd: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
-    timeout: float | None = None
-    max_output: int | None = None
-    stdin: bytes | None = None
-    detached: bool = False
-    tag: str | None = None
-    pty: PtySize | None = None
-    keep_stdin: bool = False
-    user: str | None = None
+class Command(ExecOptions):
+    """A command as the service runs and audits it: the engine's `ExecOptions` (what to run and how; built once by
+    the front end that received the request), and its audit record's parameters."""
 
     def audit_params(self) -> dict[str, Any]:
         params = {"cmd": self.cmd, "cwd": self.cwd, "env_names": sorted(self.env), "timeout": self.timeout,
@@ -119,8 +99,4 @@ async def _exec(sessions: Sessions, sandbox_id: str, command: Command, audit: Au
         if on_start is not None:
             await on_start(process_id, pid)
 
-    return await sessions.get(sandbox_id).exec(
-        command.cmd, cwd=command.cwd, env=command.env or None, stdin=command.stdin, timeout=command.timeout,
-        max_output=command.max_output, on_stdout=on_stdout, on_stderr=on_stderr, on_start=started,
-        detached=command.detached, tag=command.tag, pty=command.pty, keep_stdin=command.keep_stdin,
-        user=command.user)
+    return await sessions.get(sandbox_id).run(command, on_stdout=on_stdout, on_stderr=on_stderr, on_start=started)

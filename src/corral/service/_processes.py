@@ -89,13 +89,8 @@ class Processes:
         params = {**command.audit_params(), "stdin": keep_stdin}
         async with self._on.audited(principal, "process.start", sandbox_id, params=params, status=201) as audit:
             processes = await self._processes(principal, sandbox_id)
-            info = await processes.start(command.cmd, cwd=command.cwd, env=command.env or None,
-                                         timeout=command.timeout, max_output=command.max_output,
-                                         stdin=keep_stdin or command.stdin is not None, tag=command.tag,
-                                         pty=command.pty, user=command.user)
+            info = await processes.launch(replace(command, keep_stdin=keep_stdin))
             audit.outcome.update({"process": info.id, "pid": info.pid})
-            if command.stdin is not None:
-                await processes.send_stdin(info.id, command.stdin, eof=not keep_stdin and command.pty is None)
         return replace(info, running=True, started_at=datetime.now(UTC).timestamp())
 
     async def list(self, principal: Principal, sandbox_id: str) -> builtins.list[ProcessInfo]:
