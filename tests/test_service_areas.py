@@ -13,7 +13,7 @@ import pytest
 
 from corral import AuthenticationError, NotFoundError, PermissionDeniedError, ReplicaUnavailableError
 from corral.control import Action, ControlStore, Principal, Role, SandboxRecord
-from corral.engine import ExecResult, SandboxSpec
+from corral.engine import ExecOptions, ExecResult, SandboxSpec
 from corral.service import (
     Auditor,
     Callers,
@@ -51,12 +51,12 @@ async def world(tmp_path: Path) -> AsyncIterator[Store]:
 
 @dataclass
 class FakeSession:
-    """What `Commands` uses of a sandbox's session: `exec`, recorded."""
+    """What `Commands` uses of a sandbox's session: `run` (a command's `ExecOptions`), recorded."""
 
-    calls: list[tuple[Any, dict[str, Any]]] = field(default_factory=list)
+    calls: list[ExecOptions] = field(default_factory=list)
 
-    async def exec(self, cmd: Any, **options: Any) -> ExecResult:
-        self.calls.append((cmd, options))
+    async def run(self, options: ExecOptions, **callbacks: Any) -> ExecResult:
+        self.calls.append(options)
         return ExecResult(exit_code=3, stdout_bytes=b"out", stderr_bytes=b"")
 
 
@@ -100,8 +100,8 @@ async def test_commands_alone_authorize_run_on_the_session_and_audit(world: Stor
 
     assert result.exit_code == 3
     assert authorize.asked == [(world.dev.key_id, record.id, Action.SANDBOX_EXEC)]
-    [(cmd, options)] = sessions.session.calls
-    assert cmd == "echo hi" and options["env"] == {"TOKEN": "secret"}
+    [options] = sessions.session.calls
+    assert options.cmd == "echo hi" and options.env == {"TOKEN": "secret"}
     [entry] = await world.store.audit.query(action="sandbox.exec")
     assert entry.target == record.id and entry.params["cmd"] == "echo hi"
     assert entry.params["env_names"] == ["TOKEN"] and "secret" not in str(entry.params)
