@@ -77,7 +77,6 @@ class Capacity:
             _refuse(f"the disk sandboxes grow on is nearly full ({_fmt(free)} free, {_fmt(self.min_free_disk)} "
                     "kept free)", "min_free_disk", _PRESSURE_RETRY, limit=self.min_free_disk, current=free)
 
-
     def room(self, usage: MachineUsage, memory: int, figures: BackendCapacity) -> int | None:
         """How many more sandboxes with `memory` bytes of limit `check` would let in now, one after another (None:
         no count or memory-promise bound). What bounds a self-sizing warm pool, which must not fill up to a
