@@ -248,7 +248,7 @@ def _pinned_figures(home: Path, template_home: Path, template: str, n: int, seri
 
 def _readme_figures(home: Path, template_home: Path, template: str, n: int, progress: Progress) -> dict[str, Any]:
     """The README's server (`corral serve`, no pool option): a first user burst, the pool growing to it, a second."""
-    with ServerProcess(home, template_home=template_home) as server:
+    with ServerProcess(home, template_home=template_home, default_pool=True) as server:
         key = _bench_key(server)
         out: dict[str, Any] = {"server_args": []}
         _first_exec(key, server.url, template)[1].kill()

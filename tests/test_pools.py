@@ -275,7 +275,7 @@ _BURST = 6
 @pytest.mark.skipif(TEMPLATE != "default", reason="the README's server pools the default template")
 def test_a_default_serve_keeps_a_self_sizing_pool_that_refills_to_the_burst_after_claims(test_home: Path,
                                                                                          unique: str) -> None:
-    with ServerProcess(test_home / f"auto-{unique}", template_home=TEMPLATE_HOME) as server:
+    with ServerProcess(test_home / f"auto-{unique}", template_home=TEMPLATE_HOME, default_pool=True) as server:
         assert "warm pools: default=auto (self-sizing" in server.log_tail(), "serve says its pool choice"
         rest = _until(server, lambda s: s["members_ready"] >= s["target"] > 0, "the pool at rest")
         assert rest["target"] < _BURST, "at rest the pool keeps a few members"
