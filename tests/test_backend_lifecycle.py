@@ -226,6 +226,36 @@ async def test_a_template_builds_namespace_lets_go_of_running_sandboxes(lab: Lab
     await lab.backend.stop(record)  # nothing held: Docker's stop too goes through at once
 
 
+# -- the boot id: each boot of a sandbox its own ------------------------------------------------------------------
+
+
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+async def test_each_boot_has_a_boot_id_of_its_own_that_a_freeze_keeps(lab: Lab) -> None:
+    host = Path(BOOT_ID).read_text()
+    first = await lab.create()
+    boot_id = await lab.sh(first, f"cat {BOOT_ID}")
+    assert uuid.UUID(boot_id.strip()).version == 4 and boot_id != host
+    assert await lab.read(first, BOOT_ID) == boot_id.encode()  # the file API reads the same: stable in one boot
+    await lab.backend.pause(first)  # frozen, not booted again
+    await lab.backend.resume(first)
+    assert await lab.sh(first, f"cat {BOOT_ID}") == boot_id
+    # Read-only and there to stay, even for the sandbox's root.
+    for attempt in (f"echo x > {BOOT_ID}", f"umount {BOOT_ID}", f"umount -l {BOOT_ID}"):
+        assert (await lab.agent(first).exec(attempt, timeout=60)).exit_code != 0, attempt
+    assert await lab.sh(first, f"cat {BOOT_ID}") == boot_id
+    mount = await lab.sh(first, f"grep ' {BOOT_ID} ' /proc/self/mountinfo")
+    assert str(lab.backend.home) not in mount and " ro," in mount  # names no host path
+
+    await lab.backend.stop(first)
+    booted = await lab.boot(first)
+    again = await lab.sh(booted, f"cat {BOOT_ID}")
+    assert again not in (boot_id, host)
+    second = await lab.create(source=await lab.snapshot(booted))
+    assert await lab.sh(second, f"cat {BOOT_ID}") not in (again, boot_id, host)
+
+
 # -- fork: a snapshot of a running sandbox, then sandboxes from it -------------------------------------------------
 
 
