@@ -77,6 +77,7 @@ async def test_restart_reattaches(test_home):
     sb = await first.create(spec())
     await sb.files.write("/workspace/keep.txt", b"still here")
     bg = await sb.processes.start("sleep 1000")
+    boot_id = (await sb.exec("cat /proc/sys/kernel/random/boot_id")).stdout
     await first.close()  # the engine goes, the sandbox stays
 
     second = make_engine(test_home)
@@ -86,6 +87,7 @@ async def test_restart_reattaches(test_home):
         again = second.get(sb.id)
         assert await again.files.read("/workspace/keep.txt") == b"still here"
         assert any(p.id == bg.id and p.running for p in await again.processes.list())
+        assert (await again.exec("cat /proc/sys/kernel/random/boot_id")).stdout == boot_id  # the same boot
     finally:
         await second.close(destroy_all=True)
     assert not leaks(test_home)
