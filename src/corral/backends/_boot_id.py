@@ -38,24 +38,19 @@ __all__ = ["BOOT_ID_PATH", "give_boot_id", "write_boot_id"]
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 
-# Syscall numbers of the new mount API, the same on x86_64 and aarch64 (numbered alike from 424 on).
-_SYS_OPEN_TREE, _SYS_MOVE_MOUNT, _SYS_FSOPEN, _SYS_FSCONFIG, _SYS_FSMOUNT, _SYS_MOUNT_SETATTR = (
-    428, 429, 430, 431, 432, 442)
+# Syscall numbers of the new mount API (Linux 5.2), the same on x86_64 and aarch64 (numbered alike from 424 on).
+_SYS_OPEN_TREE, _SYS_MOVE_MOUNT, _SYS_FSOPEN, _SYS_FSCONFIG, _SYS_FSMOUNT = 428, 429, 430, 431, 432
 _FSOPEN_CLOEXEC = _FSMOUNT_CLOEXEC = 1
 _FSCONFIG_SET_STRING, _FSCONFIG_CMD_CREATE = 1, 6
 _OPEN_TREE_CLONE = 1
-_AT_EMPTY_PATH, _AT_FDCWD = 0x1000, -100
+_AT_FDCWD = -100
 _MOVE_MOUNT_F_EMPTY_PATH = 0x4
-_MOUNT_ATTR_RDONLY, _MOUNT_ATTR_NOSUID, _MOUNT_ATTR_NODEV, _MOUNT_ATTR_NOEXEC = 0x1, 0x2, 0x4, 0x8
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND = 0x1, 0x2, 0x4, 0x8, 0x20, 0x1000
+_MS_READONLY_BIND = _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
 _CLONE_FS, _CLONE_NEWNS = 0x200, 0x20000
 _TMPFS_OPTIONS = (("source", "tmpfs"), ("size", "4k"), ("nr_inodes", "2"), ("mode", "0555"))
 
 _libc = ctypes.CDLL(None, use_errno=True)
-
-
-class _MountAttr(ctypes.Structure):
-    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
-                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
 
 
 def write_boot_id(path: Path) -> Path:
@@ -98,7 +93,7 @@ def _in_own_thread(pid: int, sandbox_id: str, boot_id: str) -> None:
 
 
 def _mount(pid: int, sandbox_id: str, boot_id: str) -> None:
-    tree = _boot_id_file(boot_id)  # made while this thread still sees the host, though nothing of it is used
+    tree = _boot_id_file(boot_id)  # before the setns: an fd is what carries it into the sandbox's namespace
     try:
         try:
             ns = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
@@ -112,12 +107,15 @@ def _mount(pid: int, sandbox_id: str, boot_id: str) -> None:
             os.close(ns)
         _syscall(_SYS_MOVE_MOUNT, tree, b"", _AT_FDCWD, BOOT_ID_PATH.encode(), _MOVE_MOUNT_F_EMPTY_PATH,
                  what=f"move_mount({BOOT_ID_PATH})")
+        # Read-only where it landed, by the classic remount (mount_setattr on the detached tree needs 5.12; this
+        # needs only the 5.2 the calls above do). The file is 0444 and host root's meanwhile: nobody else's.
+        _check(_libc.mount(None, BOOT_ID_PATH.encode(), None, _MS_READONLY_BIND, None), "remount read-only")
     finally:
         os.close(tree)
 
 
 def _boot_id_file(boot_id: str) -> int:
-    """A detached, read-only bind mount of a file holding `boot_id`, alone on a detached tmpfs (an fd)."""
+    """A detached bind mount of a file holding `boot_id`, alone on a detached tmpfs (an fd)."""
     fs = _syscall(_SYS_FSOPEN, b"tmpfs", _FSOPEN_CLOEXEC, what="fsopen(tmpfs)")
     try:
         for key, value in _TMPFS_OPTIONS:
@@ -133,17 +131,9 @@ def _boot_id_file(boot_id: str) -> int:
             os.write(fd, f"{boot_id}\n".encode())
         finally:
             os.close(fd)
-        tree = _syscall(_SYS_OPEN_TREE, root, b"boot_id", _OPEN_TREE_CLONE | os.O_CLOEXEC, what="open_tree(boot_id)")
+        return _syscall(_SYS_OPEN_TREE, root, b"boot_id", _OPEN_TREE_CLONE | os.O_CLOEXEC, what="open_tree(boot_id)")
     finally:
-        os.close(root)  # the tmpfs lives on in `tree`'s bind mount, and then in the sandbox's
-    try:
-        attr = _MountAttr(_MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV | _MOUNT_ATTR_NOEXEC, 0, 0, 0)
-        _syscall(_SYS_MOUNT_SETATTR, tree, b"", _AT_EMPTY_PATH, ctypes.byref(attr), ctypes.sizeof(attr),
-                 what="mount_setattr(read-only)")
-    except BaseException:
-        os.close(tree)
-        raise
-    return tree
+        os.close(root)  # the tmpfs lives on in the bind mount of its file, and then in the sandbox's
 
 
 def _check(result: int, what: str) -> None:
@@ -157,7 +147,7 @@ def _syscall(number: int, *args: object, what: str) -> int:
     if result < 0:
         err = ctypes.get_errno()
         if err == 38:  # ENOSYS
-            raise RuntimeUnavailableError(f"giving sandboxes a boot id of their own needs Linux 5.12+ (the new "
+            raise RuntimeUnavailableError(f"giving sandboxes a boot id of their own needs Linux 5.2+ (the new "
                                           f"mount API): {what} is missing here")
         raise ServerError(f"giving the sandbox its boot id failed: {what}: {os.strerror(err)}")
     return result
