@@ -24,7 +24,7 @@ import pytest
 from corral import ServerError
 from corral.backends import BACKEND_NAMES, Backend, BackendRecord, SandboxSpec, SnapshotArtifact
 from corral.backends.local import LocalBackend
-from corral.engine import AgentClient
+from corral.engine import AgentClient, ExecOptions
 from corral.templates import Template
 from corral.templates._build import _isolated
 
@@ -168,7 +168,7 @@ async def test_a_sandbox_from_a_snapshot_has_the_snapshots_files(lab: Lab) -> No
 async def test_a_stopped_sandbox_boots_with_its_files_and_without_its_processes(lab: Lab) -> None:
     record = await lab.create()
     await lab.write(record, "/workspace/payload.bin", PAYLOAD)
-    await lab.agent(record).start("sleep 1000")
+    await lab.agent(record).launch(ExecOptions("sleep 1000"), None)
     await lab.backend.stop(record)
     assert await lab.backend.alive(record) is False
     await lab.backend.stop(record)  # idempotent
