@@ -285,29 +285,32 @@ class FakeAgent(FileOps, WatchOps, PortOps):
         feeder = asyncio.create_task(self._feed_from(conn, proc)) if proc.want_stdin else None
         watcher = None if feeder else asyncio.create_task(self._watch_hangup(conn, proc))
         waiter = asyncio.create_task(proc.done.wait())
-        while True:
-            getter = asyncio.create_task(queue.get())
-            finished, _ = await asyncio.wait({getter, waiter}, return_when=asyncio.FIRST_COMPLETED)
-            if getter in finished:
-                stream, data = getter.result()
-                room = buffers[stream].head_cap - head[stream]
-                part = data[: max(room, 0)]
-                head[stream] += len(part)
-                if part:
-                    conn.send(protocol.STDOUT if stream == "stdout" else protocol.STDERR, part)
-                    await conn.drain()
-                continue
-            getter.cancel()
-            while not queue.empty():
-                stream, data = queue.get_nowait()
-                room = buffers[stream].head_cap - head[stream]
-                if part := data[: max(room, 0)]:
+        getter: asyncio.Task[tuple[str, bytes]] | None = None
+        try:
+            while True:
+                getter = asyncio.create_task(queue.get())
+                finished, _ = await asyncio.wait({getter, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                if getter in finished:
+                    stream, data = getter.result()
+                    room = buffers[stream].head_cap - head[stream]
+                    part = data[: max(room, 0)]
                     head[stream] += len(part)
-                    conn.send(protocol.STDOUT if stream == "stdout" else protocol.STDERR, part)
-            break
-        for task in (feeder, watcher):
-            if task is not None:
-                task.cancel()
+                    if part:
+                        conn.send(protocol.STDOUT if stream == "stdout" else protocol.STDERR, part)
+                        await conn.drain()
+                    continue
+                getter.cancel()
+                while not queue.empty():
+                    stream, data = queue.get_nowait()
+                    room = buffers[stream].head_cap - head[stream]
+                    if part := data[: max(room, 0)]:
+                        head[stream] += len(part)
+                        conn.send(protocol.STDOUT if stream == "stdout" else protocol.STDERR, part)
+                break
+        finally:  # a cancelled request leaves no task behind
+            for task in (getter, waiter, feeder, watcher):
+                if task is not None:
+                    task.cancel()
         for name, kind in (("stdout", protocol.STDOUT), ("stderr", protocol.STDERR)):
             buf = buffers[name]
             if buf.tail_len:
@@ -356,6 +359,7 @@ class FakeAgent(FileOps, WatchOps, PortOps):
                 queue.get_nowait()  # what is kept was sent above
         hangup = asyncio.create_task(conn.reader.read(1))
         waiter = asyncio.create_task(proc.done.wait())
+        getter: asyncio.Task[tuple[str, bytes]] | None = None
         try:
             while True:
                 getter = asyncio.create_task(queue.get())
@@ -376,6 +380,8 @@ class FakeAgent(FileOps, WatchOps, PortOps):
         finally:
             hangup.cancel()
             waiter.cancel()
+            if getter is not None:
+                getter.cancel()
 
     def _find(self, req: dict[str, Any]) -> _Process:
         given = [key for key in ("id", "pid", "tag") if req.get(key) is not None]

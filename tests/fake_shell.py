@@ -229,9 +229,10 @@ class Shell:
 
     async def _command(self, argv: list[str], io: Io) -> int:
         name = posixpath.basename(argv[0])
-        if name in SHELLS and len(argv) >= 3 and argv[1] in ("-c", "-lc", "-ec"):
+        script = _script_of(argv) if name in SHELLS else None
+        if script is not None:
             sub = Shell(self.fs, dict(self.env), self.cwd, user=self.user, terminal=self.terminal, ports=self.ports)
-            return await sub.run_script(argv[2], io)
+            return await sub.run_script(script, io)
         if is_interactive_shell(argv):
             sub = Shell(self.fs, dict(self.env), self.cwd, user=self.user, terminal=self.terminal, ports=self.ports)
             return await sub.repl(io)
@@ -457,6 +458,16 @@ class Shell:
             st = self.fs.host(self._abs(a)).stat()
             await io.out(f"{stat.filemode(st.st_mode)} {st.st_size} {a}\n".encode())
         return 0
+
+
+def _script_of(argv: list[str]) -> str | None:
+    """The script of `bash -c S`, `bash -l -c S`, `sh -ec S`: options before it, one of them with a `c`."""
+    for i, arg in enumerate(argv[1:], 1):
+        if not arg.startswith("-"):
+            return None
+        if "c" in arg[1:] and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
 
 
 def _const(data: bytes) -> Callable[[], Awaitable[bytes]]:
