@@ -361,6 +361,7 @@ async def test_a_wrong_key_fails_the_http_client_with_the_reason(mcp_server: MCP
 
 
 @pytest.mark.anyio
+@pytest.mark.slow  # two relay processes, one retrying an unreachable server
 async def test_the_relay_answers_a_wrong_key_and_an_unreachable_server_with_tool_errors(
         mcp_server: MCPServer) -> None:
     async with connect(mcp_server, "stdio", key=WRONG_KEY) as client:
