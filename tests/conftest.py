@@ -4,12 +4,13 @@ leak check when the session ends (no mounts, runc containers, cgroups, loop devi
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import subprocess
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -235,6 +236,84 @@ def leak_check() -> Iterator[None]:
     for d in [Path("/sys/fs/cgroup") / CGROUP_PARENT, *Path("/sys/fs/cgroup").glob(f"*/{CGROUP_PARENT}")]:
         if d.is_dir():
             d.rmdir()
+
+
+# -- the fast tier's guard ------------------------------------------------------------------------------
+# A test with none of these markers is in the fast tier (`./scripts/test --fast`: in-process, no runtime). One that
+# starts a real sandbox anyway fails loudly, whichever run it is in, so that it cannot slow the fast tier down
+# unnoticed: in-process, the real backends' create and boot refuse; in any subprocess it starts (a `corral serve`),
+# `runc`, `runsc` and `docker` on PATH are shims that record the call, and the test fails at teardown.
+REAL_MARKERS = ("runc", "runsc", "docker", "k8s_fake", "k8s", "slow")
+_SHIM = """#!/bin/sh
+echo "$(basename "$0") $*" >> "$CORRAL_TEST_FAST_TIER_LOG"
+echo "corral tests: $(basename "$0") ran in a fast-tier test (mark it runc, runsc or docker)" >&2
+exit 97
+"""
+
+
+def in_fast_tier(node: pytest.Item) -> bool:
+    return not any(node.get_closest_marker(name) is not None for name in REAL_MARKERS)
+
+
+@pytest.fixture(scope="session")
+def _runtime_shims(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    shims = tmp_path_factory.mktemp("fast-tier-shims")
+    for name in ("runc", "runsc", "docker"):
+        (shims / name).write_text(_SHIM)
+        (shims / name).chmod(0o755)
+    return shims
+
+
+def _refuse_real_backend(method: Callable[..., object], kind: str, hits: list[str]) -> object:
+    @functools.wraps(method)  # the contract test reads the signature
+    async def refuse(self: object, *args: object, **kwargs: object) -> object:
+        hits.append(f"a real {kind} sandbox")  # failed at teardown too: a front may turn this into a 500
+        pytest.fail(f"this test started a real {kind} sandbox but has no runc/runsc/docker marker: mark it, or run "
+                    "it on the fake engine (`fake_engine`, `front_engine`)", pytrace=False)
+
+    return refuse
+
+
+class FastTierGuard:
+    """What a fast-tier test ran of the real runtimes: refused backend calls, and shim invocations."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        self.hits: list[str] = []
+
+    def calls(self) -> list[str]:
+        return self.hits + (self.log.read_text().splitlines() if self.log.exists() else [])
+
+    def forget(self) -> None:
+        """For the guard's own tests, which trip it on purpose."""
+        self.hits.clear()
+        self.log.unlink(missing_ok=True)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_path_factory:
+                     pytest.TempPathFactory) -> Iterator[FastTierGuard | None]:
+    if not in_fast_tier(request.node):
+        yield None
+        return
+    shims: Path = request.getfixturevalue("_runtime_shims")
+    guard = FastTierGuard(tmp_path_factory.mktemp("fast-tier-log") / "calls")
+    log, hits = guard.log, guard.hits
+    monkeypatch.setenv("PATH", f"{shims}:{os.environ.get('PATH', '')}")
+    monkeypatch.setenv("CORRAL_TEST_FAST_TIER_LOG", str(log))
+    for method in ("create", "boot"):
+        real = getattr(LocalBackend, method)
+        monkeypatch.setattr(LocalBackend, method, _refuse_real_backend(real, "runc (LocalBackend)", hits))
+    with contextlib.suppress(ImportError):  # corral[docker] is an extra
+        from corral.backends.docker import DockerBackend
+
+        for method in ("create", "boot"):
+            real = getattr(DockerBackend, method)
+            monkeypatch.setattr(DockerBackend, method, _refuse_real_backend(real, "Docker", hits))
+    yield guard
+    if calls := guard.calls():
+        pytest.fail(f"this fast-tier test ran a container runtime ({'; '.join(calls[:3])}): mark it runc, runsc "
+                    "or docker, or run it on the fake engine", pytrace=False)
 
 
 @pytest.fixture

@@ -70,20 +70,48 @@ def e2b_server() -> Iterator[E2BServer]:
     shutil.rmtree(home, ignore_errors=True)
 
 
+@dataclass
+class _FakeServer:
+    """What the fixtures read of a `ServerProcess`, for the whole app over the fake engine."""
+
+    url: str
+    port: int
+    admin_key: str
+
+
+@pytest.fixture(scope="module")
+def e2b_fake_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2BServer]:
+    """The whole app (E2B's API beside /v1) over the fake engine, served from a thread: the fast tier's server for
+    what is the E2B front's own (wire shapes, tenancy, roles, refusals, timeouts as records)."""
+    from .live_front import threaded_front
+
+    with threaded_front(tmp_path_factory.mktemp("e2b")) as front:
+        port = int(front.url.rsplit(":", 1)[1])
+        yield E2BServer(_FakeServer(front.url, port, front.admin_key), dict(front.keys))  # type: ignore[arg-type]
+
+
 @pytest.fixture
-def e2b_env(e2b_server: E2BServer, monkeypatch: pytest.MonkeyPatch) -> E2BServer:
+def e2b_front(request: pytest.FixtureRequest) -> E2BServer:
+    """The server a test drives: the real `corral serve` for a test marked runc, else the fake one."""
+    real = request.node.get_closest_marker("runc") is not None
+    server: E2BServer = request.getfixturevalue("e2b_server" if real else "e2b_fake_server")
+    return server
+
+
+@pytest.fixture
+def e2b_env(e2b_front: E2BServer, monkeypatch: pytest.MonkeyPatch) -> E2BServer:
     """The E2B variables set for tenant a's developer, and E2B's own ones that would point elsewhere unset."""
     for name in ("E2B_DEBUG", "E2B_DOMAIN", "E2B_ACCESS_TOKEN"):
         monkeypatch.delenv(name, raising=False)
-    for name, value in e2b_server.env().items():
+    for name, value in e2b_front.env().items():
         monkeypatch.setenv(name, value)
-    return e2b_server
+    return e2b_front
 
 
 @pytest.fixture
-def cleanup(e2b_server: E2BServer) -> Iterator[Cleanup]:
-    found = Cleanup(e2b_server)
+def cleanup(e2b_front: E2BServer) -> Iterator[Cleanup]:
+    found = Cleanup(e2b_front)
     yield found
-    with _admin(e2b_server.server) as admin:
+    with _admin(e2b_front.server) as admin:
         for sandbox_id in found.ids:
             admin.delete(f"/v1/sandboxes/{sandbox_id}")

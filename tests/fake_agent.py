@@ -1,25 +1,19 @@
 """A fake in-sandbox agent that speaks `corral/agent/protocol.py`, for tests of the layers above the engine.
 
 It answers what the engine's agent client sends, with the real agent's event shapes and error codes
-(`tests/test_fake_agent_honesty.py` runs the same scenarios against both): ping, exec (foreground with stdin,
+(`tests/test_fake_agent_honesty.py` runs the same exchanges against both): ping, exec (foreground with stdin,
 streamed stdout/stderr, exit codes, timeouts, max_output; background with ps, stdin, kill, wait, attach,
-follow), files (read, write, list, stat, exists, mkdir, remove, rename), tar both ways, and heartbeats.
-Commands run in `tests/fake_shell.py`'s toy shell over a temp directory: no host process, no host path outside it.
-Not implemented (refused with `invalid_request`, as an unknown op): code cells, PTY terminals, watches, port
-tunnels; tests of those stay on real sandboxes.
+follow), PTY terminals (echo, line editing, CR-LF output, resize, `stty size`), files and tar both ways
+(`tests/fake_files.py`), code cells (`tests/fake_code.py`), directory watches (`tests/fake_watch.py`), port
+tunnels to servers in the sandbox (`tests/fake_ports.py`), and heartbeats. Commands run in `tests/fake_shell.py`'s
+toy shell over a temp directory: no host process, no host path outside it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import itertools
-import os
-import posixpath
-import shutil
-import stat
-import tarfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -27,58 +21,18 @@ from pathlib import Path
 from typing import Any
 
 from corral.agent import protocol
-from corral.agent.processes import OutputBuffer, build_argv
+from corral.agent.processes import OutputBuffer, ProcessError, build_argv, pty_size
 
-from .fake_shell import FakeFs, Io, Shell
+from .fake_code import FakeCode
+from .fake_files import FileOps
+from .fake_ports import PortHandler, PortOps
+from .fake_shell import FakeFs, Io, Shell, is_interactive_shell
+from .fake_watch import WatchOps, WatchRegistry
+from .fake_wire import AgentFailure, Conn, os_failure
 
 __all__ = ["AgentFailure", "FakeAgent"]
 
 DEFAULT_MAX_OUTPUT = 16 * 1024 * 1024
-ERRNO_CODES = {2: "not_found", 13: "permission_denied", 1: "permission_denied", 17: "conflict", 39: "conflict",
-               21: "invalid_request", 20: "invalid_request", 40: "invalid_request", 22: "invalid_request"}
-
-
-_REAL_ONLY = frozenset({"connect"})  # ops of the real agent this fake does not have (nor code_*, watch*)
-
-
-class AgentFailure(Exception):
-    """An error answer: the real agent's `code` and message."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-def _os_failure(exc: OSError, path: str) -> AgentFailure:
-    code = ERRNO_CODES.get(exc.errno or 0, "server_error")
-    return AgentFailure(code, f"{path}: {os.strerror(exc.errno) if exc.errno else exc}")
-
-
-class _Conn:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-        self.last_sent = time.monotonic()
-        self.closed = False
-
-    async def recv(self) -> tuple[int, bytes]:
-        kind, length = protocol.parse_header(await self.reader.readexactly(protocol.HEADER.size))
-        return kind, await self.reader.readexactly(length) if length else b""
-
-    def send(self, kind: int, payload: bytes = b"") -> None:
-        if self.closed:
-            return
-        for i in range(0, max(len(payload), 1), protocol.CHUNK):
-            self.writer.write(protocol.encode(kind, payload[i : i + protocol.CHUNK]))
-        self.last_sent = time.monotonic()
-
-    def event(self, **fields: Any) -> None:
-        self.send(protocol.EVENT, protocol.encode_json(protocol.EVENT, fields)[protocol.HEADER.size:])
-
-    async def drain(self) -> None:
-        with contextlib.suppress(ConnectionError):
-            await self.writer.drain()
 
 
 @dataclass
@@ -107,6 +61,10 @@ class _Process:
     started_wall: float = field(default_factory=time.time)
     ended: float | None = None
     task: asyncio.Task[None] | None = None
+    terminal: list[int] | None = None  # [rows, cols] of a PTY process (shared with its shell: `stty size`)
+    interactive: bool = False  # a shell reading commands from its terminal: ^C clears the line, not the shell
+    line: bytearray = field(default_factory=bytearray)  # a terminal's line being typed (canonical mode)
+    kill_signal: int = 9
 
     def __post_init__(self) -> None:
         self.stdout = OutputBuffer(self.max_output)
@@ -123,7 +81,7 @@ class _Process:
 
     def info(self) -> dict[str, Any]:
         return {"id": self.id, "pid": self.pid, "tag": self.tag, "argv": self.argv, "cwd": self.cwd, "env": self.env,
-                "background": self.background, "pty": False, "running": not self.done.is_set(),
+                "background": self.background, "pty": self.terminal is not None, "running": not self.done.is_set(),
                 "started_at": self.started_wall, "exit": self.result() if self.done.is_set() else None}
 
     def emit(self, stream: str, data: bytes) -> bytes:
@@ -137,20 +95,54 @@ class _Process:
             return b""
         return await self.stdin.get()
 
-    def kill(self, *, timed_out: bool = False) -> None:
+    def write_stdin(self, data: bytes) -> None:
+        """Host input: straight to the process, or through a terminal's line discipline."""
+        if self.terminal is None:
+            self.stdin.put_nowait(data)
+            return
+        for byte in data:
+            self._tty_byte(byte)
+
+    def _tty_byte(self, byte: int) -> None:
+        """Canonical mode with echo, as a Linux PTY: CR is NL, DEL erases, ^D ends input, ^C interrupts."""
+        if byte in (0x0D, 0x0A):
+            self.emit("stdout", b"\r\n")
+            self.stdin.put_nowait(bytes(self.line) + b"\n")
+            self.line.clear()
+        elif byte == 0x7F:
+            if self.line:
+                self.line.pop()
+                self.emit("stdout", b"\b \b")
+        elif byte == 0x04:
+            self.stdin.put_nowait(bytes(self.line)) if self.line else self.stdin.put_nowait(b"")
+            self.line.clear()
+        elif byte == 0x03:
+            self.emit("stdout", b"^C\r\n")
+            self.line.clear()
+            if not self.interactive:
+                self.kill(signal=2)
+        else:
+            self.line.append(byte)
+            self.emit("stdout", bytes([byte]))
+
+    def kill(self, *, timed_out: bool = False, signal: int = 9) -> None:
         if self.done.is_set() or self.task is None:
             return
         self.timed_out = self.timed_out or timed_out
         self.killed = self.killed or not timed_out
+        self.kill_signal = signal
         self.task.cancel()
 
 
-class FakeAgent:
+class FakeAgent(FileOps, WatchOps, PortOps):
     """One sandbox's agent: `handle` serves one connection (one request), as the real agent does."""
 
     def __init__(self, root: Path, token: str) -> None:
         self.fs = FakeFs(root)
         self.token = token
+        self.code = FakeCode(self)
+        self.ports: dict[int, PortHandler] = {}  # what listens in the sandbox (tests/fake_ports.py)
+        self.watches = WatchRegistry(self.fs)
         self.processes: dict[str, _Process] = {}
         self._ids = itertools.count(1)
         self._pids = itertools.count(100)
@@ -159,7 +151,7 @@ class FakeAgent:
                          "LANG": "C.UTF-8"}
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = _Conn(reader, writer)
+        conn = Conn(reader, writer)
         beat: asyncio.Task[None] | None = None
         try:
             kind, payload = await conn.recv()
@@ -170,11 +162,11 @@ class FakeAgent:
             if isinstance(interval, int | float) and interval > 0 and req.get("op") != "connect":
                 beat = asyncio.create_task(_heartbeats(conn, float(interval)))
             await self.dispatch(conn, req)
-        except AgentFailure as exc:
+        except (AgentFailure, ProcessError) as exc:  # ProcessError: the real agent's validators, reused
             conn.send(protocol.ERROR, protocol.encode_json(protocol.ERROR, {
                 "code": exc.code, "message": exc.message, "details": {}})[protocol.HEADER.size:])
         except OSError as exc:
-            failure = _os_failure(exc, str(exc.filename or ""))
+            failure = os_failure(exc, str(exc.filename or ""))
             conn.send(protocol.ERROR, protocol.encode_json(protocol.ERROR, {
                 "code": failure.code, "message": failure.message, "details": {}})[protocol.HEADER.size:])
         except (asyncio.IncompleteReadError, protocol.ProtocolError):
@@ -187,21 +179,23 @@ class FakeAgent:
             writer.close()
 
     async def close(self) -> None:
+        self.watches.close()
         for proc in self.processes.values():
             proc.kill()
         tasks = [p.task for p in self.processes.values() if p.task is not None]
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def dispatch(self, conn: _Conn, req: dict[str, Any]) -> None:
+    async def dispatch(self, conn: Conn, req: dict[str, Any]) -> None:
         op = req.get("op")
-        handler: Callable[[_Conn, dict[str, Any]], Awaitable[None]] | None = getattr(self, f"op_{op}", None)
-        if isinstance(op, str) and handler is None and (op in _REAL_ONLY or op.startswith(("code_", "watch"))):
-            raise AgentFailure("invalid_request", f"the fake agent has no {op} (its tests run on real sandboxes)")
+        target: object = self
+        if isinstance(op, str) and op.startswith("code_"):
+            target, op = self.code, op[len("code_"):]
+        handler: Callable[[Conn, dict[str, Any]], Awaitable[None]] | None = getattr(target, f"op_{op}", None)
         if not isinstance(op, str) or handler is None:
             raise AgentFailure("invalid_request", f"unknown operation {op!r}")
         await handler(conn, req)
 
-    async def op_ping(self, conn: _Conn, req: dict[str, Any]) -> None:
+    async def op_ping(self, conn: Conn, req: dict[str, Any]) -> None:
         conn.event(event="pong", version=protocol.VERSION, uptime=time.time() - self.started, python="fake")
 
     # -- processes ----------------------------------------------------------------------------------------
@@ -211,8 +205,7 @@ class FakeAgent:
             argv = build_argv(req.get("cmd"))
         except Exception as exc:  # the real agent's ProcessError: its code and message
             raise AgentFailure(getattr(exc, "code", "invalid_request"), getattr(exc, "message", str(exc))) from exc
-        if req.get("pty") is not None:
-            raise AgentFailure("invalid_request", "the fake agent has no terminals (tests of PTYs run on runc)")
+        terminal = None if req.get("pty") is None else list(pty_size(req["pty"]))
         cwd = req.get("cwd") or "/workspace"
         if not isinstance(cwd, str) or not self.fs.host(cwd).is_dir():
             raise AgentFailure("invalid_request", f"working directory {cwd!r} does not exist in the sandbox")
@@ -231,8 +224,14 @@ class FakeAgent:
         if req.get("user") == "root":
             env.update(HOME="/root", USER="root")
         proc = _Process(str(next(self._ids)), next(self._pids), argv, cwd, cmd_env, tag,
-                        bool(req.get("background")), max_output, bool(req.get("stdin")), timeout)
-        shell = Shell(self.fs, env, cwd, user="root" if req.get("user") == "root" else "user")
+                        bool(req.get("background")), max_output, bool(req.get("stdin")) or terminal is not None,
+                        timeout)
+        proc.terminal = terminal
+        proc.interactive = terminal is not None and is_interactive_shell(argv)
+        if terminal is not None:
+            env.setdefault("TERM", "xterm")
+        shell = Shell(self.fs, env, cwd, user="root" if req.get("user") == "root" else "user", terminal=terminal,
+                      ports=self.ports)
         proc.task = asyncio.create_task(self._run(proc, shell))
         self.processes[proc.id] = proc
         return proc
@@ -244,18 +243,24 @@ class FakeAgent:
         async def err(b: bytes) -> None:
             proc.emit("stderr", b)
 
+        if proc.terminal is not None:  # one stream, and the terminal's output processing (ONLCR)
+            async def out(b: bytes) -> None:
+                proc.emit("stdout", b.replace(b"\n", b"\r\n"))
+
+            err = out
+
         stdio = Io(proc.read_stdin, out, err)
         try:
             async with asyncio.timeout(proc.timeout):
                 proc.exit_code = await shell.run_argv(proc.argv, stdio)
         except (TimeoutError, asyncio.CancelledError):
             proc.timed_out = proc.timed_out or not proc.killed
-            proc.exit_code, proc.signal = 128 + 9, 9
+            proc.exit_code, proc.signal = 128 + proc.kill_signal, proc.kill_signal
         finally:
             proc.ended = time.monotonic()
             proc.done.set()
 
-    async def op_exec(self, conn: _Conn, req: dict[str, Any]) -> None:
+    async def op_exec(self, conn: Conn, req: dict[str, Any]) -> None:
         background = bool(req.get("background"))
         if req.get("stream") and not background:
             raise AgentFailure("invalid_request", "stream applies to background processes (a foreground "
@@ -280,29 +285,32 @@ class FakeAgent:
         feeder = asyncio.create_task(self._feed_from(conn, proc)) if proc.want_stdin else None
         watcher = None if feeder else asyncio.create_task(self._watch_hangup(conn, proc))
         waiter = asyncio.create_task(proc.done.wait())
-        while True:
-            getter = asyncio.create_task(queue.get())
-            finished, _ = await asyncio.wait({getter, waiter}, return_when=asyncio.FIRST_COMPLETED)
-            if getter in finished:
-                stream, data = getter.result()
-                room = buffers[stream].head_cap - head[stream]
-                part = data[: max(room, 0)]
-                head[stream] += len(part)
-                if part:
-                    conn.send(protocol.STDOUT if stream == "stdout" else protocol.STDERR, part)
-                    await conn.drain()
-                continue
-            getter.cancel()
-            while not queue.empty():
-                stream, data = queue.get_nowait()
-                room = buffers[stream].head_cap - head[stream]
-                if part := data[: max(room, 0)]:
+        getter: asyncio.Task[tuple[str, bytes]] | None = None
+        try:
+            while True:
+                getter = asyncio.create_task(queue.get())
+                finished, _ = await asyncio.wait({getter, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                if getter in finished:
+                    stream, data = getter.result()
+                    room = buffers[stream].head_cap - head[stream]
+                    part = data[: max(room, 0)]
                     head[stream] += len(part)
-                    conn.send(protocol.STDOUT if stream == "stdout" else protocol.STDERR, part)
-            break
-        for task in (feeder, watcher):
-            if task is not None:
-                task.cancel()
+                    if part:
+                        conn.send(protocol.STDOUT if stream == "stdout" else protocol.STDERR, part)
+                        await conn.drain()
+                    continue
+                getter.cancel()
+                while not queue.empty():
+                    stream, data = queue.get_nowait()
+                    room = buffers[stream].head_cap - head[stream]
+                    if part := data[: max(room, 0)]:
+                        head[stream] += len(part)
+                        conn.send(protocol.STDOUT if stream == "stdout" else protocol.STDERR, part)
+                break
+        finally:  # a cancelled request leaves no task behind
+            for task in (getter, waiter, feeder, watcher):
+                if task is not None:
+                    task.cancel()
         for name, kind in (("stdout", protocol.STDOUT), ("stderr", protocol.STDERR)):
             buf = buffers[name]
             if buf.tail_len:
@@ -310,21 +318,21 @@ class FakeAgent:
                 conn.send(kind, buf.tail_bytes())
         conn.event(**proc.result())
 
-    async def _feed_from(self, conn: _Conn, proc: _Process) -> None:
+    async def _feed_from(self, conn: Conn, proc: _Process) -> None:
         """Host -> process for a foreground command: stdin, EOF, controls; a vanished host kills it."""
         try:
             while not proc.done.is_set():
                 kind, payload = await conn.recv()
                 if kind == protocol.STDIN:
-                    proc.stdin.put_nowait(payload)
-                elif kind == protocol.STDIN_EOF:
+                    proc.write_stdin(payload)
+                elif kind == protocol.STDIN_EOF and proc.terminal is None:
                     proc.stdin.put_nowait(b"")
                 elif kind == protocol.CONTROL:
                     _control(proc, protocol.decode_json(payload))
         except (asyncio.IncompleteReadError, ConnectionError, protocol.ProtocolError):
             proc.kill()
 
-    async def _watch_hangup(self, conn: _Conn, proc: _Process) -> None:
+    async def _watch_hangup(self, conn: Conn, proc: _Process) -> None:
         try:
             while not proc.done.is_set():
                 kind, payload = await conn.recv()
@@ -333,7 +341,7 @@ class FakeAgent:
         except (asyncio.IncompleteReadError, ConnectionError, protocol.ProtocolError):
             proc.kill()
 
-    async def _follow(self, conn: _Conn, proc: _Process, first: dict[str, Any], *, replay: bool) -> None:
+    async def _follow(self, conn: Conn, proc: _Process, first: dict[str, Any], *, replay: bool) -> None:
         """Send `first`, the kept output (if `replay`), then every new byte until the process ends or the host
         leaves (the process goes on)."""
         queue: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue()
@@ -351,6 +359,7 @@ class FakeAgent:
                 queue.get_nowait()  # what is kept was sent above
         hangup = asyncio.create_task(conn.reader.read(1))
         waiter = asyncio.create_task(proc.done.wait())
+        getter: asyncio.Task[tuple[str, bytes]] | None = None
         try:
             while True:
                 getter = asyncio.create_task(queue.get())
@@ -371,6 +380,8 @@ class FakeAgent:
         finally:
             hangup.cancel()
             waiter.cancel()
+            if getter is not None:
+                getter.cancel()
 
     def _find(self, req: dict[str, Any]) -> _Process:
         given = [key for key in ("id", "pid", "tag") if req.get(key) is not None]
@@ -388,13 +399,13 @@ class FakeAgent:
         running = [p for p in found if not p.done.is_set()]
         return (running or found)[-1]
 
-    async def op_ps(self, conn: _Conn, req: dict[str, Any]) -> None:
+    async def op_ps(self, conn: Conn, req: dict[str, Any]) -> None:
         if any(req.get(key) is not None for key in ("id", "pid", "tag")):
             conn.event(event="done", process=self._find(req).info())
         else:
             conn.event(event="done", processes=[p.info() for p in self.processes.values()])
 
-    async def op_kill(self, conn: _Conn, req: dict[str, Any]) -> None:
+    async def op_kill(self, conn: Conn, req: dict[str, Any]) -> None:
         proc = self._find(req)
         sig = int(req.get("signal") or 9)
         proc.kill()
@@ -409,18 +420,21 @@ class FakeAgent:
             proc.exit_code, proc.signal = 128 + sig, sig
             conn.event(event="done")
 
-    async def op_stdin(self, conn: _Conn, req: dict[str, Any]) -> None:
+    async def op_stdin(self, conn: Conn, req: dict[str, Any]) -> None:
         proc = self._find(req)
         if not proc.stdin_open:
             raise AgentFailure("conflict",
                                f"process {proc.id} was started without stdin (or its stdin is closed)")
+        if req.get("eof"):
+            _check_closable(proc)
         conn.event(event="ready")
         await conn.drain()
         while True:
             kind, payload = await conn.recv()
             if kind == protocol.STDIN:
-                proc.stdin.put_nowait(payload)
+                proc.write_stdin(payload)
             elif kind == protocol.STDIN_EOF:
+                _check_closable(proc)
                 proc.stdin.put_nowait(b"")
                 proc.stdin_open = False
                 break
@@ -428,11 +442,15 @@ class FakeAgent:
                 break
         conn.event(event="done")
 
-    async def op_resize(self, conn: _Conn, req: dict[str, Any]) -> None:
+    async def op_resize(self, conn: Conn, req: dict[str, Any]) -> None:
         proc = self._find(req)
-        raise AgentFailure("conflict", f"process {proc.id} has no terminal")
+        rows, cols = pty_size(req)
+        if proc.terminal is None:
+            raise AgentFailure("conflict", f"process {proc.id} has no terminal")
+        proc.terminal[:] = [rows, cols]
+        conn.event(event="done")
 
-    async def op_wait(self, conn: _Conn, req: dict[str, Any]) -> None:
+    async def op_wait(self, conn: Conn, req: dict[str, Any]) -> None:
         proc = self._find(req)
         timeout = req.get("timeout")
         try:
@@ -450,210 +468,26 @@ class FakeAgent:
                     conn.send(kind, buf.tail_bytes())
         conn.event(**proc.result())
 
-    async def op_attach(self, conn: _Conn, req: dict[str, Any]) -> None:
+    async def op_attach(self, conn: Conn, req: dict[str, Any]) -> None:
         proc = self._find(req)
         attached = {"event": "attached", "id": proc.id, "pid": proc.pid, "max_output": proc.max_output}
         await self._follow(conn, proc, attached, replay=bool(req.get("replay", True)))
 
-    # -- files --------------------------------------------------------------------------------------------
-
-    def _path(self, value: Any, roots: Any = None) -> str:
-        if not isinstance(value, str) or not value:
-            raise AgentFailure("invalid_request", "path must be a non-empty string")
-        if "\x00" in value:
-            raise AgentFailure("invalid_request", "path contains a NUL byte")
-        if not value.startswith("/"):
-            raise AgentFailure("invalid_request", f"path {value!r} is not absolute")
-        path = posixpath.normpath(value)
-        if path.startswith("//"):
-            path = "/" + path.lstrip("/")
-        if roots:
-            real = self.fs.sandbox_path(self.fs.host(path))
-            if not any(real == r or real.startswith(r.rstrip("/") + "/") for r in roots):
-                raise AgentFailure("permission_denied",
-                                   f"{path} is outside the directories the file API may touch ({', '.join(roots)})")
-        return path
-
-    def _entry(self, path: str, host: Path, name: str | None = None) -> dict[str, Any]:
-        st = host.lstat()
-        kind = ("dir" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode)
-                else "symlink" if stat.S_ISLNK(st.st_mode) else "other")
-        info: dict[str, Any] = {
-            "name": name if name is not None else posixpath.basename(path) or "/", "path": path, "type": kind,
-            "size": st.st_size, "mode": stat.S_IMODE(st.st_mode), "mtime": st.st_mtime, "owner": "user",
-            "group": "user", "permissions": stat.filemode(st.st_mode), "metadata": {}}
-        if kind == "symlink":
-            target = os.readlink(host)
-            resolved = self.fs.host(path)
-            info.update(target=target, resolved=self.fs.sandbox_path(resolved),
-                        target_type=("dir" if resolved.is_dir() else "file") if resolved.exists() else None)
-        return info
-
-    async def op_read(self, conn: _Conn, req: dict[str, Any]) -> None:
-        path = self._path(req.get("path"), req.get("roots"))
-        host = self.fs.host(path)
-        if host.is_dir():
-            raise AgentFailure("invalid_request", f"{path} is a directory; download it as an archive instead")
-        try:
-            data = host.read_bytes()
-        except OSError as exc:
-            raise _os_failure(exc, path) from exc
-        conn.event(event="file", size=len(data))
-        for i in range(0, len(data), protocol.CHUNK):
-            conn.send(protocol.DATA, data[i : i + protocol.CHUNK])
-            await conn.drain()
-        conn.send(protocol.DATA_END)
-        conn.event(event="done", size=len(data))
-
-    async def op_write(self, conn: _Conn, req: dict[str, Any]) -> None:
-        path = self._path(req.get("path"), req.get("roots"))
-        host = self.fs.host(path)
-        if host.is_dir():
-            raise AgentFailure("invalid_request", f"{path} is a directory")
-        try:
-            host.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise _os_failure(exc, path) from exc
-        conn.event(event="ready")
-        await conn.drain()
-        data = bytearray()
-        while True:
-            kind, payload = await conn.recv()
-            if kind == protocol.DATA_END:
-                break
-            if kind != protocol.DATA:
-                raise AgentFailure("invalid_request", f"unexpected frame kind {kind} during upload of {path}")
-            data += payload
-        host.write_bytes(bytes(data))
-        host.chmod(int(req.get("mode", 0o644)) & 0o7777)
-        conn.event(event="done", size=len(data), path=path)
-
-    async def op_list(self, conn: _Conn, req: dict[str, Any]) -> None:
-        path = self._path(req.get("path"), req.get("roots"))
-        depth = req.get("depth", 1)
-        if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
-            raise AgentFailure("invalid_request", f"depth must be a whole number of at least 1, not {depth!r}")
-        top = self.fs.host(path)
-        if not top.exists():
-            raise AgentFailure("not_found", f"{path}: No such file or directory")
-        if not top.is_dir():
-            raise AgentFailure("invalid_request", f"{path}: Not a directory")
-        entries: list[dict[str, Any]] = []
-
-        def walk(sandbox_dir: str, host_dir: Path, level: int) -> None:
-            for name in sorted(os.listdir(host_dir)):
-                child = host_dir / name
-                full = sandbox_dir.rstrip("/") + "/" + name
-                entries.append(self._entry(full, child, name))
-                if level < depth and child.is_dir() and not child.is_symlink():
-                    walk(full, child, level + 1)
-
-        walk(path, top, 1)
-        if entries:
-            conn.event(event="entries", entries=entries)
-        conn.event(event="done")
-
-    async def op_stat(self, conn: _Conn, req: dict[str, Any]) -> None:
-        path = self._path(req.get("path"), req.get("roots"))
-        host = self.fs.host(path, follow=False)
-        if not host.exists() and not host.is_symlink():
-            raise AgentFailure("not_found", f"{path}: No such file or directory")
-        conn.event(event="done", entry=self._entry(path, host))
-
-    async def op_exists(self, conn: _Conn, req: dict[str, Any]) -> None:
-        path = self._path(req.get("path"), req.get("roots"))
-        host = self.fs.host(path, follow=False)
-        conn.event(event="done", exists=host.exists() or host.is_symlink())
-
-    async def op_mkdir(self, conn: _Conn, req: dict[str, Any]) -> None:
-        path = self._path(req.get("path"), req.get("roots"))
-        host = self.fs.host(path)
-        created = not host.is_dir()
-        try:
-            host.mkdir(parents=bool(req.get("parents", True)), exist_ok=True)
-        except OSError as exc:
-            raise _os_failure(exc, path) from exc
-        conn.event(event="done", created=created)
-
-    async def op_remove(self, conn: _Conn, req: dict[str, Any]) -> None:
-        path = self._path(req.get("path"), req.get("roots"))
-        if path == "/":
-            raise AgentFailure("invalid_request", "refusing to remove /")
-        host = self.fs.host(path, follow=False)
-        try:
-            if host.is_dir() and not host.is_symlink():
-                if req.get("recursive", True):
-                    shutil.rmtree(host)
-                else:
-                    host.rmdir()
-            else:
-                host.unlink()
-        except OSError as exc:
-            raise _os_failure(exc, path) from exc
-        conn.event(event="done")
-
-    async def op_rename(self, conn: _Conn, req: dict[str, Any]) -> None:
-        roots = req.get("roots")
-        src, dst = self._path(req.get("src"), roots), self._path(req.get("dst"), roots)
-        hsrc, hdst = self.fs.host(src, follow=False), self.fs.host(dst, follow=False)
-        if not hsrc.exists() and not hsrc.is_symlink():
-            raise AgentFailure("not_found", f"{src}: No such file or directory")
-        if not req.get("overwrite", False) and (hdst.exists() or hdst.is_symlink()):
-            raise AgentFailure("conflict", f"{dst} already exists")
-        if req.get("parents", False):
-            hdst.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.rename(hsrc, hdst)
-        except OSError as exc:
-            raise _os_failure(exc, src) from exc
-        conn.event(event="done", entry=self._entry(dst, hdst))
-
-    async def op_tar_get(self, conn: _Conn, req: dict[str, Any]) -> None:
-        path = self._path(req.get("path"), req.get("roots"))
-        host = self.fs.host(path)
-        if not host.exists():
-            raise AgentFailure("not_found", f"{path}: No such file or directory")
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            if req.get("contents"):
-                for name in sorted(os.listdir(host)):
-                    tar.add(host / name, arcname=name)
-            else:
-                tar.add(host, arcname=posixpath.basename(path) or ".")
-        conn.event(event="archive")
-        data = buf.getvalue()
-        for i in range(0, len(data), protocol.CHUNK):
-            conn.send(protocol.DATA, data[i : i + protocol.CHUNK])
-        conn.send(protocol.DATA_END)
-        conn.event(event="done")
-
-    async def op_tar_put(self, conn: _Conn, req: dict[str, Any]) -> None:
-        path = self._path(req.get("path"), req.get("roots"))
-        host = self.fs.host(path)
-        conn.event(event="ready")
-        await conn.drain()
-        data = bytearray()
-        while True:
-            kind, payload = await conn.recv()
-            if kind == protocol.DATA_END:
-                break
-            data += payload
-        host.mkdir(parents=True, exist_ok=True)
-        try:
-            with tarfile.open(fileobj=io.BytesIO(bytes(data)), mode="r:") as tar:
-                members = tar.getmembers()
-                tar.extractall(host, filter="data")
-        except (tarfile.TarError, OSError) as exc:
-            raise AgentFailure("invalid_request", f"not a usable tar archive: {exc}") from exc
-        conn.event(event="done", entries=len(members))
-
 
 def _control(proc: _Process, msg: dict[str, Any]) -> None:
+    if "resize" in msg and proc.terminal is not None:
+        proc.terminal[:] = [int(msg["resize"][0]), int(msg["resize"][1])]
     if msg.get("kill") or "signal" in msg:
-        proc.kill()
+        proc.kill(signal=9 if msg.get("kill") else int(msg["signal"]))
 
 
-async def _heartbeats(conn: _Conn, interval: float) -> None:
+def _check_closable(proc: _Process) -> None:
+    if proc.terminal is not None:  # the real agent's words (processes.Process.check_stdin_closable)
+        raise AgentFailure("invalid_request", f"process {proc.id} runs in a terminal, whose input cannot be "
+                           "closed; send Ctrl-D (the byte 0x04) as input to end it instead")
+
+
+async def _heartbeats(conn: Conn, interval: float) -> None:
     while not conn.closed:
         await asyncio.sleep(interval / 2)
         if time.monotonic() - conn.last_sent >= interval:

@@ -3,9 +3,12 @@ over a `FakeFs`, a sandbox file system kept in a temp directory. No host process
 outside that directory is read or written: every path, symlinks included, is resolved inside the root.
 
 Grammar: words with '...' and "..." quoting, backslash escapes, `$VAR` / `${VAR}` / `$?`; `;`, `&&`, `||`,
-`|`, redirections `>`, `>>`, `<`, `2>`, `>&2`, `2>&1`; `VAR=value` prefixes; `sh -c` / `bash -c` / `bash -lc`.
+`|`, redirections `>`, `>>`, `<`, `2>`, `>&2`, `2>&1`; `VAR=value` prefixes; `sh -c` / `bash -c` / `bash -lc`, and
+`bash` / `sh` alone reading commands from stdin (line by line, with a `$ ` prompt on a terminal).
 Builtins: echo, printf, cat, exit, true, false, sleep, pwd, cd, id, whoami, wc, sha256sum, ls, mkdir, touch,
-rm, ln, find, sort, head, env, export. Anything else is `command not found` (127), as in bash.
+rm, ln, find, sort, head, env, export, stty (`size`, on a terminal), and `python3 -m http.server [PORT]
+[--bind ADDR] [--directory DIR]` (a server on the fake agent's ports, tests/fake_ports.py). Anything else is
+`command not found` (127), as in bash.
 """
 
 from __future__ import annotations
@@ -18,8 +21,16 @@ import stat
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-__all__ = ["FakeFs", "Io", "Shell", "ShellExit"]
+__all__ = ["FakeFs", "Io", "Shell", "ShellExit", "is_interactive_shell"]
+
+SHELLS = ("sh", "bash", "dash")
+
+
+def is_interactive_shell(argv: list[str]) -> bool:
+    """`bash`, `/bin/sh -l`, `bash -i`: a shell that reads its commands from its input."""
+    return posixpath.basename(argv[0]) in SHELLS and all(a in ("-i", "-l", "--login") for a in argv[1:])
 
 Write = Callable[[bytes], Awaitable[None]]
 
@@ -33,6 +44,7 @@ class FakeFs:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        self.placed: set[int] = set()  # inodes of files renamed into place whole (tests/fake_watch.py)
         for d in ("workspace", "tmp", "home/user", "etc", "root"):
             (root / d).mkdir(parents=True, exist_ok=True)
         (root / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000::/home/user:/bin/bash\n")
@@ -89,6 +101,29 @@ class Shell:
     user: str = "user"
     ids: dict[str, str] = field(default_factory=lambda: {"user": "uid=1000(user) gid=1000(user) groups=1000(user)",
                                                           "root": "uid=0(root) gid=0(root) groups=0(root)"})
+    terminal: list[int] | None = None  # [rows, cols] when the process has a PTY
+    ports: dict[int, Any] | None = None  # the fake agent's listeners, for `python3 -m http.server`
+
+    async def repl(self, io: Io) -> int:
+        """Commands from stdin, each line run as it arrives, until EOF or `exit` (a prompt on a terminal)."""
+        pending = b""
+        while True:
+            if self.terminal is not None:
+                await io.out(b"$ ")
+            while b"\n" not in pending:
+                chunk = await io.stdin()
+                if not chunk:
+                    if pending.strip():
+                        await self.run_script(pending.decode(errors="replace"), io)
+                    return self.status
+                pending += chunk
+            line, pending = pending.split(b"\n", 1)
+            try:
+                for pipeline_chain in _split(tokenize(line.decode(errors="replace"), self)):
+                    await self._chain(pipeline_chain, io)
+            except ShellExit as exc:
+                self.status = exc.code
+                return self.status
 
     async def run_argv(self, argv: list[str], io: Io) -> int:
         try:
@@ -194,9 +229,13 @@ class Shell:
 
     async def _command(self, argv: list[str], io: Io) -> int:
         name = posixpath.basename(argv[0])
-        if name in ("sh", "bash", "dash") and len(argv) >= 3 and argv[1] in ("-c", "-lc", "-ec"):
-            sub = Shell(self.fs, dict(self.env), self.cwd, user=self.user)
-            return await sub.run_script(argv[2], io)
+        script = _script_of(argv) if name in SHELLS else None
+        if script is not None:
+            sub = Shell(self.fs, dict(self.env), self.cwd, user=self.user, terminal=self.terminal, ports=self.ports)
+            return await sub.run_script(script, io)
+        if is_interactive_shell(argv):
+            sub = Shell(self.fs, dict(self.env), self.cwd, user=self.user, terminal=self.terminal, ports=self.ports)
+            return await sub.repl(io)
         handler = getattr(self, "c_" + name.replace("-", "_"), None)
         if handler is None:
             await io.err(f"bash: line 1: {argv[0]}: command not found\n".encode())
@@ -264,6 +303,22 @@ class Shell:
     async def c_sleep(self, args: list[str], io: Io) -> int:
         await asyncio.sleep(float(args[0]) if args else 0)
         return 0
+
+    async def c_stty(self, args: list[str], io: Io) -> int:
+        if self.terminal is None:
+            await io.err(b"stty: 'standard input': Inappropriate ioctl for device\n")
+            return 1
+        if args == ["size"]:
+            await io.out(f"{self.terminal[0]} {self.terminal[1]}\n".encode())
+        return 0
+
+    async def c_python3(self, args: list[str], io: Io) -> int:
+        if args[:2] != ["-m", "http.server"] or self.ports is None:
+            await io.err(b"python3: the fake shell runs only `python3 -m http.server`\n")
+            return 127
+        from .fake_ports import serve_http
+
+        return await serve_http(self, args[2:], io)
 
     async def c_pwd(self, args: list[str], io: Io) -> int:
         await io.out(self.cwd.encode() + b"\n")
@@ -403,6 +458,16 @@ class Shell:
             st = self.fs.host(self._abs(a)).stat()
             await io.out(f"{stat.filemode(st.st_mode)} {st.st_size} {a}\n".encode())
         return 0
+
+
+def _script_of(argv: list[str]) -> str | None:
+    """The script of `bash -c S`, `bash -l -c S`, `sh -ec S`: options before it, one of them with a `c`."""
+    for i, arg in enumerate(argv[1:], 1):
+        if not arg.startswith("-"):
+            return None
+        if "c" in arg[1:] and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
 
 
 def _const(data: bytes) -> Callable[[], Awaitable[bytes]]:

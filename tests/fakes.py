@@ -2,7 +2,8 @@
 
 `FakeBackend` implements the backend contract in memory: each "sandbox" is a name in a `World` (which outlives
 an engine, like real sandboxes do), and its agent is `tests/fake_agent.py`'s `FakeAgent` on an asyncio Unix
-server, speaking `corral/agent/protocol.py` (exec, processes, files, archives) over a temp directory.
+server, speaking `corral/agent/protocol.py` (exec, processes, PTYs, files, archives, code cells, watches, port
+tunnels) over a temp directory.
 `FakeTemplates` serves every name as a template.
 """
 

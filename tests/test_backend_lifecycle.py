@@ -40,6 +40,8 @@ else:
 pytestmark = [pytest.mark.anyio]
 
 BACKENDS = ["docker", "local"]
+# Each backend's tier: a real daemon, real runc (the fast tier's guard fails an unmarked one).
+_TIERS = {"docker": pytest.mark.docker, "local": pytest.mark.runc}
 PAYLOAD = b"\x00\xff corral lifecycle \r\n" + os.urandom(4096)
 
 
@@ -132,7 +134,7 @@ def _docker(request: pytest.FixtureRequest) -> tuple[Backend, Template, Callable
     return backend, request.getfixturevalue("template"), lambda: None
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(params=[pytest.param(name, marks=_TIERS[name]) for name in BACKENDS])
 async def lab(request: pytest.FixtureRequest) -> AsyncIterator[Lab]:
     backend, tpl, check = (_docker if request.param == "docker" else _local)(request)
     made = Lab(backend, tpl)

@@ -60,6 +60,7 @@ def test_import_corral_without_any_server_package() -> None:
     _loaded_after("import corral\ncorral.Sandbox.create, corral.Admin", before=block)
 
 
+@pytest.mark.slow  # fresh interpreters, seconds each
 @pytest.mark.parametrize("argv", [["exec", "--help"], ["sandbox", "ls", "--help"], ["run-code", "--help"],
                                   ["cp", "--help"], ["--help"]])
 def test_cli_client_commands_load_no_server_code(argv: list[str]) -> None:
@@ -71,6 +72,7 @@ def test_cli_client_commands_load_no_server_code(argv: list[str]) -> None:
     assert "corral.cli._templates" not in loaded and "corral.cli._bench" not in loaded
 
 
+@pytest.mark.slow  # fresh interpreters, seconds each
 def test_corral_mcp_is_a_client_too() -> None:
     """The stdio relay loads the `mcp` SDK (which brings starlette and uvicorn along) and none of Corral's server
     side: the tools run on the server it relays to."""
@@ -102,6 +104,7 @@ def _corral(argv: list[str], *, missing: tuple[str, ...]) -> subprocess.Complete
 SERVER_EXTRA = ("fastapi", "starlette", "uvicorn", "sqlalchemy", "aiosqlite", "asyncpg")
 
 
+@pytest.mark.slow  # fresh interpreters, seconds each
 @pytest.mark.parametrize("missing", SERVER_EXTRA[:3])
 def test_a_missing_server_extra_is_one_clear_line(missing: str) -> None:
     proc = _corral(["serve", "--port", "1"], missing=(missing,))
@@ -125,6 +128,7 @@ def test_a_command_whose_module_needs_an_extra_says_so(monkeypatch: pytest.Monke
                                      "installed): install corral[server] (pip install 'corral[server]')")
 
 
+@pytest.mark.slow  # fresh interpreters, seconds each
 def test_client_commands_run_without_the_server_extra() -> None:
     for argv in (["exec", "--help"], ["sandbox", "ls", "--help"], ["run-code", "--help"], ["version"]):
         proc = _corral(argv, missing=SERVER_EXTRA)

@@ -174,6 +174,7 @@ async def _run(home: Path, kill_at: int | None) -> int:
     return fault.steps
 
 
+@pytest.mark.slow  # a fault loop: a restart between every pair of steps (~10 s)
 async def test_a_kill_between_any_two_steps_leaves_store_and_backend_agreeing(home: Path) -> None:
     steps = await _run(home / "c", None)
     assert steps > 8  # the scenario's store and backend calls: each a place to die

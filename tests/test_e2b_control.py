@@ -1,6 +1,7 @@
 """E2B's control plane on Corral, driven by E2B's own SDK (`e2b` from PyPI) with the three environment variables
 alone: create, info, list with filters and pages, timeouts, pause and connect, snapshots and fork, tenancy, roles
-and refusals, each checked against what Corral's own API says of the same sandbox."""
+and refusals, each checked against what Corral's own API says of the same sandbox. The front's own behaviour runs
+on the fake engine; what a real sandbox keeps across pause, snapshot and fork, on runc."""
 
 from __future__ import annotations
 
@@ -16,9 +17,12 @@ from e2b.exceptions import AuthenticationException, NotFoundException, SandboxEx
 from .e2b_support import Cleanup, E2BServer
 from .e2b_support import cleanup as cleanup  # fixtures
 from .e2b_support import e2b_env as e2b_env
+from .e2b_support import e2b_fake_server as e2b_fake_server
+from .e2b_support import e2b_front as e2b_front
 from .e2b_support import e2b_server as e2b_server
 
-pytestmark = [pytest.mark.runc]
+# What is the E2B front's own runs on the fake engine (the fast tier, e2b_support's `e2b_fake_server`); what needs
+# a real sandbox's memory or disk across pause, snapshot and fork runs on a real `corral serve` (marked runc).
 
 
 def _v1(server: E2BServer, sandbox_id: str, who: str = "a_dev") -> httpx.Response:
@@ -90,6 +94,7 @@ def test_timeouts_connect_and_pause(e2b_env: E2BServer, cleanup: Cleanup) -> Non
         sbx.get_info()
 
 
+@pytest.mark.runc  # a real sandbox's state kept across pause, snapshot and fork
 def test_auto_pause_in_memory_and_on_disk(e2b_env: E2BServer, cleanup: Cleanup) -> None:
     frozen = cleanup.add(Sandbox.create("base", timeout=60, lifecycle={"on_timeout": "pause"}))
     frozen.files.write("/home/user/marker", "kept")
@@ -110,6 +115,7 @@ def test_auto_pause_in_memory_and_on_disk(e2b_env: E2BServer, cleanup: Cleanup) 
     assert resumed.get_info().end_at.timestamp() > time.time() + 30  # its whole timeout again, not expired
 
 
+@pytest.mark.runc  # a real sandbox's state kept across pause, snapshot and fork
 def test_snapshots_and_fork(e2b_env: E2BServer, cleanup: Cleanup) -> None:
     sbx = cleanup.add(Sandbox.create("base"))
     sbx.files.write("/home/user/state.txt", "before")
@@ -138,11 +144,11 @@ def test_template_aliases(e2b_env: E2BServer) -> None:
     assert Template.exists(f"no-such-{uuid.uuid4().hex[:6]}") is False
 
 
-def test_tenancy_roles_and_credentials(e2b_server: E2BServer, e2b_env: E2BServer, cleanup: Cleanup,
+def test_tenancy_roles_and_credentials(e2b_front: E2BServer, e2b_env: E2BServer, cleanup: Cleanup,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     sbx = cleanup.add(Sandbox.create("base"))
     sbx.files.write("/home/user/secret.txt", "a's")
-    monkeypatch.setenv("E2B_API_KEY", e2b_server.keys["b_dev"])
+    monkeypatch.setenv("E2B_API_KEY", e2b_front.keys["b_dev"])
     with pytest.raises(NotFoundException):
         Sandbox.get_info(sbx.sandbox_id)
     with pytest.raises(NotFoundException):
@@ -150,18 +156,18 @@ def test_tenancy_roles_and_credentials(e2b_server: E2BServer, e2b_env: E2BServer
     assert Sandbox.kill(sbx.sandbox_id) is False
     assert sbx.sandbox_id not in [s.sandbox_id for s in Sandbox.list().next_items()]
     # Tenant b's key on tenant a's data plane: the sandbox does not exist for it.
-    r = httpx.get(f"{e2b_server.url}/files", params={"path": "/home/user/secret.txt"},
-                  headers={"E2b-Sandbox-Id": sbx.sandbox_id, "X-API-KEY": e2b_server.keys["b_dev"]})
+    r = httpx.get(f"{e2b_front.url}/files", params={"path": "/home/user/secret.txt"},
+                  headers={"E2b-Sandbox-Id": sbx.sandbox_id, "X-API-KEY": e2b_front.keys["b_dev"]})
     assert r.status_code == 404 and r.json()["code"] == 404
     # No credentials, or a token of another sandbox: 401.
-    r = httpx.get(f"{e2b_server.url}/files", params={"path": "/home/user/secret.txt"},
+    r = httpx.get(f"{e2b_front.url}/files", params={"path": "/home/user/secret.txt"},
                   headers={"E2b-Sandbox-Id": sbx.sandbox_id})
     assert r.status_code == 401
-    other = cleanup.add(Sandbox.create("base", api_key=e2b_server.keys["a_dev"]))
-    r = httpx.get(f"{e2b_server.url}/files", params={"path": "/home/user/secret.txt"},
+    other = cleanup.add(Sandbox.create("base", api_key=e2b_front.keys["a_dev"]))
+    r = httpx.get(f"{e2b_front.url}/files", params={"path": "/home/user/secret.txt"},
                   headers={"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": other._envd_access_token})
     assert r.status_code == 401
-    monkeypatch.setenv("E2B_API_KEY", e2b_server.keys["a_aud"])  # an auditor reads the audit trail, nothing else
+    monkeypatch.setenv("E2B_API_KEY", e2b_front.keys["a_aud"])  # an auditor reads the audit trail, nothing else
     with pytest.raises(SandboxException, match="403"):
         Sandbox.create("base")
     with pytest.raises(SandboxException, match="403"):
@@ -194,6 +200,7 @@ def test_bad_input_is_refused_with_reasons(e2b_env: E2BServer, cleanup: Cleanup)
     assert Sandbox.list(query=SandboxQuery(metadata={"case": "x"})).next_items() == []  # nothing was made
 
 
+@pytest.mark.runc  # the policy applied by a real egress proxy to a real command
 def test_network_settings_become_egress_policies(e2b_env: E2BServer, cleanup: Cleanup) -> None:
     closed = cleanup.add(Sandbox.create("base", allow_internet_access=False))
     assert _v1(e2b_env, closed.sandbox_id).json()["network"] == "none"

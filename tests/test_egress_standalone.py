@@ -34,7 +34,7 @@ from corral.service._egress import recorded_denials
 
 from .test_egress_proxy import FakeMirror, Upstream, exchange, split_response
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # a proxy process per test, seconds each
 
 WAIT = 20.0
 SECRET = b"the servers' shared secret"

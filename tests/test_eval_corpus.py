@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 from typer.testing import CliRunner
 
 from corral.cli import app
@@ -14,6 +15,7 @@ from corral.eval.corpus import validate
 from .test_eval_live import CI_SAMPLE, CI_SEED
 
 
+@pytest.mark.slow  # generates the whole corpus (~4 s)
 def test_at_least_1000_tasks_in_every_category():
     corpus = load_corpus()
     assert len(corpus) >= 1000

@@ -14,7 +14,7 @@ from corral.engine import Engine, SandboxSession
 
 from .conftest import spec
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.runc]
 
 PIDS = 128
 # The bomb: its generations fork until the limit refuses them, and die out over the next seconds.

@@ -372,6 +372,7 @@ def silent_registry() -> contextlib.AbstractContextManager[str]:
     return silent_server()
 
 @needs_registry
+@pytest.mark.slow  # waits out a timeout
 def test_a_registry_that_never_answers_times_out(store: TemplateStore, tiny: Template, agent: AgentFiles) -> None:
     with silent_registry() as host:
         started = time.monotonic()

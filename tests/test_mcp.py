@@ -1,7 +1,9 @@
-"""MCP: Corral's tools through the official `mcp` client, over both transports (`/mcp` on a real `corral serve`,
-streamable HTTP with the key as a bearer token; and `corral mcp`, the stdio relay, as a subprocess), against real
-sandboxes: the key's tenant and role apply to every tool, and every failure is a tool error, never a protocol
-error (docs/mcp.md)."""
+"""MCP: Corral's tools through the official `mcp` client, over both transports (`/mcp` of the whole server on a real
+socket, streamable HTTP with the key as a bearer token; and `corral mcp`, the stdio relay, as a subprocess): the
+key's tenant and role apply to every tool, and every failure is a tool error, never a protocol error (docs/mcp.md).
+
+What is MCP's own (the listing, tenancy, roles, bad arguments, keys) runs on the fake engine (the fast tier); a
+sandbox's whole session through both transports runs on real runc (`test_a_sandbox_from_create_to_kill`)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,14 +27,11 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from corral import Admin, NotFoundError, Sandbox
+from corral.engine import Engine
 from corral.server import ServerProcess
 
 from .conftest import DEV_ROOTFS, TEMPLATE, TEMPLATE_HOME, TEST_HOME
-
-pytestmark = [
-    pytest.mark.runc,
-    pytest.mark.skipif(bool(DEV_ROOTFS), reason="the server needs a built template store, not a bare rootfs"),
-]
+from .live_front import live_front
 
 TRANSPORTS = ["http", "stdio"]
 CORRAL_MCP = [sys.executable, "-c", "from corral.cli import main; main()", "mcp"]
@@ -42,17 +42,25 @@ TOOL_NAMES = {"create_sandbox", "list_sandboxes", "kill_sandbox", "run_command",
 
 @dataclass
 class MCPServer:
-    server: ServerProcess
+    url: str
     keys: dict[str, str]  # "a_dev", "a_aud", "b_dev" -> key
-    created: list[str] = field(default_factory=list)  # every sandbox a test made, killed when the module ends
+    created: list[str] = field(default_factory=list)  # every sandbox a test made (the engine destroys them all)
 
     @property
     def endpoint(self) -> str:
-        return f"{self.server.url}/mcp"
+        return f"{self.url}/mcp"
+
+
+@pytest.fixture
+async def mcp_server(fake_engine: Engine, tmp_path: Path) -> AsyncIterator[MCPServer]:
+    """The whole server over the fake engine, in this event loop."""
+    async with live_front(fake_engine, tmp_path) as front:
+        yield MCPServer(front.url, front.keys)
 
 
 @pytest.fixture(scope="module")
-def mcp_server() -> Iterator[MCPServer]:
+def real_mcp_server() -> Iterator[MCPServer]:
+    """A real `corral serve` (runc sandboxes, its egress proxy), as a user runs it."""
     home = TEST_HOME / f"mcp-{uuid.uuid4().hex[:8]}"
     with ServerProcess(home, template_home=TEMPLATE_HOME) as server:
         with Admin(api_key=server.admin_key, base_url=server.url) as admin:
@@ -61,7 +69,7 @@ def mcp_server() -> Iterator[MCPServer]:
             keys = {who: admin.keys.create(tenant, role).key
                     for who, tenant, role in (("a_dev", "a", "developer"), ("a_aud", "a", "auditor"),
                                               ("b_dev", "b", "developer"))}
-        found = MCPServer(server, keys)
+        found = MCPServer(server.url, keys)
         try:
             yield found
         finally:  # the server destroys its leftovers when it stops; this says which ones a test forgot
@@ -76,7 +84,7 @@ async def connect(srv: MCPServer, transport: str, who: str = "a_dev", *, key: st
     """An MCP client of `srv` as `who` (or with `key`): over HTTP directly, or through `corral mcp` on stdio."""
     key = key if key is not None else srv.keys[who]
     if transport == "stdio":
-        env = {**os.environ, "CORRAL_URL": srv.server.url, "CORRAL_API_KEY": key}
+        env = {**os.environ, "CORRAL_URL": srv.url, "CORRAL_API_KEY": key}
         params = StdioServerParameters(command=CORRAL_MCP[0], args=CORRAL_MCP[1:], env=env)
         async with Client(params, mode=mode) as client:
             yield client
@@ -157,10 +165,12 @@ async def test_a_client_of_the_handshake_era_gets_the_same_tools(mcp_server: MCP
 
 @pytest.mark.anyio
 @pytest.mark.slow
+@pytest.mark.runc  # the end-to-end session through MCP: real sandboxes behind a real server
+@pytest.mark.skipif(bool(DEV_ROOTFS), reason="the server needs a built template store, not a bare rootfs")
 @pytest.mark.parametrize("transport", TRANSPORTS)
-async def test_a_sandbox_from_create_to_kill(mcp_server: MCPServer, transport: str) -> None:
-    async with connect(mcp_server, transport) as client:
-        sandbox_id = await create(mcp_server, client)
+async def test_a_sandbox_from_create_to_kill(real_mcp_server: MCPServer, transport: str) -> None:
+    async with connect(real_mcp_server, transport) as client:
+        sandbox_id = await create(real_mcp_server, client)
         assert sandbox_id.startswith("sb-")
         listed = await call_ok(client, "list_sandboxes")
         assert sandbox_id in [s["sandbox_id"] for s in listed["sandboxes"]]
@@ -325,12 +335,14 @@ async def test_bad_arguments_are_tool_errors_that_say_what_to_fix(mcp_server: MC
 # -- keys --------------------------------------------------------------------------------------------------------
 
 
-def test_no_key_or_a_wrong_one_is_a_401(mcp_server: MCPServer) -> None:
+@pytest.mark.anyio
+async def test_no_key_or_a_wrong_one_is_a_401(mcp_server: MCPServer) -> None:
     ping = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
     headers = {"Accept": "application/json, text/event-stream"}
     for authorization in (None, "Bearer corral_nosuchkey_" + "A" * 43, "Basic dXNlcjpwYXNz", "Bearer"):
         sent = {**headers, **({"Authorization": authorization} if authorization else {})}
-        response = httpx.post(mcp_server.endpoint, json=ping, headers=sent, timeout=30)
+        async with httpx.AsyncClient(timeout=30) as http:
+            response = await http.post(mcp_server.endpoint, json=ping, headers=sent)
         assert response.status_code == 401, (authorization, response.text)
         assert response.headers["www-authenticate"].startswith("Bearer")
         assert "unauthenticated" in response.json()["error"]["message"]
@@ -349,13 +361,14 @@ async def test_a_wrong_key_fails_the_http_client_with_the_reason(mcp_server: MCP
 
 
 @pytest.mark.anyio
+@pytest.mark.slow  # two relay processes, one retrying an unreachable server
 async def test_the_relay_answers_a_wrong_key_and_an_unreachable_server_with_tool_errors(
         mcp_server: MCPServer) -> None:
     async with connect(mcp_server, "stdio", key=WRONG_KEY) as client:
         assert_tool_error(await call(client, "list_sandboxes"), "refused", "unauthenticated")
         with pytest.raises(MCPError, match="unauthenticated"):
             await client.list_tools()
-    gone = MCPServer(ServerProcess(TEST_HOME / "never-started", port=1), mcp_server.keys)
+    gone = MCPServer("http://127.0.0.1:1", mcp_server.keys)  # nothing listens on port 1
     async with connect(gone, "stdio") as client:
         assert_tool_error(await call(client, "list_sandboxes"), "cannot reach Corral", "CORRAL_URL")
 

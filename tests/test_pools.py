@@ -79,6 +79,7 @@ def test_pool_descriptions_parse_and_bad_ones_say_what_is_expected() -> None:
 # -- the engine ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.runc  # a pool of real sandboxes
 async def test_create_is_served_from_the_pool_with_the_callers_spec_applied(engine: Engine) -> None:
     members = set(engine.pool.ready)
     mine = SandboxSpec(template=TEMPLATE, env={"MINE": "yes"}, metadata={"who": "caller"}, timeout=77)
@@ -93,6 +94,7 @@ async def test_create_is_served_from_the_pool_with_the_callers_spec_applied(engi
     assert sb.id not in engine.pool.ready and _stats(engine)["made"] == POOL + 1
 
 
+@pytest.mark.runc  # a pool of real sandboxes
 async def test_a_destroyed_sandbox_never_returns_to_the_pool(engine: Engine) -> None:
     first = await engine.create(SandboxSpec(template=TEMPLATE))
     await first.files.write("/workspace/secret.txt", b"tenant a was here")
@@ -105,12 +107,14 @@ async def test_a_destroyed_sandbox_never_returns_to_the_pool(engine: Engine) -> 
         assert (await sb.exec("ls /workspace; pgrep -c sleep || true")).stdout == "0\n"
 
 
+@pytest.mark.runc  # a pool of real sandboxes
 async def test_a_spec_the_pool_cannot_serve_starts_cold_and_leaves_the_pool_alone(engine: Engine) -> None:
     sb = await engine.create(spec(disk="512M"))  # a disk is made at start: another pool key
     assert sb.id not in engine.pool.ready and engine.pool_ready == POOL
     assert _stats(engine)["claimed"] == 0 and sb.info.limits.disk == 512 * 1024**2
 
 
+@pytest.mark.runc  # a pool of real sandboxes
 async def test_memory_cpu_and_pids_limits_are_applied_at_the_claim_and_enforced(engine: Engine) -> None:
     # Both differ from the pool's (512M, 1 CPU, 256 pids) only in what the local backend resizes in place (at
     # 384M and more, /tmp and /dev/shm keep their default sizes: the same pool key).
@@ -131,6 +135,7 @@ async def test_memory_cpu_and_pids_limits_are_applied_at_the_claim_and_enforced(
     assert quota.stdout.split()[0] == "200000", quota
 
 
+@pytest.mark.runc  # a pool of real sandboxes
 async def test_a_claim_for_more_memory_than_fits_takes_the_pools_room_and_never_fails_for_it(
         test_home: Path) -> None:
     pools = [WarmPool(SandboxSpec(template=TEMPLATE), POOL)]
@@ -147,6 +152,7 @@ async def test_a_claim_for_more_memory_than_fits_takes_the_pools_room_and_never_
             await engine.create(spec(memory="1G"))
 
 
+@pytest.mark.runc  # a pool of real sandboxes
 async def test_a_member_whose_agent_died_is_replaced_under_the_same_id(engine: Engine) -> None:
     # Kill the agent (the sandbox's PID 1) of the newest member, the one a claim takes, from the host.
     newest = engine.pool.states[engine.pool.key(SandboxSpec(template=TEMPLATE))].members[-1]
@@ -157,6 +163,7 @@ async def test_a_member_whose_agent_died_is_replaced_under_the_same_id(engine: E
     assert (await sb.exec("echo alive")).stdout == "alive\n"
 
 
+@pytest.mark.runc  # a pool of real sandboxes
 async def test_pools_give_members_back_under_memory_pressure_and_do_not_refill(engine: Engine) -> None:
     engine.pool_memory_floor = 1 << 60  # more than any machine has: always under pressure
     engine.pool.wake.set()
@@ -170,6 +177,7 @@ async def test_pools_give_members_back_under_memory_pressure_and_do_not_refill(e
     assert (await sb.exec("true")).exit_code == 0 and _stats(engine)["missed"] == 1
 
 
+@pytest.mark.runc  # a pool of real sandboxes
 async def test_a_callers_create_takes_the_room_of_pool_members(test_home: Path) -> None:
     pools = [WarmPool(SandboxSpec(template=TEMPLATE), POOL)]
     async with started_engine(test_home, pools=pools, capacity=Capacity(max_sandboxes=POOL)) as engine:

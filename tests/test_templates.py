@@ -793,6 +793,7 @@ def test_file_mirror_must_be_a_directory(tmp_path: Path) -> None:
 
 
 @needs_mmdebstrap
+@pytest.mark.slow  # a real mmdebstrap run
 def test_failed_build_leaves_nothing(store: TemplateStore) -> None:
     spec = TemplateSpec(name="broken", mirror="http://127.0.0.1:9/debian")
     lines: list[str] = []
@@ -884,6 +885,7 @@ def test_sigterm_during_mmdebstrap_cleans_up(store: TemplateStore) -> None:
 
 
 @needs_mmdebstrap
+@pytest.mark.slow  # a real mmdebstrap run, killed
 def test_sigkill_leaves_no_template_and_next_build_reaps(store: TemplateStore) -> None:
     with silent_mirror() as mirror:
         proc = start_builder(store, mirror)

@@ -323,6 +323,7 @@ def test_rootless_push_carries_the_owners_a_sandbox_sees(
 
 
 @needs_root_tools
+@pytest.mark.slow  # a real rootless build
 def test_failed_rootless_build_reports_the_inside_error_and_leaves_nothing(ranged_user: BuildUser) -> None:
     home = ranged_user.home / "failing"
     spec = TemplateSpec(name="broken", mirror="http://127.0.0.1:9/debian")
@@ -365,6 +366,7 @@ def _start_stuck_build(user: BuildUser, home: Path, mirror: str) -> tuple[subpro
 
 
 @needs_root_tools
+@pytest.mark.slow  # a real rootless build, stopped
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
 def test_stopped_rootless_builder_takes_the_inside_build_with_it(ranged_user: BuildUser, signum: int) -> None:
     home = ranged_user.home / f"stopped-{signum}"
