@@ -14,6 +14,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
+from .._bounds import MAX_OUTPUT, Duration, EnvVars
 from ..engine import ProcessInfo
 from ..service import AttachStream, Command
 from ._auth import CurrentPrincipal
@@ -32,9 +33,9 @@ class StartRequest(BaseModel):
 
     cmd: str | list[str]
     cwd: str | None = None
-    env: dict[str, str] = Field(default_factory=dict)
-    timeout: Annotated[float, Field(gt=0)] | None = None
-    max_output: Annotated[int, Field(gt=0)] | None = None
+    env: EnvVars = Field(default_factory=dict)
+    timeout: Duration | None = None
+    max_output: Annotated[int, Field(gt=0, le=MAX_OUTPUT)] | None = None
     stdin: bool = False  # keep stdin open for POST .../stdin; otherwise it is /dev/null (or stdin_b64, then EOF)
     stdin_b64: Base64 | None = None
     user: SandboxUser | None = None
