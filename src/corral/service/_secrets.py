@@ -21,6 +21,7 @@ from ..egress._keyring import SecretKeyring
 from ..egress._policy import normalize_host
 from ..egress._secrets import new_placeholder
 from ..engine import Engine
+from ._public_suffix import is_public_suffix
 from ._audited import Auditor
 
 __all__ = ["MAX_VALUE", "SecretRequest", "StoredSecrets", "audit_secrets", "check_secret_name", "seal_secrets"]
@@ -93,6 +94,9 @@ def _host(text: str) -> str:
         raise ValueError(exc.message) from None
     if "*" in host:
         raise ValueError(f"host {text!r}: only a leading '*.' is a wildcard")
+    if wildcard and is_public_suffix(host):
+        raise ValueError(f"host {text!r}: {host!r} is a public suffix, and the secret would go to every site under "
+                         "it; bind it to the exact hosts, or to '*.' a domain of its own")
     return f"*.{host}" if wildcard else host
 
 
