@@ -248,6 +248,12 @@ def test_rpcs_need_the_sandboxs_own_credentials(e2b_server: E2BServer, sbx: Sand
     assert r.status_code == 404 and r.json()["code"] == "not_found"  # another tenant: no such sandbox
     r = httpx.post(url, json={}, headers={**base, "X-API-KEY": e2b_server.keys["a_aud"]})
     assert r.status_code == 403  # an auditor never runs or lists processes
+    sbx.files.write("/home/user/kept.txt", "kept")
+    for path in ("/home/user/kept.txt", "/home/user/never-there"):  # removing what is not there is no error...
+        r = httpx.post(f"{e2b_server.url}/filesystem.Filesystem/Remove", json={"path": path},
+                       headers={**base, "X-API-KEY": e2b_server.keys["b_dev"]})
+        assert r.status_code == 404 and r.json()["code"] == "not_found", r.text  # ...but another tenant's sandbox is
+    assert sbx.files.read("/home/user/kept.txt") == "kept"
     r = httpx.post(f"{e2b_server.url}/process.Process/Nope", json={},
                    headers={**base, "X-Access-Token": sbx._envd_access_token})
     assert r.status_code == 501

@@ -21,8 +21,8 @@ from ..egress._keyring import SecretKeyring
 from ..egress._policy import normalize_host
 from ..egress._secrets import new_placeholder
 from ..engine import Engine
-from ._public_suffix import is_public_suffix
 from ._audited import Auditor
+from ._public_suffix import is_public_suffix
 
 __all__ = ["MAX_VALUE", "SecretRequest", "StoredSecrets", "audit_secrets", "check_secret_name", "seal_secrets"]
 
