@@ -2,8 +2,8 @@
 whole have a limit answered with 413 before they are buffered, metadata and env have sizes, numbers have ranges
 (a 400 naming the field, never a 500 from SQLite or asyncio), and audit records keep sizes and digests.
 
-Over the real engine and a temp ControlStore (tests/test_server_api.py's `api` fixture), in-process; the
-streamed-body cases over a real loopback socket (`live_url`), where a body is really chunked.
+Over a temp ControlStore and tests/test_server_api.py's `api` fixture (the fake engine, or a real runc sandbox for
+the tests marked `runc`: uploads and removals), in-process; the chunked body over a real loopback socket.
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ async def test_a_chunked_body_over_the_limit_is_a_413_over_a_real_socket(api: Ap
     assert listed["sandboxes"] == []
 
 
+@pytest.mark.runc
 async def test_file_uploads_are_not_limited(api: Api) -> None:
     data = b"y" * (JSON_BODY_LIMIT + 3 * MIB)
     async with api.client("a_dev") as c:
@@ -145,3 +146,25 @@ async def test_audit_records_keep_sizes_and_digests_not_megabytes(api: Api) -> N
     raw = json.dumps(metadata, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
     assert kept["entries"] == 64 and kept["bytes"] == len(raw) and kept["sha256"] == hashlib.sha256(raw).hexdigest()
     assert len(json.dumps(record.params)) < 8192
+
+
+@pytest.mark.runc
+async def test_a_recursive_delete_of_what_cannot_go_removes_nothing(api: Api) -> None:
+    """DELETE /workspace (a mount point, in a root-owned /) is refused before anything inside it is removed;
+    what is inside goes when it is named (issue 29 item 7)."""
+    async with api.client("a_dev") as c:
+        sandbox = await create(c)
+        files = f"/v1/sandboxes/{sandbox['id']}/files"
+        try:
+            for path in ("/workspace/keep/a.txt", "/tmp/other/b.txt"):
+                assert (await c.put(files, params={"path": path}, content=b"x")).status_code == 200
+            r = await c.delete(files, params={"path": "/workspace", "recursive": "true"})
+            kept = await c.get(files, params={"path": "/workspace/keep/a.txt"})
+            emptied = await c.delete(files, params={"path": "/workspace/keep"})
+            gone = await c.get(files, params={"path": "/workspace/keep/a.txt"})
+            in_tmp = await c.delete(files, params={"path": "/tmp/other"})  # the user's own, in sticky /tmp
+        finally:
+            await c.delete(f"/v1/sandboxes/{sandbox['id']}")
+    assert r.status_code == 403 and "nothing was removed" in r.text, r.text
+    assert kept.status_code == 200 and kept.content == b"x"
+    assert emptied.status_code == 204 and gone.status_code == 404 and in_tmp.status_code == 204

@@ -549,6 +549,7 @@ def op_remove(ch: Channel, req: dict[str, Any]) -> None:
             if req.get("recursive", True):
                 import shutil
 
+                _check_removable(path, st)  # before rmtree: never empty a directory that then stays
                 shutil.rmtree(path)
             else:
                 os.rmdir(path)
@@ -557,6 +558,23 @@ def op_remove(ch: Channel, req: dict[str, Any]) -> None:
     except OSError as exc:
         raise FileError.from_os(exc, path) from exc
     ch.event(event="done")
+
+
+def _check_removable(path: str, st: os.stat_result) -> None:
+    """Refuse, before anything is removed, a directory that could be emptied but not removed itself: a mount
+    point (`/workspace`, a volume), or one whose parent the acting user may not change (a root-owned `/`, another
+    user's entry in a sticky `/tmp`). Its contents are removed by naming them."""
+    parent = os.path.dirname(path) or "/"
+    try:
+        parent_st = os.stat(parent)
+    except OSError as exc:
+        raise FileError.from_os(exc, parent) from exc
+    euid = os.geteuid()
+    sticky_other = bool(parent_st.st_mode & stat.S_ISVTX) and euid not in (0, st.st_uid, parent_st.st_uid)
+    writable = os.access(parent, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids)
+    if os.path.ismount(path) or sticky_other or not writable:
+        raise FileError("permission_denied", f"{path} cannot be removed itself (a mount point, or its parent is "
+                        "not writable by this user); nothing was removed: remove what is inside it instead")
 
 
 def op_rename(ch: Channel, req: dict[str, Any]) -> None:
