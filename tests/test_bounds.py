@@ -168,3 +168,22 @@ async def test_a_recursive_delete_of_what_cannot_go_removes_nothing(api: Api) ->
     assert r.status_code == 403 and "nothing was removed" in r.text, r.text
     assert kept.status_code == 200 and kept.content == b"x"
     assert emptied.status_code == 204 and gone.status_code == 404 and in_tmp.status_code == 204
+
+
+@pytest.mark.runc
+@pytest.mark.parametrize("path", ["/dev/stdout", "/dev/stderr", "/dev/fd/1", "/home/user/log"])
+async def test_the_agents_own_output_is_never_read_through_the_file_api(api: Api, path: str) -> None:
+    """`/dev/stdout` is `/proc/self/fd/1`: through the agent it would be the agent's log on the host (issue 29
+    item 7). With `file_roots: ["/"]` (E2B's envd too) every such path is refused, a link to one too."""
+    async with api.client("a_dev") as c:
+        sandbox = await create(c, file_roots=["/"])
+        files = f"/v1/sandboxes/{sandbox['id']}/files"
+        try:
+            linked = await c.post(f"/v1/sandboxes/{sandbox['id']}/exec", json={"cmd": "ln -s /dev/stdout ~/log"})
+            assert linked.status_code == 200 and linked.json()["exit_code"] == 0, linked.text
+            r = await c.get(files, params={"path": path})
+            hostname = await c.get(files, params={"path": "/proc/sys/kernel/hostname"})
+        finally:
+            await c.delete(f"/v1/sandboxes/{sandbox['id']}")
+    assert r.status_code == 403 and "never follows" in r.text, (r.status_code, r.text[:300])
+    assert hostname.status_code == 200  # /proc/sys stays readable

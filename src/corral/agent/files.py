@@ -105,8 +105,33 @@ def _check_readable(real: str, path: str) -> None:
             raise FileError("permission_denied", f"{path} is in {kept}, which the file API never touches")
 
 
+def _check_links(path: str) -> None:
+    """Refuse a path whose resolution goes through a symlink in /proc: `/dev/stdout` leads to `/proc/self/fd/1`,
+    a magic link to what the agent's stdout is (its log on the host), which `realpath` would only show as the
+    text of a host path outside /proc."""
+    resolved, pending, hops = "/", [p for p in path.split("/") if p], 0
+    while pending:
+        name = pending.pop(0)
+        if name in (".", ".."):
+            resolved = resolved if name == "." else (os.path.dirname(resolved) or "/")
+            continue
+        candidate = os.path.join(resolved, name)
+        try:
+            target = os.readlink(candidate)
+        except OSError:  # not a link (or not there): go on below it
+            resolved = candidate
+            continue
+        hops += 1
+        if hops > 40 or (candidate.startswith("/proc/") and not candidate.startswith(READABLE_IN_PROC)):
+            raise FileError("permission_denied", f"{path} leads through {candidate}, which the file API never "
+                            "follows")
+        resolved = "/" if target.startswith("/") else resolved
+        pending = [p for p in target.split("/") if p] + pending
+
+
 def _check_roots(path: str, roots: list[str]) -> None:
     # Resolve symlinks of everything but a missing tail: a link that leads out of the roots is refused.
+    _check_links(path)
     real = os.path.realpath(path)
     _check_readable(real, path)
     for root in roots:
