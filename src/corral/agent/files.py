@@ -124,7 +124,7 @@ def _check_links(path: str) -> None:
         hops += 1
         if hops > 40 or (candidate.startswith("/proc/") and not candidate.startswith(READABLE_IN_PROC)):
             raise FileError("permission_denied", f"{path} leads through {candidate}, which the file API never "
-                            "follows")
+                            "touches")
         resolved = "/" if target.startswith("/") else resolved
         pending = [p for p in target.split("/") if p] + pending
 
