@@ -11,6 +11,8 @@ Figures (median and p95; ratios to the baseline of the same run):
 - pause to disk (memory released) and resume from it (+ first exec); pause in memory and resume
 - ports: an HTTP GET through `get_host` (server -> agent -> the port) against the same GET made inside the
   sandbox on loopback, through a real `corral serve`
+- auto-resume: the first command on a paused `auto_resume` sandbox (in memory, to disk) against `resume()` and
+  then the same command, alternated on one sandbox of a real `corral serve`
 """
 
 from __future__ import annotations
@@ -243,6 +245,36 @@ def _port_figures(home: Path, template_home: Path, template: str, n: int, progre
             "overhead_p50_ms": round(through["p50_ms"] - local["p50_ms"], 2)}
 
 
+def _auto_resume_figures(home: Path, template_home: Path, template: str, n: int,
+                         progress: Progress) -> dict[str, Any]:
+    """A command that wakes a paused sandbox, against an explicit `resume()` then the same command."""
+    from corral import Sandbox
+    from corral.server import ServerProcess
+
+    results: dict[str, Any] = {}
+    with ServerProcess(home / "server-auto", template_home=template_home) as server, \
+            Sandbox.create(template, auto_resume=True, api_key=server.admin_key, base_url=server.url) as sb:
+        for memory, label in ((True, "in_memory"), (False, "to_disk")):
+            woken: list[float] = []
+            explicit: list[float] = []
+            for i in range(n):
+                sb.pause(memory=memory)
+                t = time.perf_counter()
+                sb.resume()
+                sb.commands.run("true")
+                explicit.append(time.perf_counter() - t)
+                sb.pause(memory=memory)
+                t = time.perf_counter()
+                if sb.commands.run("true").exit_code != 0:
+                    raise RuntimeError("the command that woke the sandbox failed")
+                woken.append(time.perf_counter() - t)
+                progress(f"auto-resume {label.replace('_', ' ')}", i + 1, n)
+            auto, baseline = summary(woken), summary(explicit)
+            results[label] = {"resume_then_exec": baseline, "exec_that_wakes": auto,
+                              "ratio_to_resume_then_exec": _ratio(auto, baseline)}
+    return results
+
+
 # Each GET on a new connection, as httpx above keeps one: both sides pay one request per sample, not a handshake.
 _INSIDE = """python3 - <<'EOF'
 import http.client, time
@@ -274,4 +306,5 @@ def run(*, home: Path, template_home: Path, template: str = "default", n: int = 
                                "engine": asyncio.run(engine_part())}
     if ports:
         results["ports"] = _port_figures(home, template_home, template, n * 10, progress)
+        results["auto_resume"] = _auto_resume_figures(home, template_home, template, n, progress)
     return results

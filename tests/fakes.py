@@ -58,6 +58,7 @@ class World:
     agents: dict[str, asyncio.Server] = field(default_factory=dict)
     fake_agents: dict[str, FakeAgent] = field(default_factory=dict)  # each keeps its files in <dir>/<id>.fs
     stopped: set[str] = field(default_factory=set)  # paused to disk
+    frozen: set[str] = field(default_factory=set)  # paused in place
     snapshots: dict[str, str] = field(default_factory=dict)  # snapshot id -> the sandbox it was taken of
     volumes: dict[str, int] = field(default_factory=dict)  # volume id -> size
     usage: dict[str, SandboxUsage] = field(default_factory=dict)  # what `usage` reports of a running sandbox
@@ -158,9 +159,16 @@ class FakeBackend:
 
     async def pause(self, record: BackendRecord) -> None:
         self.calls.append(("pause", record.sandbox_id))
+        if record.sandbox_id in self.world.running:
+            self.world.frozen.add(record.sandbox_id)
 
     async def resume(self, record: BackendRecord) -> None:
         self.calls.append(("resume", record.sandbox_id))
+        self.world.frozen.discard(record.sandbox_id)
+
+    async def frozen(self, record: BackendRecord) -> bool:
+        self.calls.append(("frozen", record.sandbox_id))
+        return record.sandbox_id in self.world.frozen
 
     async def destroy(self, record: BackendRecord) -> None:
         self.calls.append(("destroy", record.sandbox_id))
@@ -172,6 +180,7 @@ class FakeBackend:
 
     async def world_remove(self, sandbox_id: str) -> None:
         self.world.running.discard(sandbox_id)
+        self.world.frozen.discard(sandbox_id)
         server = self.world.agents.pop(sandbox_id, None)
         if server is not None:
             server.close()
@@ -206,9 +215,10 @@ class FakeBackend:
 
     async def sweep(self, known: set[str]) -> list[str]:
         self.calls.append(("sweep", ",".join(sorted(known))))
-        gone = sorted(self.world.running - known)
+        gone = sorted((self.world.running | self.world.stopped) - known)  # stopped ones too: their disks go
         for sid in gone:
             await self.world_remove(sid)
+            self.world.stopped.discard(sid)
         return gone
 
     async def capacity(self) -> BackendCapacity:

@@ -284,7 +284,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
 def test_the_contract_is_what_the_parity_test_checks() -> None:
     assert set(_contract_methods()) == {
         "check", "create", "agent_address", "ready_timeout", "egress_endpoint", "diagnostics", "pause", "resume",
-        "destroy", "alive", "oom_kills", "restore", "adopt", "sweep", "capacity", "close",
+        "destroy", "alive", "frozen", "oom_kills", "restore", "adopt", "sweep", "capacity", "close",
         "stop", "boot", "snapshot", "delete_snapshot", "create_volume", "delete_volume", "volume_used", "usage"}
 
 

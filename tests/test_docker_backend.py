@@ -513,11 +513,13 @@ async def test_pause_and_resume(engine: Engine, docker_client: Any, home: Path) 
         await sb.pause()
         assert container_of(docker_client, engine.backend, sb.id)["State"]["Status"] == "paused"
         assert await engine.backend.alive(engine.runtime.sandboxes[sb.id].record)
+        assert await engine.backend.frozen(engine.runtime.sandboxes[sb.id].record)
         frozen = ticks.read_bytes().count(b"\n")
         await asyncio.sleep(0.3)
         assert ticks.read_bytes().count(b"\n") == frozen
         await sb.resume()
         assert container_of(docker_client, engine.backend, sb.id)["State"]["Status"] == "running"
+        assert not await engine.backend.frozen(engine.runtime.sandboxes[sb.id].record)
         await asyncio.sleep(0.3)
         assert int((await sb.exec("wc -l < /workspace/ticks")).stdout) > frozen
 

@@ -334,3 +334,54 @@ def test_random_kills_during_uploads_execs_and_creates(deployment: Deployment) -
     left = _wait_clean(deployment)
     assert not left, f"seed {SEED}: left behind after {ITERATIONS} faults: {left[:20]}\n" + "\n".join(history)
     assert time.monotonic() - started < 300
+
+
+def _runc_status(dep: Deployment, sandbox_id: str) -> str | None:
+    out = subprocess.run(["runc", "--root", str(dep.runc_root()), "state", sandbox_id], capture_output=True,
+                         text=True, timeout=30)
+    return json.loads(out.stdout)["status"] if out.returncode == 0 else None
+
+
+def _runc(dep: Deployment, verb: str, sandbox_id: str) -> None:
+    subprocess.run(["runc", "--root", str(dep.runc_root()), verb, sandbox_id], check=True, timeout=30)
+
+
+def _echo(dep: Deployment, sandbox_id: str) -> bytes:
+    with dep.client() as c:
+        ran = _call(lambda: c.post(f"/v1/sandboxes/{sandbox_id}/exec", json={"cmd": "echo ok", "timeout": 20}))
+    assert ran.status == 200, ran
+    return base64.b64decode(json.loads(ran.body)["stdout_b64"])
+
+
+@pytest.mark.timeout(300)
+def test_a_server_killed_between_a_pause_and_its_record_comes_back_as_the_store_says(
+        deployment: Deployment) -> None:
+    """The window between the runtime's freeze (or thaw) and the store's write, hit for sure: SIGKILL the server,
+    then do the runtime's half behind its back, as a kill inside that window would have left it. After the
+    restart the runtime agrees with the store (the only record), and both sandboxes work as recorded."""
+    running, paused = (json.loads(_create(deployment).body)["id"] for _ in range(2))
+    try:
+        _kill_in_the_window(deployment, running, paused)
+    finally:
+        if not deployment.server.running:
+            deployment.server.start()
+        with deployment.client() as c:
+            for sandbox_id in (running, paused):
+                assert c.delete(f"/v1/sandboxes/{sandbox_id}").status_code in (204, 404)
+
+
+def _kill_in_the_window(deployment: Deployment, running: str, paused: str) -> None:
+    with deployment.client() as c:
+        assert c.post(f"/v1/sandboxes/{paused}/pause").status_code == 200
+    deployment.server.kill()
+    _runc(deployment, "pause", running)  # killed after freezing it, before recording "paused"
+    _runc(deployment, "resume", paused)  # killed after thawing it, before recording "running"
+    deployment.server.start()
+    assert json.loads(_state(deployment, running).body)["state"] == "running"
+    assert _runc_status(deployment, running) == "running"
+    assert _echo(deployment, running) == b"ok\n"
+    assert json.loads(_state(deployment, paused).body)["state"] == "paused"
+    assert _runc_status(deployment, paused) == "paused"
+    with deployment.client() as c:
+        assert c.post(f"/v1/sandboxes/{paused}/resume").status_code == 200
+    assert _echo(deployment, paused) == b"ok\n"

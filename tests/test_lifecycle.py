@@ -28,13 +28,17 @@ async def test_pause_freezes_and_resume_continues(engine):
     async with await engine.create(spec()) as sb:
         await sb.processes.start("i=0; while true; do i=$((i+1)); echo $i > /workspace/n; sleep 0.05; done")
         await anyio.sleep(0.3)
+        record = engine.runtime.sandboxes[sb.id].record
+        assert not await engine.backend.frozen(record)
         await sb.pause()
+        assert await engine.backend.frozen(record)  # what a restarted server asks (runc's own state)
         with pytest.raises(ConflictError, match="paused"):
             await sb.exec("true")
         with pytest.raises(ConflictError, match="paused"):  # files need a running agent too
             await sb.files.read("/workspace/n")
         await anyio.sleep(0.5)
         await sb.resume()
+        assert not await engine.backend.frozen(record)
         a = int((await sb.files.read("/workspace/n")).strip())
         await anyio.sleep(0.3)
         b = int((await sb.files.read("/workspace/n")).strip())

@@ -147,7 +147,7 @@ async def test_a_server_without_metrics_counts_nothing_and_has_no_route(home: Pa
 
 
 async def test_each_app_counts_in_a_registry_of_its_own(served: Served) -> None:
-    other = Telemetry(served.service)
+    other = Telemetry(served.service.store, served.service.engine, served.service.replica)
     other.operations.labels("sandbox.get", "ok").inc()
     assert value(await served.scrape(), "corral_operations_total", action="sandbox.get", outcome="ok") == 0
 
@@ -240,11 +240,11 @@ async def test_exec_latency_and_file_bytes_come_from_the_operations_records(serv
     one place every front end's operation is recorded (the runc test below does it for real)."""
     svc = served.service
     principal = await svc.store.authenticate(served.keys["dev"])
-    records = [svc.audited(principal, "sandbox.exec", "sb-x", params={"cmd": "true"}),
-               svc.audited(principal, "sandbox.exec", "sb-x", params={"cmd": "sleep 1d", "detached": True}),
-               svc.audited(principal, "files.write", "sb-x", params={"path": "/workspace/a", "size": 1000}),
-               svc.audited(principal, "archive.write", "sb-x", params={"path": "/workspace", "size": 24}),
-               svc.audited(principal, "files.read", "sb-x", params={"path": "/workspace/a"})]
+    records = [svc.auditor(principal, "sandbox.exec", "sb-x", params={"cmd": "true"}),
+               svc.auditor(principal, "sandbox.exec", "sb-x", params={"cmd": "sleep 1d", "detached": True}),
+               svc.auditor(principal, "files.write", "sb-x", params={"path": "/workspace/a", "size": 1000}),
+               svc.auditor(principal, "archive.write", "sb-x", params={"path": "/workspace", "size": 24}),
+               svc.auditor(principal, "files.read", "sb-x", params={"path": "/workspace/a"})]
     records[-1].outcome["size"] = 1000
     for record in records:
         await record.record()

@@ -179,19 +179,19 @@ async def test_revocation_on_one_store_reaches_the_other_within_the_explicit_ttl
 def test_forwarded_requests_are_signed_for_exactly_what_they_ask() -> None:
     from corral.service import Replica, ReplicaConfig
 
-    a = Replica(None, ReplicaConfig(id="a", secret="s3cret"))  # type: ignore[arg-type]  # signing needs no service
-    b = Replica(None, ReplicaConfig(id="b", secret="s3cret"))  # type: ignore[arg-type]
+    a = Replica(None, None, ReplicaConfig(id="a", secret="s3cret"))  # type: ignore[arg-type]  # signing needs no store or engine
+    b = Replica(None, None, ReplicaConfig(id="b", secret="s3cret"))  # type: ignore[arg-type]
     signature = a.sign("PUT", "/v1/sandboxes/sb-1/files?path=/workspace/x", "10.0.0.9")
     assert b.verify(signature, "PUT", "/v1/sandboxes/sb-1/files?path=/workspace/x", "10.0.0.9") == "a"
     assert b.verify(signature, "PUT", "/v1/sandboxes/sb-2/files?path=/workspace/x", "10.0.0.9") is None
     assert b.verify(signature, "PUT", "/v1/sandboxes/sb-1/files?path=/workspace/x", "10.0.0.1") is None
     assert b.verify(signature.replace("a;", "b;", 1), "PUT", "/v1/sandboxes/sb-1/files?path=/workspace/x",
                     "10.0.0.9") is None
-    other = Replica(None, ReplicaConfig(id="c", secret="other"))  # type: ignore[arg-type]
+    other = Replica(None, None, ReplicaConfig(id="c", secret="other"))  # type: ignore[arg-type]
     assert other.verify(signature, "PUT", "/v1/sandboxes/sb-1/files?path=/workspace/x", "10.0.0.9") is None
     stale = f"a;{int(time.time()) - 3600};{signature.rsplit(';', 1)[1]}"
     assert b.verify(stale, "PUT", "/v1/sandboxes/sb-1/files?path=/workspace/x", "10.0.0.9") is None
-    unstarted = Replica(None, ReplicaConfig(id="d"))  # type: ignore[arg-type]  # no secret yet: trusts nobody
+    unstarted = Replica(None, None, ReplicaConfig(id="d"))  # type: ignore[arg-type]  # no secret yet: trusts nobody
     assert unstarted.verify(unstarted.sign("GET", "/", ""), "GET", "/", "") is None
 
 

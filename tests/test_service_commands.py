@@ -16,7 +16,17 @@ import pytest
 
 from corral import AgentError, InvalidRequestError, NotFoundError, PermissionDeniedError
 from corral.control import AuditEntry, ControlStore, Principal, Role
-from corral.engine import CodeError, CodeResult, CodeSession, Engine, ExecResult, ProcessInfo, RichResult, SandboxSpec
+from corral.engine import (
+    CodeError,
+    CodeResult,
+    CodeSession,
+    Engine,
+    ExecOptions,
+    ExecResult,
+    ProcessInfo,
+    RichResult,
+    SandboxSpec,
+)
 from corral.service import Cell, Command, PtyRequest, Service
 
 pytestmark = pytest.mark.anyio
@@ -47,11 +57,9 @@ class FakeProcesses:
     result: ExecResult | None = field(default_factory=result)
     hang: bool = False  # attach and wait block until cancelled (or their timeout)
 
-    async def start(self, cmd: str | list[str], *, cwd: str | None, env: dict[str, str] | None,
-                    timeout: float | None, max_output: int | None, stdin: bool, tag: str | None = None,
-                    pty: object = None, user: str | None = None) -> ProcessInfo:
-        self.calls.append(("start", cmd, cwd, env, timeout, max_output, stdin))
-        info = ProcessInfo(id="p-2", pid=43, argv=["/bin/bash", "-lc", str(cmd)], running=True)
+    async def launch(self, options: ExecOptions) -> ProcessInfo:
+        self.calls.append(("launch", options))
+        info = ProcessInfo(id="p-2", pid=43, argv=["/bin/bash", "-lc", str(options.cmd)], running=True)
         self.infos[info.id] = info
         return info
 
@@ -147,7 +155,7 @@ class FakeEngine:
     def get(self, sandbox_id: str) -> SimpleNamespace:
         """The sandbox's session: this engine's operations with the sandbox's id bound, as the real one has them."""
         self.info(sandbox_id)
-        ops = ("exec", "run_code", "code_sessions", "interrupt_code", "restart_code", "close_code",
+        ops = ("run", "run_code", "code_sessions", "interrupt_code", "restart_code", "close_code",
                "create_code_context", "code_contexts")
         bound = {op: functools.partial(getattr(self, op), sandbox_id) for op in ops}
         return SimpleNamespace(processes=self.processes, pty=self._pty, **bound)
@@ -164,12 +172,11 @@ class FakeEngine:
         if self.hang:
             await asyncio.sleep(3600)
 
-    async def exec(self, sandbox_id: str, cmd: str | list[str], *, cwd: str | None, env: dict[str, str] | None,
-                   stdin: bytes | None, timeout: float | None, max_output: int | None,
-                   on_stdout: Output | None = None, on_stderr: Output | None = None,
-                   **process: Any) -> ExecResult:  # on_start, detached, tag, pty, keep_stdin: not played here
+    async def run(self, sandbox_id: str, options: ExecOptions, *, on_stdout: Output | None = None,
+                  on_stderr: Output | None = None, **given: Any) -> ExecResult:  # on_start: not played here
         self.info(sandbox_id)
-        self.calls.append(("exec", (cmd, cwd, env, stdin, timeout, max_output)))
+        o = options
+        self.calls.append(("exec", (o.cmd, o.cwd, o.env or None, o.stdin, o.timeout, o.max_output)))
         await self._script(on_stdout, on_stderr)
         return self.exec_result
 
@@ -374,9 +381,8 @@ async def test_a_stream_closed_before_it_ran_is_recorded_as_disconnected_once(wo
 async def test_start_audits_the_command_and_feeds_initial_stdin(world: World) -> None:
     info = await world.service.processes.start(world.dev, world.sandbox, COMMAND)
     assert info.id == "p-2" and info.running and info.started_at > 0
-    assert world.engine.processes.calls == [
-        ("start", COMMAND.cmd, "/tmp", {"SECRET": "hunter2"}, 5, 100, True),  # stdin open for the initial bytes
-        ("send_stdin", "p-2", b"in", True)]  # then EOF
+    # The command as given: its initial stdin (written by the engine, then EOF), the stdin not kept open.
+    assert world.engine.processes.calls == [("launch", COMMAND)]
     record = await world.record("process.start")
     assert record.params == {**EXEC_PARAMS, "stdin": False}
     assert record.outcome == {"status": 201, "process": "p-2", "pid": 43}
@@ -384,7 +390,7 @@ async def test_start_audits_the_command_and_feeds_initial_stdin(world: World) ->
 
 async def test_start_may_keep_stdin_open(world: World) -> None:
     await world.service.processes.start(world.dev, world.sandbox, Command(["cat"]), keep_stdin=True)
-    assert world.engine.processes.calls == [("start", ["cat"], None, None, None, None, True)]
+    assert world.engine.processes.calls == [("launch", Command(["cat"], keep_stdin=True))]
     assert (await world.record("process.start")).params["stdin"] is True
 
 

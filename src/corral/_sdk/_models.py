@@ -189,6 +189,7 @@ class SandboxInfo:
     network: str | tuple[str, ...] = "none"  # the egress policy (docs/egress.md)
     paused_to_disk: bool = False  # state "paused" with no process nor memory left (docs/lifecycle.md)
     on_timeout: str = "kill"  # what the end of its time to live does: "kill" or "pause" (to disk)
+    auto_resume: bool = False  # paused, the next request that reaches it resumes it (docs/lifecycle.md)
     ttl_left: float | None = None  # paused to disk: the seconds of life it gets back when it resumes
     root: bool = False  # created with root inside (docs/security.md)
 
@@ -209,6 +210,7 @@ class SandboxInfo:
             network=_network(data.get("network")),
             paused_to_disk=bool(data.get("paused_to_disk")),
             on_timeout=str(data.get("on_timeout") or "kill"),
+            auto_resume=bool(data.get("auto_resume")),
             ttl_left=float(data["ttl_left"]) if isinstance(data.get("ttl_left"), int | float) else None,
             root=bool(data.get("root")),
         )

@@ -40,6 +40,7 @@ def _create_body(
     runtime: str | None = None,
     *,
     on_timeout: str = "kill",
+    auto_resume: bool = False,
     volumes: Mapping[str, str] | None = None,
     public_ports: bool = False,
     root: bool = False,
@@ -63,6 +64,8 @@ def _create_body(
     # Sent only when asked for, so that a server older than these options still takes the plain create.
     if on_timeout != "kill":
         body["on_timeout"] = on_timeout
+    if auto_resume:
+        body["auto_resume"] = True
     if volumes:
         body["volumes"] = dict(volumes)
     if public_ports:
@@ -197,6 +200,7 @@ class Sandbox(_SandboxBase):
         file_roots: Sequence[str] | None = None,
         runtime: str | None = None,
         on_timeout: str = "kill",
+        auto_resume: bool = False,
         volumes: Mapping[str, str] | None = None,
         public_ports: bool = False,
         root: bool = False,
@@ -209,11 +213,12 @@ class Sandbox(_SandboxBase):
     ) -> Sandbox:
         """Start a new sandbox. `template` is a template's name or a snapshot's id (`Snapshot.id`); `timeout` is
         its time to live in seconds (never None: every sandbox has one); `on_timeout="pause"` pauses it to disk
-        when that ends instead of killing it; `volumes` mounts the tenant's volumes by path (`{"/mnt/data":
-        "name"}`); `public_ports` lets anyone reach its ports (`get_host`) without the key; `root` gives it root
-        inside (`commands.run(..., user="root")`, files with `user="root"`, `sudo`; that root is an unprivileged
-        host uid, docs/security.md) where the server's backend can (the Docker backend refuses it:
-        `InvalidRequestError`);
+        when that ends instead of killing it; `auto_resume`: paused (by that, or by `pause()`), it resumes when a
+        request reaches it (a command, a file, code, a port) and serves it; `volumes` mounts the tenant's volumes
+        by path (`{"/mnt/data": "name"}`); `public_ports` lets anyone reach its ports (`get_host`) without the
+        key; `root` gives it root inside (`commands.run(..., user="root")`, files with `user="root"`, `sudo`;
+        that root is an unprivileged host uid, docs/security.md) where the server's backend can (the Docker
+        backend refuses it: `InvalidRequestError`);
         `secrets` (`{"GITHUB_TOKEN": {"value": "...", "hosts": ["api.github.com"]}}`) never enter the sandbox:
         `$GITHUB_TOKEN` inside is a placeholder the egress proxy replaces in requests to those hosts only
         (docs/secrets.md; `"body": True` also in request bodies);
@@ -226,8 +231,8 @@ class Sandbox(_SandboxBase):
         client = SyncClient(config, transport)
         try:
             body = _create_body(template, timeout, network, limits, env, metadata, file_roots, runtime,
-                                on_timeout=on_timeout, volumes=volumes, public_ports=public_ports, root=root,
-                                secrets=secrets)
+                                on_timeout=on_timeout, auto_resume=auto_resume, volumes=volumes,
+                                public_ports=public_ports, root=root, secrets=secrets)
             info = SandboxInfo.from_wire(client.request("POST", "/v1/sandboxes", json=body))
         except BaseException:
             client.close()
@@ -418,6 +423,7 @@ class AsyncSandbox(_SandboxBase):
         file_roots: Sequence[str] | None = None,
         runtime: str | None = None,
         on_timeout: str = "kill",
+        auto_resume: bool = False,
         volumes: Mapping[str, str] | None = None,
         public_ports: bool = False,
         root: bool = False,
@@ -433,8 +439,8 @@ class AsyncSandbox(_SandboxBase):
         client = AsyncClient(config, transport)
         try:
             body = _create_body(template, timeout, network, limits, env, metadata, file_roots, runtime,
-                                on_timeout=on_timeout, volumes=volumes, public_ports=public_ports, root=root,
-                                secrets=secrets)
+                                on_timeout=on_timeout, auto_resume=auto_resume, volumes=volumes,
+                                public_ports=public_ports, root=root, secrets=secrets)
             info = SandboxInfo.from_wire(await client.request("POST", "/v1/sandboxes", json=body))
         except BaseException:
             await client.close()

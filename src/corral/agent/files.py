@@ -20,6 +20,7 @@ import stat
 
 from . import protocol
 from .channel import Channel
+from .paths import path_problem
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is slow to import, and the agent's start-up is every sandbox's start-up
@@ -66,17 +67,13 @@ NEVER_WRITTEN = ("/proc", "/sys", "/.corral")
 def check_path(value: Any, roots: Any = None, *, write: bool = False) -> str:
     """Validate a request path: absolute, valid UTF-8, no NUL; inside `roots` when given; for an operation that
     changes it (`write`), not in `NEVER_WRITTEN`."""
-    if not isinstance(value, str) or not value:
-        raise FileError("invalid_request", "path must be a non-empty string")
-    if "\x00" in value:
-        raise FileError("invalid_request", "path contains a NUL byte")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise FileError("invalid_request", "path is not valid UTF-8") from exc
-    if not value.startswith("/"):
-        raise FileError("invalid_request", f"path {value!r} is not absolute")
-    path = posixpath.normpath(value)
+    problem = path_problem(value)
+    if problem is not None:  # the host's front ends refused it already (the same rule); a request is an edge too
+        raise FileError("invalid_request", f"path {problem}")
+    given: str = value
+    if not given.startswith("/"):
+        raise FileError("invalid_request", f"path {given!r} is not absolute")
+    path = posixpath.normpath(given)
     if path.startswith("//"):
         path = "/" + path.lstrip("/")
     if roots:

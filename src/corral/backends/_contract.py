@@ -228,6 +228,11 @@ class Backend(Protocol):
     async def alive(self, record: BackendRecord) -> bool:
         """Whether the sandbox still runs (or is paused)."""
 
+    async def frozen(self, record: BackendRecord) -> bool:
+        """Whether the sandbox's processes are frozen in place (`pause`), as the runtime says now. Asked after a
+        restart, so that a server killed between a pause and its record can make the backend agree with the
+        store, which is the only record. False for one that runs, is gone, or a runtime that cannot freeze."""
+
     async def oom_kills(self, record: BackendRecord) -> int:
         """How many processes the OOM killer has killed in the sandbox so far (0 if the runtime cannot tell)."""
 

@@ -15,8 +15,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .._exceptions import CorralError, InvalidRequestError
+from .._exceptions import CorralError
 from .._sizes import parse_size
+from .._users import USERS, check_user, user_home  # what every layer means by a sandbox's users, re-exported
 from ..egress._keyring import SecretKeyring
 from ..egress._policy import EgressPolicy
 from ..egress._secrets import PLACEHOLDER, SecretBinding
@@ -26,9 +27,6 @@ __all__ = ["DEFAULT_FILE_ROOTS", "MAX_SECRETS", "ROOT_FILE_ROOTS", "USERS", "Lim
 
 DEFAULT_FILE_ROOTS = ("/workspace", "/home/user", "/tmp")
 ROOT_FILE_ROOTS = (*DEFAULT_FILE_ROOTS, "/root")  # the defaults of a sandbox created with root: root's home too
-# The users of a sandbox and their homes, as every template's /etc/passwd has them (the agent's `users` module
-# holds the same table inside the sandbox). "root" acts only in a sandbox created with `root=True`.
-USERS = {"user": "/home/user", "root": "/root"}
 # Kernel interfaces and Corral's own agent directory are never file-API roots: the sandbox's root user could
 # otherwise be driven through the API into places its own processes only reach with care.
 _FORBIDDEN_ROOTS = ("/proc", "/sys", "/dev", "/.corral")
@@ -182,6 +180,9 @@ class SandboxSpec(BaseModel):
     # service resolves a tenant's names), and whether the sandbox's ports answer without the tenant's key.
     # "pause": paused to disk when the TTL ends; "pause_memory": frozen in place (docs/lifecycle.md)
     on_timeout: Literal["kill", "pause", "pause_memory"] = "kill"
+    # Paused (by its timeout or by a caller), it resumes when a request reaches it (E2B's autoResume;
+    # service/_auto_resume.py). Records from before the field read as False.
+    auto_resume: bool = False
     volumes: dict[str, str] = Field(default_factory=dict)
     public_ports: bool = False
     # Root inside the sandbox (docs/security.md): its agent runs as the user namespace's uid 0 with a bounded set
@@ -255,20 +256,6 @@ class SandboxSpec(BaseModel):
     def pool_key(self) -> tuple[str, str, Limits, bool, bool]:
         """Sandboxes that agree on this can be served from the same warm pool (pooled ones mount no volume)."""
         return (self.template, self.runtime.value, self.limits, bool(self.volumes), self.root)
-
-
-def check_user(user: str | None) -> str | None:
-    """`user` if the sandbox has such a user (None: the sandbox user); `InvalidRequestError` otherwise. Whether the
-    sandbox has root is the sandbox's to say (its agent refuses root where it was not created with it)."""
-    if user is None or user in USERS:
-        return user
-    raise InvalidRequestError(f"unknown user {user[:64]!r}: a sandbox has the users 'user' and 'root'",
-                              details={"user": user[:64]})
-
-
-def user_home(user: str | None) -> str:
-    """Where `user`'s relative paths and `~` start (None: the sandbox user's home)."""
-    return USERS[check_user(user) or "user"]
 
 
 def _file_root(root: str) -> str:

@@ -6,14 +6,18 @@ variable, so the search itself puts it in no environment.
 
 38: through plain HTTP to the runner's loopback server (`/echo/`, reachable by the tenant as its host service):
 under the bound name (`host.corral.internal`) the server receives the value and its echo reaches the sandbox
-as the placeholder; under another name for the same server (`127.0.0.1`) it receives the placeholder. HTTPS takes
-the same path once intercepted, which needs a certificate the deployment's proxy trusts for the check's server:
+as the placeholder; under another name for the same server (`127.0.0.1`) it receives the placeholder. What a
+probe found reflected in other ways comes back scrubbed too: the Basic credentials the proxy built (`curl -u`),
+echoed in their base64; the value as the answer's reason phrase and in a header's name (`/reflect/`); and an
+answer under `Transfer-Encoding: gzip, chunked` (`/gzip-te/`) is refused (502), not passed on compressed. HTTPS
+takes the same path once intercepted, which needs a certificate the deployment's proxy trusts for the check's server:
 tests/test_secrets.py proves that part. Both items are N/A where the server refuses secrets (a backend whose proxy
 cannot put them in), naming why.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import secrets
 from collections.abc import AsyncIterator
@@ -76,6 +80,13 @@ async def item_38_secrets_reach_only_their_hosts(ctx: CheckContext) -> str:
         other = await run_ok(sb, ["bash", "-c", f'curl -sS --max-time 20 --noproxy "" -H "Authorization: Bearer '
                                                 f'${NAME}" http://127.0.0.1:{port}/echo/other-{nonce}'],
                               what="curl, another name")
+        placeholder = (await run_ok(sb, ["bash", "-c", f'printf %s "${NAME}"'], what="print the secret")).stdout
+        basic = await run_ok(sb, ["bash", "-c", f'curl -sS --max-time 20 -D - -u "x:${NAME}" '
+                                                f'http://{HOST}:{port}/echo/basic-{nonce}'], what="curl -u, bound")
+        head = await run_ok(sb, ["bash", "-c", f'curl -sS --max-time 20 -D - "http://{HOST}:{port}/reflect/'
+                                               f'{nonce}?${NAME}"'], what="curl, the value in the head")
+        coded = await run_ok(sb, ["bash", "-c", f'curl -sS --max-time 20 -D - --raw "http://{HOST}:{port}/gzip-te/'
+                                                f'{nonce}?${NAME}" | gzip -dcf'], what="curl, transfer-coded")
     received = {path.split("/")[-1].split("-")[0]: headers.get("Authorization", "")
                 for path, headers in list(ctx.echoes) if path.endswith(nonce)}
     if received.get("bound") != f"Bearer {value}":
@@ -90,5 +101,23 @@ async def item_38_secrets_reach_only_their_hosts(ctx: CheckContext) -> str:
         echoed = json.loads(bound.stdout.split("\r\n\r\n", 1)[-1])["headers"]["Authorization"]
     except (ValueError, KeyError, TypeError) as exc:
         raise ItemFailed(f"the echo server's answer did not reach the sandbox: {clip(bound.stdout)}") from exc
+    _reflections(value, placeholder, received.get("basic", ""), basic.stdout, head.stdout, coded.stdout)
     return (f"the bound host received the value, another name for the same server the placeholder, and the echo "
-            f"came back as {echoed[:30]}...")
+            f"came back as {echoed[:30]}...; Basic credentials, the answer's reason phrase and header names come "
+            f"back scrubbed, a gzip transfer-coding is refused")
+
+
+def _reflections(value: str, placeholder: str, received: str, basic: str, head: str, coded: str) -> None:
+    """The ways a probe found the value handed back (issue 29): each must reach the sandbox without it."""
+    made, theirs = (base64.b64encode(f"x:{v}".encode()).decode() for v in (value, placeholder))
+    if received != f"Basic {made}":
+        raise ItemFailed(f"with `curl -u` the bound host received {clip(received or '(no request)', 80)!r}, not "
+                         "Basic credentials with the secret's value")
+    if made in basic or f"Basic {theirs}" not in basic:
+        raise ItemFailed("the echo of the Basic credentials the proxy built reached the sandbox with the value in "
+                         f"their base64: {clip(basic)}")
+    if value in head or f"X-{placeholder}" not in head:
+        raise ItemFailed(f"the value in the answer's reason phrase or a header's name was not scrubbed: {clip(head)}")
+    if value in coded or not coded.startswith("HTTP/1.1 502 ") or "Transfer-Encoding" not in coded:
+        raise ItemFailed("an answer under `Transfer-Encoding: gzip, chunked` was not refused (502) on its way to "
+                         f"the sandbox: {clip(coded)}")

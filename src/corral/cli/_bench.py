@@ -166,7 +166,8 @@ def lifecycle(
     n: int = typer.Option(20, help="Samples per measurement (the port round trips take 10 times as many)."),
     files: int = typer.Option(2000, help="Small files in the snapshotted sandbox (beside one 16 MiB file)."),
     ports: bool = typer.Option(True, "--ports/--no-ports", help="Also the port round trip through a real "
-                               "`corral serve` against the same request inside the sandbox."),
+                               "`corral serve` against the same request inside the sandbox, and the command that "
+                               "wakes an auto-resume sandbox against resume() then that command."),
     template: str = typer.Option("default"),
     out: Path = typer.Option(Path("bench-results/lifecycle.json"), help="Where to write the JSON figures."),
 ) -> None:

@@ -60,6 +60,8 @@ def create(
                                      "repeatable.", show_default=False),
     on_timeout: str = typer.Option("kill", "--on-timeout", help="What the end of the timeout does: kill, or pause "
                                    "(to disk: files kept, memory released; `corral sandbox resume` boots it)."),
+    auto_resume: bool = typer.Option(False, "--auto-resume", help="Paused, the sandbox resumes when a command, "
+                                     "file operation, code cell or port request reaches it."),
     root: bool = typer.Option(False, "--root", help="Root inside the sandbox: `corral exec --user root`, `sudo` "
                               "(root is an unprivileged host uid; not on the Docker backend)."),
     as_json: JsonOption = False,
@@ -70,7 +72,7 @@ def create(
     sb = Sandbox.create(template, timeout=timeout, network=_network(network),
                         limits=_limits(memory, cpus, pids, disk), env=pairs(env, "--env"),
                         metadata=pairs(metadata, "--metadata"), public_ports=public_ports, on_timeout=on_timeout,
-                        volumes=pairs(volume, "--volume"), root=root,
+                        auto_resume=auto_resume, volumes=pairs(volume, "--volume"), root=root,
                         api_key=api_key,
                         base_url=url)
     sb.close()  # the connection only: leaving `with` (or kill()) would destroy the sandbox

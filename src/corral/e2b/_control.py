@@ -64,9 +64,6 @@ async def _create_request(request: Request, principal: Principal, body: NewSandb
     svc = front_of(request).service
     if body.iam:
         raise InvalidRequestError("iam tokens are not supported by Corral: sandboxes get no cloud identity")
-    if body.auto_resume is not None and body.auto_resume.enabled:
-        raise InvalidRequestError("autoResume is not supported by Corral: a paused sandbox resumes on connect "
-                                  "(Sandbox.connect) or resume, not on incoming traffic")
     network = body.network or NetworkConfig.model_validate({})
     _check_network_extras(network)
     policy = egress_policy(body.allow_internet_access, network.allow_out, network.deny_out,
@@ -79,6 +76,7 @@ async def _create_request(request: Request, principal: Principal, body: NewSandb
     return CreateSandbox(template=config.template(body.template_id), timeout=body.timeout,
                          network=policy, env=body.env_vars or {}, metadata=body.metadata or {},
                          file_roots=_E2B_FILE_ROOTS, on_timeout=on_timeout,  # type: ignore[arg-type]
+                         auto_resume=body.auto_resume is not None and body.auto_resume.enabled,
                          volumes=volumes, public_ports=bool(network.allow_public_traffic),
                          root=config.root and svc.info.root)
 

@@ -27,11 +27,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from .._exceptions import AuthenticationError, CorralError, InvalidRequestError
 from .._negotiation import quality
+from .._users import SandboxUser
 from ..control import Principal
 from ._auth import client_info, sandbox_caller
 from ._errors import corral_error, e2b_error
 from ._front import front_of
-from ._user import absolute_path, check_user, home_of, service_user
+from ._user import absolute_path, envd_user, home_of, service_user
 
 __all__ = ["download", "sandbox_of", "upload"]
 
@@ -110,7 +111,7 @@ async def _upload_parts(request: Request, sandbox_id: str, principal: Principal,
                 raise InvalidRequestError("a 'file' part has no filename: name each file's path in its part's "
                                           "filename (or give a path parameter)")
             target = path if path is not None else absolute_path(
-                named, what="the file part's filename", home=home_of(check_user(request.query_params.get("username"))))
+                named, what="the file part's filename", home=home_of(envd_user(request.query_params.get("username"))))
             content = _part_chunks(part) if isinstance(part, UploadFile) else _once(part.encode())
             await _write(request, sandbox_id, principal, target, content, metadata)
             written.append(target)
@@ -125,8 +126,8 @@ async def _write(request: Request, sandbox_id: str, principal: Principal, path: 
     await svc.files.write(principal, sandbox_id, path, data, user=_user(request), **_write_options(metadata))
 
 
-def _user(request: Request) -> str | None:
-    return service_user(check_user(request.query_params.get("username")))
+def _user(request: Request) -> SandboxUser | None:
+    return service_user(envd_user(request.query_params.get("username")))
 
 
 def _write_options(metadata: dict[str, str] | None) -> dict[str, Any]:
@@ -150,7 +151,7 @@ async def _authorized(request: Request, operation: str, *,
                       path_required: bool = True) -> tuple[str, Principal, str | None]:
     """The sandbox, the caller and the (absolute) path of a file request, by header credentials or signature."""
     params = request.query_params
-    user = check_user(params.get("username"))
+    user = envd_user(params.get("username"))
     raw_path = params.get("path")
     path = absolute_path(raw_path, home=home_of(user)) if raw_path or path_required else None
     signature = params.get("signature")

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._exceptions import NotFoundError
+from .._paths import SandboxPath
+from .._users import SandboxUser
 from ..control import Action
 from ..engine import Entry, WatchEvent
 from ._connect import RpcError
@@ -44,11 +46,11 @@ def entry_info(entry: Entry) -> dict[str, Any]:
     return info
 
 
-def _user(call: Call) -> str | None:
+def _user(call: Call) -> SandboxUser | None:
     return service_user(call.user)
 
 
-def _path(call: Call, name: str = "path") -> str:
+def _path(call: Call, name: str = "path") -> SandboxPath:
     value = field(call.message, name)
     if value is not None and not isinstance(value, str):
         raise RpcError("invalid_argument", f"{name} must be text")

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from starlette.requests import Request
 from starlette.responses import Response
 
+from .._users import SandboxUser
 from ..control import Principal
 from ..service import Service
 from ._auth import sandbox_caller
@@ -46,7 +47,7 @@ class Call:
     service: Service
     sandbox_id: str
     principal: Principal
-    user: str
+    user: SandboxUser
     message: dict[str, Any]
     deadline: float | None  # seconds the client gives the call (`Connect-Timeout-Ms`)
 

@@ -73,7 +73,7 @@ def detail_json(record: SandboxRecord, config: E2BConfig, access: SandboxAccess,
         "allowInternetAccess": network != "none",
         "network": {"allowPublicTraffic": spec.public_ports,
                     **({"allowOut": list(network)} if isinstance(network, tuple | list) else {})},
-        "lifecycle": {"autoResume": False, "onTimeout": "kill" if spec.on_timeout == "kill" else "pause"},
+        "lifecycle": {"autoResume": spec.auto_resume, "onTimeout": "kill" if spec.on_timeout == "kill" else "pause"},
         **({"pauseMode": "filesystem" if record.paused_to_disk else "full"}
            if record.state is SandboxState.PAUSED else {}),
     }

@@ -55,7 +55,7 @@ from ._http import (
 from ._policy import HOST_SERVICES, EgressPolicy, parse_host_port
 from ._reasons import Refusal
 from ._rewrite import Rewriter
-from ._secrets import bound
+from ._secrets import Produced, bound
 
 __all__ = ["EgressProxy", "EventCallback", "Identify"]
 
@@ -78,6 +78,7 @@ class _Sandbox:
     connections: set[asyncio.Task[Any]] = field(default_factory=set)
     denials: deque[EgressEvent] = field(default_factory=lambda: deque(maxlen=DENIALS_KEPT))
     detached: bool = False
+    produced: Produced = field(default_factory=Produced)  # encoded forms of its secrets the proxy made, to scrub
 
     @property
     def remote(self) -> bool:
@@ -590,7 +591,8 @@ class _Connection:
         if client is not None:
             _big_send_buffer(client)  # a scrubbed answer is written in pieces of up to 1 MiB: each in one send
         return Rewriter((self.reader, self.writer), upstream, host=host, secrets=self._known().policy.secrets,
-                        timeout=self.proxy.io_timeout, sent_up=attempt.count_up, sent_down=attempt.count_down)
+                        timeout=self.proxy.io_timeout, sent_up=attempt.count_up, sent_down=attempt.count_down,
+                        produced=self._known().produced)
 
     async def _forward_rewritten(self, head: Head, body: Framing, host: str, port: int, path: str,
                                  attempt: _Attempt) -> bool:

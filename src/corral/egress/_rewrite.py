@@ -7,8 +7,19 @@ spliced); this one reads every byte of every answer, because it must, and of req
 into bodies (plain HTTP with no such secret: the body is copied socket to socket as on the fast path, `copy_body`).
 Answers are searched for each value as a substring first; only values found go into the regex (`Scrubber`).
 What makes it different from the fast path:
+- every byte of an answer's head the sandbox gets is scrubbed: the reason phrase, each header's name and value
+  (one by one, so a value can never break the head's structure; a value with a space that spans two of them
+  refuses the answer), and the proxy's own words about a malformed head, which are made from its scrubbed bytes
+  (they quote the head, cut short, and a value cut short no longer matches);
+- besides the values, the encoded forms the proxy itself made of them (the Basic credentials it encoded again)
+  are scrubbed, in every answer to the sandbox from then on (`Produced`);
 - requests ask for `Accept-Encoding: identity`, and an answer compressed anyway (gzip, deflate) is decompressed
-  before scrubbing; another encoding cannot be checked and is refused (502);
+  before scrubbing; another content-coding cannot be checked and is refused (502);
+- an answer's transfer-coding must be exactly `chunked` (HTTP/1.1) or none; any other (`gzip, chunked`, chunked
+  in an HTTP/1.0 answer) is refused (502), not decoded. Refusing is the safe choice: requests to bound hosts carry
+  no `TE` (it is hop-by-hop and dropped), so no server was asked for one and real ones do not send one; decoding
+  would be a second decompressor stacked with the content-coding's, more ways to frame a body, and one more place
+  where a coding overlooked passes a value on unseen;
 - answers go to the client chunked (HTTP/1.1) or delimited by close (HTTP/1.0): scrubbing changes lengths;
 - protocol upgrades (WebSocket) are not offered to bound hosts: `Upgrade` is a hop-by-hop header and is dropped.
 """
@@ -20,9 +31,20 @@ import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
-from ._http import CHUNK, HOP_BY_HOP, MAX_HEAD, BadMessage, Framing, Head, HeadTooLarge, framing, parse_response
+from ._http import (
+    CHUNK,
+    HOP_BY_HOP,
+    MAX_HEAD,
+    BadMessage,
+    Framing,
+    Head,
+    HeadTooLarge,
+    framing,
+    parse_response,
+    safe_text,
+)
 from ._reasons import Refusal
-from ._secrets import BODY_MAX, Injection, Scrubber, SecretBinding, bound
+from ._secrets import BODY_MAX, MAX_FORMS, FormsFull, Injection, Produced, Scrubber, SecretBinding, bound
 
 __all__ = ["Exchange", "Rewriter"]
 
@@ -42,23 +64,26 @@ class Rewriter:
 
     def __init__(self, client: tuple[asyncio.StreamReader, asyncio.StreamWriter],
                  upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter], *, host: str,
-                 secrets: tuple[SecretBinding, ...], timeout: float, sent_up: Count, sent_down: Count) -> None:
+                 secrets: tuple[SecretBinding, ...], timeout: float, sent_up: Count, sent_down: Count,
+                 produced: Produced | None = None) -> None:
         self.client_reader, self.client_writer = client
         self.upstream_reader, self.upstream_writer = upstream
         self.secrets = secrets  # all of the sandbox's: any of them is scrubbed from any answer
         self.bound = bound(secrets, host)  # those put into requests to this host
         self.timeout = timeout
         self.sent_up, self.sent_down = sent_up, sent_down
-        self.injection = Injection(self.bound)
+        self.produced = produced if produced is not None else Produced()  # the sandbox's, across connections
+        self.injection = Injection(self.bound, self.produced)
         self.scrub = Scrubber(secrets)
         self.used: set[str] = set()  # names of the secrets put into requests so far
         self.responded = False  # the client has bytes of this answer: a failure can only close the connection
+        self._raw_head = b""  # the last answer head as it came, for words about what is wrong with it
         # Set where both ends are plain sockets: copies a request body no secret goes into socket to socket.
         self.copy_body: Callable[[Framing], Awaitable[None]] | None = None
 
     async def exchange(self, head: Head, body: Framing, path: str, authority: str, *, keep_upstream: bool) -> Exchange:
         """Send `head` (origin-form `path`, `authority` as Host) and its body upstream, then relay the answer."""
-        self.injection, self.scrub, self.responded = Injection(self.bound), Scrubber(self.secrets), False
+        self.injection, self.responded = Injection(self.bound, self.produced), False
         try:
             return await self._exchange(head, body, path, authority, keep_upstream=keep_upstream)
         finally:
@@ -91,8 +116,13 @@ class Rewriter:
         skip = HOP_BY_HOP | named | {"host", "accept-encoding", "expect"}
         if data is not None:
             skip |= {"content-length", "transfer-encoding"}
-        headers = [(k, self.injection.header(k, v)) for k, v in head.headers
-                   if k.lower() not in skip and not k.lower().startswith("proxy-")]
+        try:
+            headers = [(k, self.injection.header(k, v)) for k, v in head.headers
+                       if k.lower() not in skip and not k.lower().startswith("proxy-")]
+        except FormsFull:
+            raise Refusal(403, f"Corral egress: this sandbox has had the proxy build {MAX_FORMS} different Basic "
+                               "credentials with secrets in them, the most it keeps (it scrubs each from every "
+                               "answer); use one of those again", "secret forms limit") from None
         lines = [f"{method} {self.injection.text(path)} {version}", f"Host: {authority}",
                  *(f"{k}: {v}" for k, v in headers), "Accept-Encoding: identity",
                  "Connection: " + ("keep-alive" if keep else "close")]
@@ -114,6 +144,8 @@ class Rewriter:
         return self.injection.body(b"".join(parts))
 
     async def _response(self, request: Head, keep_upstream: bool) -> Exchange:
+        # Made now, after the request's head: it scrubs the forms this request's credentials were given too.
+        self.scrub = Scrubber(self.secrets, self.produced.pairs())
         while True:
             response = await self._read_head()
             status = int(response.start[1])
@@ -124,8 +156,8 @@ class Rewriter:
                 break
             await self._to_client(self._client_head(response, chunked=False, close=False))  # 1xx: passes on
         no_body = request.start[0] == "HEAD" or status in (204, 304)
-        frame = Framing(0) if no_body else _response_framing(response)
-        decode = None if no_body else _decoder(response)
+        frame = Framing(0) if no_body else self._framing(response)
+        decode = None if no_body else self._decoder(response)
         client_keeps = request.start[2] == "HTTP/1.1" and "close" not in request.tokens("connection")
         chunked = not no_body and client_keeps
         upstream_keeps = keep_upstream and not frame.until_close and "close" not in response.tokens("connection")
@@ -142,8 +174,8 @@ class Rewriter:
                 await self._to_client(b"".join([b"%x\r\n" % size, *parts, b"\r\n"] if chunked else parts))
 
         async for piece in _body(self.upstream_reader, frame, self.timeout):
-            await out(self.scrub.feed_parts(decode.decompress(piece) if decode is not None else piece))
-        await out(self.scrub.feed_parts(decode.flush()) if decode is not None else [])
+            await out(self.scrub.feed_parts(_inflate(decode, piece) if decode is not None else piece))
+        await out(self.scrub.feed_parts(_inflate(decode, None)) if decode is not None else [])
         await out([self.scrub.flush()])
         if chunked:
             await self._to_client(b"0\r\n\r\n")
@@ -152,8 +184,14 @@ class Rewriter:
         drop = HOP_BY_HOP | response.tokens("connection") | {"transfer-encoding"}
         if rewritten:  # the body is re-framed (and decompressed): its old length and coding no longer hold
             drop |= {"content-length", "content-encoding"}
-        lines = [" ".join(response.start).rstrip(),
-                 *(f"{k}: {self.scrub.text(v)}" for k, v in response.headers if k.lower() not in drop)]
+        version, status, reason = response.start
+        text = self.scrub.text
+        lines = [f"{version} {status} {text(reason)}".rstrip(),
+                 *(f"{text(k)}: {text(v)}" for k, v in response.headers if k.lower() not in drop)]
+        if self.scrub.straddles("\r\n".join(lines).encode("latin-1")):
+            raise Refusal(502, "Corral egress: the server's answer head holds a secret's value across two of its "
+                               "parts (status, a header's name and value), where it cannot be replaced",
+                          "bad upstream response")
         if chunked:
             lines.append("Transfer-Encoding: chunked")
         if close:
@@ -161,15 +199,56 @@ class Rewriter:
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
     async def _read_head(self) -> Head:
+        raw = b""
         try:
             async with asyncio.timeout(self.timeout):
                 raw = await self.upstream_reader.readuntil(b"\r\n\r\n")
             if len(raw) > MAX_HEAD:
                 raise HeadTooLarge
-            return parse_response(raw)
+            head = parse_response(raw)
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, HeadTooLarge, BadMessage) as exc:
-            raise Refusal(502, f"Corral egress: bad response from the server: {_why(exc)}",
-                          "bad upstream response") from None
+            raise _bad_upstream(self._fault(raw) if isinstance(exc, BadMessage) else _why(exc)) from None
+        self._raw_head = raw
+        return head
+
+    def _fault(self, raw: bytes) -> str:
+        """What is wrong with a head, in words made from its scrubbed bytes: the words quote the head, cut short to
+        fit a status line, and a value cut short would no longer be found in them."""
+        try:
+            framing(parse_response(self.scrub.replace(raw)), request=False)
+        except BadMessage as exc:
+            return str(exc)
+        return "a malformed head"  # only a value made it malformed: nothing to quote
+
+    def _framing(self, response: Head) -> Framing:
+        """How the answer's body ends; a transfer-coding other than chunked is refused (the module's docstring)."""
+        codings = [t.strip().lower() for v in response.get_all("transfer-encoding") for t in v.split(",")]
+        if codings and (codings != ["chunked"] or response.start[0] != "HTTP/1.1"):
+            shown = self._shown(", ".join(response.get_all("transfer-encoding")), 60)
+            raise _bad_upstream(f"the server answered {response.start[0]} with Transfer-Encoding {shown}, which the "
+                                "proxy cannot check for secrets; answers from a host with secrets may only be "
+                                "chunked (HTTP/1.1) or not transfer-coded")
+        try:
+            return framing(response, request=False)
+        except BadMessage:
+            raise _bad_upstream(self._fault(self._raw_head)) from None
+
+    def _decoder(self, response: Head) -> zlib._Decompress | None:
+        """A decompressor for the answer's Content-Encoding; a value hidden in compressed bytes could not be found."""
+        values = response.get_all("content-encoding")
+        codings = [c for c in (t.strip().lower() for v in values for t in v.split(",")) if c and c != "identity"]
+        if not codings:
+            return None
+        if codings in (["gzip"], ["x-gzip"]):
+            return zlib.decompressobj(16 + zlib.MAX_WBITS)
+        if codings == ["deflate"]:
+            return zlib.decompressobj(32 + zlib.MAX_WBITS)  # zlib-wrapped, as RFC 9110 says deflate is
+        raise _bad_upstream(f"the server answered with Content-Encoding {self._shown(', '.join(values), 60)}, which "
+                            "the proxy cannot check for secrets; only identity, gzip and deflate are passed on")
+
+    def _shown(self, text: str, limit: int) -> str:
+        """The server's text in a refusal the sandbox reads: scrubbed first, then cut to fit."""
+        return safe_text(self.scrub.text(text), limit)
 
     async def _to_client(self, data: bytes) -> None:
         self.responded = True
@@ -208,26 +287,16 @@ def _too_large() -> Refusal:
                         f"is larger than {BODY_MAX} bytes", "bad request")
 
 
-def _response_framing(response: Head) -> Framing:
+def _bad_upstream(why: str) -> Refusal:
+    return Refusal(502, f"Corral egress: bad response from the server: {why}", "bad upstream response")
+
+
+def _inflate(decode: zlib._Decompress, data: bytes | None) -> bytes:
+    """`data` decompressed (None: the end); a corrupt stream is a bad message, not this process's failure."""
     try:
-        return framing(response, request=False)
-    except BadMessage as exc:
-        raise Refusal(502, f"Corral egress: bad response from the server: {exc}", "bad upstream response") from None
-
-
-def _decoder(response: Head) -> zlib._Decompress | None:
-    """A decompressor for the answer's Content-Encoding; a value hidden in compressed bytes could not be found."""
-    codings = [c for c in (t.strip().lower() for v in response.get_all("content-encoding") for t in v.split(","))
-               if c and c != "identity"]
-    if not codings:
-        return None
-    if codings in (["gzip"], ["x-gzip"]):
-        return zlib.decompressobj(16 + zlib.MAX_WBITS)
-    if codings == ["deflate"]:
-        return zlib.decompressobj(32 + zlib.MAX_WBITS)  # zlib-wrapped, as RFC 9110 says deflate is
-    raise Refusal(502, f"Corral egress: the server answered with Content-Encoding {', '.join(codings)}, which the "
-                       "proxy cannot check for secrets; only identity, gzip and deflate are passed on",
-                  "bad upstream response")
+        return decode.flush() if data is None else decode.decompress(data)
+    except zlib.error:
+        raise BadMessage("the compressed body is corrupt") from None
 
 
 async def _body(reader: asyncio.StreamReader, frame: Framing, timeout: float) -> AsyncIterator[bytes]:
@@ -260,7 +329,7 @@ async def _chunks(reader: asyncio.StreamReader, timeout: float) -> AsyncIterator
         try:
             size = int(size_text, 16)
         except ValueError:
-            raise BadMessage(f"malformed chunk size {size_text[:20]!r}") from None
+            raise BadMessage("malformed chunk size") from None  # not quoted: the line may hold a value
         if size == 0:
             async with asyncio.timeout(timeout):
                 while await reader.readuntil(b"\r\n") != b"\r\n":

@@ -5,8 +5,11 @@ A sandbox holds a `placeholder` per secret (`corral-secret-<32 hex>`, unique to 
 In a request to a host the secret is bound to, the proxy replaces the placeholder by the value in the request
 line and headers (also inside `Authorization: Basic`, whose credentials are base64) and, when the secret opts in,
 in the body. In every answer from an intercepted host, each value of the sandbox's secrets (verbatim or
-percent-encoded) goes back to its placeholder, so a server that echoes a request cannot hand the value to the
-sandbox. Requests to other hosts are never rewritten: they carry the placeholder.
+percent-encoded) goes back to its placeholder, and so does every encoded form of a value the proxy itself made
+(the Basic credentials it encoded again, verbatim or percent-encoded: `Produced`), so a server that echoes a
+request cannot hand the value to the sandbox. Requests to other hosts are never rewritten: they carry the
+placeholder. Forms the proxy did not make (a value base64-encoded with other bytes, hex, JSON escapes) are not
+recognised: docs/secrets.md, "Limits".
 """
 
 from __future__ import annotations
@@ -15,13 +18,15 @@ import base64
 import re
 import secrets
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["BODY_MAX", "PLACEHOLDER", "Injection", "Scrubber", "SecretBinding", "new_placeholder"]
+__all__ = ["BODY_MAX", "MAX_FORMS", "PLACEHOLDER", "FormsFull", "Injection", "Produced", "Scrubber", "SecretBinding",
+           "new_placeholder"]
 
 PLACEHOLDER = re.compile(r"corral-secret-[0-9a-f]{32}")
 BODY_MAX = 8 * 1024 * 1024  # a request body rewritten for a secret is read whole: bounded
+MAX_FORMS = 64  # distinct Basic credentials with secrets one sandbox may have the proxy build
 
 
 def new_placeholder() -> str:
@@ -47,11 +52,42 @@ def bound(bindings: Iterable[SecretBinding], host: str) -> tuple[SecretBinding, 
     return tuple(b for b in bindings if b.binds(host))
 
 
-class Injection:
-    """The placeholders of the secrets bound to one host, replaced in one request; `used` names those that were."""
+class FormsFull(Exception):
+    """A sandbox asked for one more encoded form than `Produced` keeps."""
 
-    def __init__(self, bindings: tuple[SecretBinding, ...]) -> None:
+
+class Produced:
+    """The encoded forms of values the proxy made for one sandbox (Basic credentials, base64 again after the
+    placeholders were replaced), each with the form the sandbox sent: answers get the sandbox's form back.
+
+    Kept for as long as the proxy serves the sandbox, not per request: a server may hand back later, on another
+    connection, what a request brought. So that one cannot be pushed out by others, the set is bounded by refusing
+    (`FormsFull`, at `MAX_FORMS`), never by forgetting."""
+
+    def __init__(self) -> None:
+        self._forms: dict[str, str] = {}
+
+    def add(self, made: str, sent: str) -> None:
+        if made not in self._forms and len(self._forms) >= MAX_FORMS:
+            raise FormsFull(made)
+        self._forms[made] = sent
+
+    def pairs(self) -> dict[bytes, bytes]:
+        """Each form made and its percent-encoding (base64's '+', '/' and '=' are escaped in URLs) -> the sent one."""
+        pairs: dict[bytes, bytes] = {}
+        for made, sent in self._forms.items():
+            pairs[made.encode()] = sent.encode()
+            pairs[urllib.parse.quote(made, safe="").encode()] = urllib.parse.quote(sent, safe="").encode()
+        return pairs
+
+
+class Injection:
+    """The placeholders of the secrets bound to one host, replaced in one request; `used` names those that were.
+    The encoded forms it makes go into `produced`."""
+
+    def __init__(self, bindings: tuple[SecretBinding, ...], produced: Produced | None = None) -> None:
         self.bindings = bindings
+        self.produced = produced if produced is not None else Produced()
         self.used: set[str] = set()
 
     def text(self, text: str) -> str:
@@ -75,7 +111,9 @@ class Injection:
                     return self.text(value)
                 replaced = self.text(decoded)
                 if replaced != decoded:
-                    return f"{scheme} {base64.b64encode(replaced.encode('latin-1')).decode()}"
+                    made = base64.b64encode(replaced.encode("latin-1")).decode()
+                    self.produced.add(made, credentials.strip())
+                    return f"{scheme} {made}"
         return self.text(value)
 
     def body(self, data: bytes) -> bytes:
@@ -97,10 +135,12 @@ class Scrubber:
     Each read is first searched for each value as a plain substring (`in`: several GB/s, where the alternation
     regex over all values runs at ~1 GB/s for one secret and ~130 MB/s for three); only the values found there go
     into a regex, which then finds their leftmost-longest occurrences exactly as one over all values would (a
-    value absent from the buffer matches nowhere in it)."""
+    value absent from the buffer matches nowhere in it).
 
-    def __init__(self, bindings: Iterable[SecretBinding]) -> None:
-        pairs: dict[bytes, bytes] = {}
+    `forms`: more forms to replace, each by its own replacement (`Produced.pairs`)."""
+
+    def __init__(self, bindings: Iterable[SecretBinding], forms: Mapping[bytes, bytes] | None = None) -> None:
+        pairs: dict[bytes, bytes] = dict(forms or {})
         for b in bindings:
             pairs[b.value.encode()] = b.placeholder.encode()
             pairs[urllib.parse.quote(b.value, safe="").encode()] = b.placeholder.encode()
@@ -109,6 +149,7 @@ class Scrubber:
         self._patterns: dict[tuple[bytes, ...], re.Pattern[bytes]] = {}
         self._pattern = self._compile(tuple(self._ordered)) if self._ordered else None
         self._keep = max((len(p) for p in self._ordered), default=1) - 1
+        self._spaced = tuple(p for p in self._ordered if b" " in p)
         self._pending = b""
         self.hits = 0
 
@@ -119,8 +160,17 @@ class Scrubber:
         return pattern
 
     def text(self, text: str) -> str:
-        """A header value (latin-1 text)."""
+        """A piece of a head (latin-1 text): the reason phrase, a header's name or value."""
         return self._replace(text.encode("latin-1")).decode("latin-1")
+
+    def replace(self, data: bytes) -> bytes:
+        """Bytes complete in themselves (a whole head), not part of the stream `feed` scrubs."""
+        return self._replace(data)
+
+    def straddles(self, head: bytes) -> bool:
+        """Whether a value shows in a head assembled from pieces `text` scrubbed one by one. Pieces are joined with
+        ' ', ': ' and CRLF, and no value holds CR or LF, so only a value with a space can span two of them."""
+        return any(p in head for p in self._spaced)
 
     def feed(self, data: bytes) -> bytes:
         return b"".join(self.feed_parts(data))

@@ -13,6 +13,7 @@ from ._code import (
     normalize_language,
 )
 from ._engine import Engine
+from ._exec_options import ExecOptions
 from ._models import (
     DEFAULT_FILE_ROOTS,
     Entry,
@@ -46,6 +47,7 @@ __all__ = [
     "CodeSession",
     "Engine",
     "Entry",
+    "ExecOptions",
     "ExecResult",
     "Files",
     "Limits",

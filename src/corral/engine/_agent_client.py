@@ -17,7 +17,7 @@ import contextlib
 import socket
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import IO, Any, TypeVar
 
 from .._exceptions import AgentError, CorralError, error_from_code
@@ -26,6 +26,7 @@ from ..agent import protocol
 from ..agent.processes import DEFAULT_MAX_OUTPUT, OutputBuffer
 from ..backends import Endpoint, UnixEndpoint
 from ._code import CodeResult, CodeSession, ResultCallback, RichResult, code_result, code_session, rich_result
+from ._exec_options import ExecOptions
 from ._models import (
     Entry,
     ExecResult,
@@ -34,7 +35,6 @@ from ._models import (
     ProcessInfo,
     ProcessRef,
     ProcessSelector,
-    PtySize,
     WatchEvent,
 )
 
@@ -335,84 +335,66 @@ class AgentClient:
 
     # -- processes -------------------------------------------------------------------------------
 
-    async def exec(
-        self,
-        cmd: str | list[str],
-        *,
-        cwd: str | None = None,
-        env: dict[str, str] | None = None,
-        stdin: Source | None = None,
-        timeout: float | None = None,
-        max_output: int | None = None,
-        on_stdout: OutputCallback | None = None,
-        on_stderr: OutputCallback | None = None,
-        on_start: StartCallback | None = None,
-        cmd_env: dict[str, str] | None = None,
-        tag: str | None = None,
-    ) -> ExecResult:
-        """Run `cmd` in the foreground: hanging up (cancelling) kills its tree. `env` goes over the agent's base
-        environment, `cmd_env` (the command's own, what `ps` shows) over that."""
-        args = {"cmd": cmd, "cwd": cwd, "env": env, "timeout": timeout, "max_output": max_output,
-                "stdin": stdin is not None, **_optional(cmd_env=cmd_env, tag=tag)}
-        async with self._op("exec", **args) as conn:
+    async def exec(self, cmd: str | list[str], *, cwd: str | None = None, env: dict[str, str] | None = None,
+                   stdin: bytes | None = None, timeout: float | None = None, max_output: int | None = None,
+                   on_stdout: OutputCallback | None = None, on_stderr: OutputCallback | None = None,
+                   on_start: StartCallback | None = None, cmd_env: dict[str, str] | None = None,
+                   tag: str | None = None) -> ExecResult:
+        """`run` for a Python caller: `cmd` in the foreground, `env` over the agent's base environment, `cmd_env`
+        (the command's own, what `ps` shows) over that."""
+        options = ExecOptions(cmd, cwd=cwd, env=cmd_env or {}, timeout=timeout, max_output=max_output, stdin=stdin,
+                              tag=tag)
+        return await self.run(options, env, on_stdout=on_stdout, on_stderr=on_stderr, on_start=on_start)
+
+    async def run(self, options: ExecOptions, env: dict[str, str] | None, *, on_stdout: OutputCallback | None = None,
+                  on_stderr: OutputCallback | None = None, on_start: StartCallback | None = None) -> ExecResult:
+        """Run a command over the sandbox's environment `env`: `on_start(id, pid)` first, then every byte of its
+        output as produced, then its result.
+
+        In the foreground, hanging up (cancelling) kills its tree. A `detached` one is a background process that
+        this call follows (a terminal's output is stdout; the result's output is bounded as a foreground
+        command's): hanging up only stops following, and the process goes on. `stdin` is written after the start,
+        then closed (a detached command's stays open with `keep_stdin`, for `send_stdin`; a terminal's input
+        always is)."""
+        async with self._op("exec", **options.request(env)) as conn:
             started = await conn.event()
             if on_start is not None:
                 await _call_start(on_start, started)
             feeder = None
-            if stdin is not None:
-                feeder = asyncio.create_task(_feed_stdin(conn, stdin))
+            if options.stdin is not None:
+                feeder = asyncio.create_task(self._stdin_of(options, conn, started))
             try:
-                result = await _collect(conn, on_stdout, on_stderr)
-                assert result is not None  # only `wait` may see a running process
-                return result
-            finally:
-                if feeder is not None:
-                    feeder.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, OSError, CorralError):
-                        await feeder
-
-    async def start(self, cmd: str | list[str], *, cwd: str | None = None, env: dict[str, str] | None = None,
-                    timeout: float | None = None, max_output: int | None = None,
-                    stdin: bool = False, cmd_env: dict[str, str] | None = None, tag: str | None = None,
-                    pty: PtySize | None = None) -> ProcessInfo:
-        args = {"cmd": cmd, "cwd": cwd, "env": env, "timeout": timeout, "max_output": max_output,
-                "stdin": stdin, "background": True, **_optional(cmd_env=cmd_env, tag=tag, pty=_pty(pty))}
-        async with self._op("exec", **args) as conn:
-            ev = await conn.event()
-        argv = cmd if isinstance(cmd, list) else ["/bin/bash", "-lc", cmd]
-        return ProcessInfo(id=str(ev["id"]), pid=int(ev["pid"]), argv=argv, running=True, pty=pty is not None,
-                           tag=tag, env=dict(cmd_env or {}))
-
-    async def exec_detached(self, cmd: str | list[str], *, cwd: str | None = None,
-                            env: dict[str, str] | None = None, cmd_env: dict[str, str] | None = None,
-                            stdin: Source | None = None, keep_stdin: bool = False, timeout: float | None = None,
-                            max_output: int | None = None, tag: str | None = None, pty: PtySize | None = None,
-                            on_start: StartCallback | None = None, on_stdout: OutputCallback | None = None,
-                            on_stderr: OutputCallback | None = None) -> ExecResult:
-        """Start `cmd` as a background process and follow it from this call: `on_start(id, pid)` first, then
-        every byte of its output as produced (a terminal's is stdout), then its result, whose output is bounded
-        as a foreground command's. Hanging up (cancelling) only stops following: the process goes on.
-
-        `stdin` is written after the start, then closed unless `keep_stdin` (a terminal's input never is);
-        with `keep_stdin` alone it stays open for `send_stdin`. A terminal's input is always open."""
-        args = {"cmd": cmd, "cwd": cwd, "env": env, "timeout": timeout, "max_output": max_output,
-                "stdin": stdin is not None or keep_stdin, "background": True, "stream": True,
-                **_optional(cmd_env=cmd_env, tag=tag, pty=_pty(pty))}
-        async with self._op("exec", **args) as conn:
-            started = await conn.event()
-            if on_start is not None:
-                await _call_start(on_start, started)
-            feeder = None
-            if stdin is not None:
-                ref = ProcessRef(id=str(started["id"]))
-                feeder = asyncio.create_task(self._feed(ref, stdin, eof=not keep_stdin and pty is None))
-            try:
+                if not options.detached:
+                    result = await _collect(conn, on_stdout, on_stderr)
+                    assert result is not None  # only `wait` may see a running process
+                    return result
                 return await _follow(conn, on_stdout, on_stderr, int(started["max_output"]))
             finally:
                 if feeder is not None:
                     feeder.cancel()
                     with contextlib.suppress(asyncio.CancelledError, OSError, CorralError):
                         await feeder
+
+    async def launch(self, options: ExecOptions, env: dict[str, str] | None) -> ProcessInfo:
+        """Start a background process (`options` as for a detached `run`) and leave it running; its `stdin`, if
+        any, is written before this returns."""
+        options = replace(options, detached=True)
+        async with self._op("exec", **options.request(env, follow=False)) as conn:
+            ev = await conn.event()
+        argv = options.cmd if isinstance(options.cmd, list) else ["/bin/bash", "-lc", options.cmd]
+        info = ProcessInfo(id=str(ev["id"]), pid=int(ev["pid"]), argv=argv, running=True,
+                           pty=options.pty is not None, tag=options.tag, env=dict(options.env))
+        if options.stdin is not None:
+            await self._feed(ProcessRef(id=info.id), options.stdin, eof=_stdin_eof(options))
+        return info
+
+    async def _stdin_of(self, options: ExecOptions, conn: _Conn, started: dict[str, Any]) -> None:
+        """A command's stdin: on its own connection (a foreground one's), or fed to the process by id."""
+        assert options.stdin is not None
+        if options.detached:
+            await self._feed(ProcessRef(id=str(started["id"])), options.stdin, eof=_stdin_eof(options))
+        else:
+            await _feed_stdin(conn, options.stdin)
 
     async def _feed(self, ref: ProcessRef, data: Source, *, eof: bool) -> None:
         async with self._op("stdin", **ref.selector(), eof=eof) as conn:
@@ -816,13 +798,14 @@ async def _call_start(cb: StartCallback, started: dict[str, Any]) -> None:
         await res
 
 
+def _stdin_eof(options: ExecOptions) -> bool:
+    """Whether a background process's stdin closes once `options.stdin` is written (a terminal's never does)."""
+    return not options.keep_stdin and options.pty is None
+
+
 def _optional(**fields: Any) -> dict[str, Any]:
     """Request fields worth sending: older requests stay byte-for-byte what they were."""
     return {key: value for key, value in fields.items() if value is not None}
-
-
-def _pty(size: PtySize | None) -> dict[str, int] | None:
-    return None if size is None else {"rows": size.rows, "cols": size.cols}
 
 
 async def _call(cb: OutputCallback, data: bytes) -> None:

@@ -302,6 +302,30 @@ class Runtime:
 
     # -- after a restart ----------------------------------------------------------------------------------
 
+    async def _agree(self, sb: LiveSandbox) -> None:
+        """Make a sandbox found running agree with its record, the store's word: a server killed between a
+        backend's pause (or resume, or stop) and the store's write left the two apart. Frozen or not as recorded;
+        one recorded as paused to disk that still runs is paused to disk now (its /tmp saved first)."""
+        frozen = await self.backend.frozen(sb.record)
+        to_disk = sb.paused_to_disk
+        wanted = sb.state
+        if to_disk or wanted is SandboxState.RUNNING:
+            if frozen:
+                await self.backend.resume(sb.record)
+                logger.info("sandbox.thawed_as_recorded", extra={"sandbox": sb.id})
+            sb.state, sb.paused_to_disk = SandboxState.RUNNING, False
+            await self.attachment.attach(sb.id, sb.record, sb.spec)
+            if to_disk:
+                logger.info("sandbox.stopped_as_recorded", extra={"sandbox": sb.id})
+                async with sb.lock:
+                    await self.pause_to_disk(sb)
+            return
+        if not frozen:
+            await self.backend.pause(sb.record)
+            logger.info("sandbox.frozen_as_recorded", extra={"sandbox": sb.id})
+        sb.agent.freeze()  # calls wait for a resume rather than take its silence for a wedged agent
+        await self.attachment.attach(sb.id, sb.record, sb.spec)
+
     async def recover(self, adopt: Mapping[str, Adoption]) -> None:
         """Reattach to the sandboxes the store says are live (`adopt`) and the backend still has; have the
         backend sweep the rest (half-created, dead, ended, old pool members); forget their state files. Expired
@@ -312,8 +336,8 @@ class Runtime:
         for path, data in self.records.entries():
             adoption = adopt.get(path.stem)
             sb = None if data is None or adoption is None else self.records.load(data, adoption)
-            if sb is not None and sb.paused_to_disk:  # asleep: nothing runs to check
-                await self.backend.adopt(sb.record)
+            if sb is not None and sb.paused_to_disk and not await self.backend.alive(sb.record):
+                await self.backend.adopt(sb.record)  # asleep, as recorded: nothing runs to check
                 self.sandboxes[sb.id] = sb
                 known.add(sb.id)
                 logger.info("sandbox.kept_paused", extra={"sandbox": sb.id})
@@ -322,12 +346,14 @@ class Runtime:
                 stale.append(path)
                 continue
             await self.backend.adopt(sb.record)
-            if sb.state is SandboxState.PAUSED:
-                sb.agent.freeze()  # calls wait for a resume rather than take its silence for a wedged agent
             self.sandboxes[sb.id] = sb
-            await self.attachment.attach(sb.id, sb.record, sb.spec)
             known.add(sb.id)
-            logger.info("sandbox.reattached", extra={"sandbox": sb.id})
+            try:
+                await self._agree(sb)
+            except Exception:  # one sandbox's repair must not keep the server from starting: said, left as found
+                logger.warning("sandbox.disagrees", exc_info=True, extra={"sandbox": sb.id})
+            logger.info("sandbox.reattached", extra={"sandbox": sb.id, "state": sb.state.value,
+                                                     "paused_to_disk": sb.paused_to_disk})
         for sid in await self.backend.sweep(known):
             logger.info("sandbox.swept", extra={"sandbox": sid})
         self.records.clean(stale, known)

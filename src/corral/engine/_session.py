@@ -14,42 +14,28 @@ import contextlib
 import socket
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .._exceptions import ConflictError, InvalidRequestError, NotFoundError
-from ..backends._spec import check_user
+from .._paths import WORKSPACE, sandbox_path
+from .._users import check_user
 from ._agent_client import AgentClient, OutputCallback, PtySession, Source, StartCallback, WatchStream
 from ._code import CodeResult, CodeSession, ResultCallback
 from ._environment import code_with_oom, may_be_oom, with_denials, with_oom
+from ._exec_options import ExecOptions
 from ._models import Entry, ExecResult, ProcessInfo, ProcessSelector, PtySize, SandboxInfo, SandboxState, WatchEvent
 from ._sandbox import LiveSandbox
 
 if TYPE_CHECKING:
-    from ..backends import SnapshotArtifact
-    from ._engine import Engine
-
-WORKSPACE = "/workspace"
-
-
-def sandbox_path(path: str) -> str:
-    """Relative paths resolve against /workspace; the agent validates the rest (NUL, encoding)."""
-    if not isinstance(path, str):
-        raise InvalidRequestError("path must be a string")
-    if "\x00" in path:
-        raise InvalidRequestError("path contains a NUL byte")
-    try:
-        path.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidRequestError("path is not valid UTF-8") from exc
-    if not path:
-        raise InvalidRequestError("path is empty")
-    return path if path.startswith("/") else f"{WORKSPACE}/{path}"
+    from ..backends import Backend, SnapshotArtifact
+    from ._egress_attach import EgressAttachment
+    from ._models import SandboxSpec
 
 
 class SandboxSession:
     """One sandbox: `exec`, `run_code`, `files`, `processes`, `pty`, `open_port`, `pause`/`resume`, `destroy`."""
 
-    def __init__(self, engine: Engine, sb: LiveSandbox) -> None:
+    def __init__(self, engine: SessionHost, sb: LiveSandbox) -> None:
         self._engine = engine
         self._sb = sb
         self.id = sb.id
@@ -92,37 +78,36 @@ class SandboxSession:
     # -- commands -----------------------------------------------------------------------------------------
 
     async def exec(self, cmd: str | builtins.list[str], *, cwd: str | None = None, env: dict[str, str] | None = None,
-                   stdin: Source | None = None, timeout: float | None = None, max_output: int | None = None,
+                   stdin: bytes | None = None, timeout: float | None = None, max_output: int | None = None,
                    on_stdout: OutputCallback | None = None, on_stderr: OutputCallback | None = None,
                    on_start: StartCallback | None = None, detached: bool = False, tag: str | None = None,
                    pty: PtySize | None = None, keep_stdin: bool = False, user: str | None = None) -> ExecResult:
-        """Run a shell string (`bash -lc`) or an argv list. Never raises for exit codes, timeouts or OOM.
+        """`run` for a Python caller: the options (`ExecOptions`, the user checked here) and the callbacks."""
+        options = ExecOptions(cmd, cwd=cwd, env=env or {}, stdin=stdin, timeout=timeout, max_output=max_output,
+                              detached=detached, tag=tag, pty=pty, keep_stdin=keep_stdin, user=check_user(user))
+        return await self.run(options, on_stdout=on_stdout, on_stderr=on_stderr, on_start=on_start)
 
-        `env` is the command's own, over the sandbox's (and never seen by a later command); `on_start(id, pid)`
-        comes before any output; `tag` names the process while it runs (unique: `ConflictError`). `user`: who
-        runs it, None the sandbox user, "root" only in a sandbox created with root (`PermissionDeniedError`).
-        `detached`: the command is a background process that this call follows: cancelling the call only stops
-        following, and the process goes on, listed and addressable by id, pid or tag (E2B runs every command
-        so). Only a detached command may run in a terminal (`pty`: its output is stdout) or `keep_stdin` open
-        for `processes.send_stdin`."""
-        if not detached and (pty is not None or keep_stdin):
+    async def run(self, options: ExecOptions, *, on_stdout: OutputCallback | None = None,
+                  on_stderr: OutputCallback | None = None, on_start: StartCallback | None = None) -> ExecResult:
+        """Run a command (`ExecOptions`: a shell string or argv, and how). Never raises for exit codes, timeouts
+        or OOM; its result names any egress refusals while it ran.
+
+        `on_start(id, pid)` comes before any output; `options.tag` names the process while it runs (unique:
+        `ConflictError`); `options.user` acts only in a sandbox created with root (`PermissionDeniedError`).
+        `options.detached`: the command is a background process that this call follows: cancelling the call only
+        stops following, and the process goes on, listed and addressable by id, pid or tag (E2B runs every
+        command so). Only a detached command may run in a terminal (`pty`: its output is stdout) or keep its
+        stdin open (`keep_stdin`) for `processes.send_stdin`."""
+        if not options.detached and (options.pty is not None or options.keep_stdin):
             raise InvalidRequestError("pty and keep_stdin need a detached command (a terminal bound to its caller "
                                       "is SandboxSession.pty)")
         sb = self.running()
-        agent = sb.agent.as_user(check_user(user))
+        agent = sb.agent.as_user(options.user)
         backend = self._engine.backend
         before = await backend.oom_kills(sb.record)
         started = time.time()
-        sandbox_env = self._engine.attachment.env(sb)
-        if detached:
-            result = await agent.exec_detached(
-                cmd, cwd=cwd, env=sandbox_env, cmd_env=env or None, stdin=stdin, keep_stdin=keep_stdin,
-                timeout=timeout, max_output=max_output, tag=tag, pty=pty, on_start=on_start, on_stdout=on_stdout,
-                on_stderr=on_stderr)
-        else:
-            result = await agent.exec(cmd, cwd=cwd, env=sandbox_env, cmd_env=env or None, stdin=stdin,
-                                      timeout=timeout, max_output=max_output, on_stdout=on_stdout,
-                                      on_stderr=on_stderr, on_start=on_start, tag=tag)
+        result = await agent.run(options, self._engine.attachment.env(sb), on_stdout=on_stdout, on_stderr=on_stderr,
+                                 on_start=on_start)
         after = await backend.oom_kills(sb.record) if may_be_oom(result) else None
         result = with_oom(result, before, after)
         return with_denials(result, await self._engine.attachment.denials(sb.id, started))
@@ -213,6 +198,9 @@ class SandboxSession:
 
 class Files:
     """File operations, resolved inside the sandbox.
+
+    Paths are `SandboxPath`s, checked by the front end that received them, or plain strings from a Python caller,
+    checked here by the same check (`corral._paths.sandbox_path`; relative ones resolve in /workspace).
 
     `roots`: the directories they may touch, if the caller holds them (the service: the sandbox's store record);
     None: the spec the engine created the sandbox with. `user`: who opens the files (the kernel checks each path
@@ -316,11 +304,17 @@ class Processes:
                     env: dict[str, str] | None = None, timeout: float | None = None, max_output: int | None = None,
                     stdin: bool = False, tag: str | None = None, pty: PtySize | None = None,
                     user: str | None = None) -> ProcessInfo:
-        """Start `cmd` in the background (in a terminal of size `pty`, if given; named `tag`, if given), as `user`
-        (None: the sandbox user; "root" only in a sandbox created with root)."""
-        return await self._session.agent(check_user(user)).start(
-            cmd, cwd=cwd, env=self._session.env(), cmd_env=env or None, timeout=timeout,
-            max_output=max_output, stdin=stdin, tag=tag, pty=pty)
+        """`launch` for a Python caller: `stdin` keeps the process's stdin open for `send_stdin` (the user is
+        checked here)."""
+        return await self.launch(ExecOptions(cmd, cwd=cwd, env=env or {}, timeout=timeout, max_output=max_output,
+                                             tag=tag, pty=pty, keep_stdin=stdin, user=check_user(user)))
+
+    async def launch(self, options: ExecOptions) -> ProcessInfo:
+        """Start a command in the background (in a terminal of size `options.pty`, if given; named
+        `options.tag`, if given), as `options.user`. Its `stdin` is written before this returns, then closed
+        unless `keep_stdin` (a terminal's input stays open)."""
+        agent = self._session.agent(options.user)
+        return await agent.launch(options, self._session.env())
 
     async def list(self) -> builtins.list[ProcessInfo]:
         return await self._agent().ps()
@@ -351,3 +345,28 @@ class Processes:
         """Follow the process to its end: the output kept so far (not with `replay=False`: only what comes
         after), then every new byte. Cancelling only detaches."""
         return await self._agent().attach(ref, on_stdout, on_stderr, replay=replay, on_start=on_start)
+
+
+class SessionHost(Protocol):
+    """What a session needs of the engine that made it (`Engine` is one): its backend, its egress attachment,
+    the lookup of a live sandbox, and the lifecycle calls the runtime carries out. A protocol, not the `Engine`
+    class, so the engine's modules import each other one way only."""
+
+    @property
+    def backend(self) -> Backend: ...
+
+    @property
+    def attachment(self) -> EgressAttachment: ...
+
+    def lookup(self, sandbox_id: str) -> LiveSandbox: ...
+
+    async def destroy(self, sandbox_id: str) -> None: ...
+
+    async def pause(self, sandbox_id: str, *, memory: bool = True) -> None: ...
+
+    async def resume(self, sandbox_id: str) -> None: ...
+
+    async def snapshot(self, sandbox_id: str, snapshot_id: str | None = None) -> SnapshotArtifact: ...
+
+    async def fork(self, sandbox_id: str, *, child_id: str | None = None,
+                   spec: SandboxSpec | None = None) -> SandboxSession: ...

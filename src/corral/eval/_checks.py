@@ -16,8 +16,8 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ._blob import Blob
 from ._outcome import Outcome
-from ._task import Blob
 
 __all__ = [
     "Check",

@@ -5,7 +5,9 @@ the sandbox reaches it only through an explicit allowance of that exact `ip:port
 docs/egress.md). `GET /blob/<kind>/<size>/<seed>` streams `Blob(kind, size, seed)` with its Content-Length and a
 `X-Blob-Sha256` header; a single `Range: bytes=a-b` is honoured with 206. `GET /echo/<anything>` answers with the
 request's headers as JSON (and its Authorization in `X-Echo-Authorization`) and keeps them in `echoes`: `corral
-check` item 38 sees what a secret's bound host received, and whether the echo reached the sandbox scrubbed.
+check` item 38 sees what a secret's bound host received, and whether the echo reached the sandbox scrubbed. For
+the same item, `GET /reflect/<anything>?<text>` answers with the text as its reason phrase and in a header's name
+(`X-<text>`), and `GET /gzip-te/<anything>?<text>` with the text gzipped under `Transfer-Encoding: gzip, chunked`.
 Anything else is a 404.
 
 Why the standard library: it is one GET route on loopback, run in a thread beside the asyncio runner.
@@ -13,15 +15,17 @@ Why the standard library: it is one GET route on loopback, run in a thread besid
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import threading
+import urllib.parse
 from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Self
 
-from ._task import Blob, blob_from_path
+from ._blob import Blob, blob_from_path
 
 __all__ = ["LoopbackServer"]
 
@@ -42,7 +46,28 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path.startswith("/echo/"):
             self._echo()
             return
+        if self.path.startswith(("/reflect/", "/gzip-te/")):
+            self._reflect(urllib.parse.unquote(self.path.partition("?")[2]))
+            return
         self._serve(body=True)
+
+    def _reflect(self, text: str) -> None:
+        """The request's query where a value must be scrubbed from too: the head outside header values, or a body
+        under a transfer-coding (which a proxy that scrubs must decode or refuse)."""
+        if not text.isprintable() or not text:
+            self._plain(400, b"a printable query is reflected\n")
+            return
+        if self.path.startswith("/reflect/"):
+            self.send_response(200, text)
+            self.send_header(f"X-{text}", "1")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        data = gzip.compress(text.encode())
+        self.send_response(200)
+        self.send_header("Transfer-Encoding", "gzip, chunked")
+        self.end_headers()
+        self.wfile.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(data), data))
 
     def _echo(self) -> None:
         headers = dict(self.headers.items())

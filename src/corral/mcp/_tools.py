@@ -15,6 +15,7 @@ import mcp_types as types
 from pydantic import BaseModel
 
 from .._exceptions import InvalidRequestError
+from .._paths import SandboxPath, sandbox_path
 from ..control import Principal
 from ..service import Cell, Command, CreateSandbox, Service
 from ._args import (
@@ -33,7 +34,6 @@ from ._results import code_result, command_result, entries_result, result, sandb
 __all__ = ["MAX_OUTPUT", "MAX_READ", "TOOLS", "Call", "Tool", "tool_named"]
 
 Args = TypeVar("Args", bound=BaseModel)
-WORKSPACE = "/workspace"
 MAX_READ = 8 * 2**20  # bytes read_file returns: a model cannot use more, and the answer is held in memory
 # Bytes of each output stream a command keeps (the middle of more is left out, and said so): about 30k tokens,
 # what a model can still read; a command with more output should write it to a file.
@@ -62,9 +62,10 @@ class Tool(Generic[Args]):
                           annotations=self.annotations)
 
 
-def _path(path: str) -> str:
-    """Only shaped here (the agent checks roots, `..`, NUL and symlinks): relative paths are under /workspace."""
-    return path if path.startswith("/") else f"{WORKSPACE}/{path}"
+def _path(path: str) -> SandboxPath:
+    """The one path check of every front end (the agent checks roots, `..` and symlinks): relative paths are under
+    /workspace; a bad one is the tool's error."""
+    return sandbox_path(path)
 
 
 # -- sandboxes -----------------------------------------------------------------------------------------------

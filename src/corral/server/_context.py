@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import urllib.parse
-from typing import Literal
 
 from fastapi import Request
 
 from .._exceptions import InvalidRequestError
+from .._paths import SandboxPath, sandbox_path
+from .._users import SandboxUser
 from ..service import Service
 
+# `SandboxUser` (a body's or query's `user`, checked by its model: the sandbox user when absent; "root" only in a
+# sandbox created with root, the service answers `permission_denied` elsewhere) and `sandbox_path`: the checks
+# of the REST edge, `corral._users` and `corral._paths` (docs/architecture.md, "Checked inputs").
 __all__ = ["SandboxUser", "query_param", "query_prefixed", "request_path", "sandbox_path", "service"]
 
-WORKSPACE = "/workspace"
-# Who a command or file operation acts as (docs/security.md): the sandbox user when absent; "root" only in a
-# sandbox created with root (the service answers `permission_denied` elsewhere).
-SandboxUser = Literal["user", "root"]
 
 def service(request: Request) -> Service:
     found: Service = request.app.state.corral
@@ -46,20 +46,6 @@ def query_prefixed(request: Request, prefix: str) -> dict[str, str]:
     return {k.removeprefix(prefix): v for k, v in pairs if k.startswith(prefix)}
 
 
-def sandbox_path(path: str | None, what: str = "path") -> str:
-    """Check a sandbox path (the agent checks roots, `..` and symlinks); relative ones resolve in /workspace."""
-    if path is None:
-        raise InvalidRequestError(f"{what} is required")
-    if "\x00" in path:
-        raise InvalidRequestError(f"{what} contains a NUL byte")
-    if not path:
-        raise InvalidRequestError(f"{what} is empty")
-    try:
-        path.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidRequestError(f"{what} is not valid UTF-8") from None
-    return path if path.startswith("/") else f"{WORKSPACE}/{path}"
-
-
-def request_path(request: Request, name: str = "path") -> str:
+def request_path(request: Request, name: str = "path") -> SandboxPath:
+    """The query parameter `name`, decoded strictly and checked as a sandbox path."""
     return sandbox_path(query_param(request, name), name)

@@ -34,7 +34,10 @@ def _decode_b64(value: object) -> object:
 Base64 = Annotated[bytes, BeforeValidator(_decode_b64)]  # a base64 string on the wire, its bytes in the model
 
 
-class ExecRequest(BaseModel):
+class CommandBody(BaseModel):
+    """A command's options as a request body names them (exec's and a background process's): checked by the
+    model, then built once into the service's `Command`."""
+
     model_config = ConfigDict(extra="forbid")
 
     cmd: str | list[str]
@@ -43,12 +46,15 @@ class ExecRequest(BaseModel):
     timeout: Duration | None = None
     max_output: Annotated[int, Field(gt=0, le=MAX_OUTPUT)] | None = None
     stdin_b64: Base64 | None = None
-    stream: bool = False
     user: SandboxUser | None = None
 
     def command(self) -> Command:
         return Command(self.cmd, cwd=self.cwd, env=self.env, timeout=self.timeout, max_output=self.max_output,
                        stdin=self.stdin_b64, user=self.user)
+
+
+class ExecRequest(CommandBody):
+    stream: bool = False
 
 
 def result_json(result: ExecResult, *, streamed: bool = False) -> dict[str, Any]:

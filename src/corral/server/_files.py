@@ -14,6 +14,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
 from .._exceptions import InvalidRequestError
+from .._paths import SandboxPath
 from ..engine import Entry
 from ._auth import CurrentPrincipal
 from ._context import SandboxUser, request_path, sandbox_path, service
@@ -52,14 +53,14 @@ def entry_json(entry: Entry) -> dict[str, Any]:
             "target": entry.target, "metadata": entry.metadata}
 
 
-def _query_path(request: Request) -> str:
+def _query_path(request: Request) -> SandboxPath:
     try:
         return request_path(request)
     except InvalidRequestError as exc:
         raise _invalid(("query", "path"), exc) from None
 
 
-def _body_path(path: str, name: str) -> str:
+def _body_path(path: str, name: str) -> SandboxPath:
     try:
         return sandbox_path(path, name)
     except InvalidRequestError as exc:

@@ -12,14 +12,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr
 
-from .._bounds import MAX_OUTPUT, Duration, EnvVars
 from ..engine import ProcessInfo
-from ..service import AttachStream, Command
+from ..service import AttachStream
 from ._auth import CurrentPrincipal
-from ._context import SandboxUser, service
-from ._exec import Base64, result_json
+from ._context import service
+from ._exec import CommandBody, result_json
 from ._ndjson import Producer, Sink, line, ndjson_response
 from ._routing import AuditedRoute
 
@@ -28,21 +27,8 @@ router = APIRouter(prefix="/v1/sandboxes", route_class=AuditedRoute)
 _SHELL = ["/bin/bash", "-lc"]
 
 
-class StartRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    cmd: str | list[str]
-    cwd: str | None = None
-    env: EnvVars = Field(default_factory=dict)
-    timeout: Duration | None = None
-    max_output: Annotated[int, Field(gt=0, le=MAX_OUTPUT)] | None = None
+class StartRequest(CommandBody):
     stdin: bool = False  # keep stdin open for POST .../stdin; otherwise it is /dev/null (or stdin_b64, then EOF)
-    stdin_b64: Base64 | None = None
-    user: SandboxUser | None = None
-
-    def command(self) -> Command:
-        return Command(self.cmd, cwd=self.cwd, env=self.env, timeout=self.timeout, max_output=self.max_output,
-                       stdin=self.stdin_b64, user=self.user)
 
 
 class KillRequest(BaseModel):

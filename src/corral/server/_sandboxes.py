@@ -63,6 +63,7 @@ def sandbox_json(record: SandboxRecord) -> dict[str, Any]:
         "paused_to_disk": record.paused_to_disk,
         "ttl_left": record.ttl_left,  # paused to disk: the seconds it gets when it resumes (its clock stands still)
         "on_timeout": spec.on_timeout,
+        "auto_resume": spec.auto_resume,  # paused, a request that reaches it resumes it (docs/lifecycle.md)
         "volumes": dict(spec.volumes),
         "public_ports": spec.public_ports,
         "root": spec.root,

@@ -3,7 +3,8 @@
 from ._access import SandboxAccess, TokenPurpose
 from ._accounts import KEEP, REQUIRED_RUNTIMES, Keys, Tenants
 from ._audit import AuditFilter, AuditTrail
-from ._audited import Audited
+from ._audited import Audited, Auditor
+from ._callers import REQUEST_INVALID, Callers, ClientInfo
 from ._code import Cell, Code, CodeStream, ResultCallback
 from ._commands import Command, Commands, CommandStream, StartCallback, exec_outcome
 from ._egress_directory import EgressDirectory
@@ -12,6 +13,7 @@ from ._files import Files
 from ._grants import ControlPlane, PrivateGrants
 from ._info import Caller, Info, ServerInfo
 from ._metrics import MetricsSampler, SandboxMetric
+from ._on_sandbox import Authorize, OnSandbox, SandboxGate, Sessions
 from ._outcome import RETRY_AFTER_DETAIL, STATUS_BY_CODE, outcome_of, status_for
 from ._ports import DEFAULT_DOMAIN, PORT_ACTION, PortConnection, PortRequest, Ports, check_domain
 from ._processes import AttachStream, Processes, parse_signal
@@ -19,7 +21,7 @@ from ._pty import Pty, PtyRequest, Terminal
 from ._replicas import DEFAULT_REPLICA_TTL, Replica, ReplicaConfig
 from ._requests import REQUEST_ID, RequestInfo, current_request, new_request_id, request_scope
 from ._sandboxes import CreateSandbox, ForkSandbox, KillReport, Sandboxes, SandboxPage, check_network, file_roots
-from ._service import REQUEST_INVALID, ClientInfo, Service, StartupHook
+from ._service import Service, StartupHook
 from ._snapshots import Snapshots
 from ._streamed import OutputCallback, Streamed
 from ._telemetry import METRICS_CONTENT_TYPE, EgressMetrics, Telemetry, egress_registry
@@ -41,7 +43,10 @@ __all__ = [
     "AuditFilter",
     "AuditTrail",
     "Audited",
+    "Auditor",
+    "Authorize",
     "Caller",
+    "Callers",
     "Cell",
     "ClientInfo",
     "Code",
@@ -61,6 +66,7 @@ __all__ = [
     "Keys",
     "KillReport",
     "MetricsSampler",
+    "OnSandbox",
     "OutputCallback",
     "PortConnection",
     "PortRequest",
@@ -74,11 +80,13 @@ __all__ = [
     "RequestInfo",
     "ResultCallback",
     "SandboxAccess",
+    "SandboxGate",
     "SandboxMetric",
     "SandboxPage",
     "Sandboxes",
     "ServerInfo",
     "Service",
+    "Sessions",
     "Snapshots",
     "StartCallback",
     "StartupHook",

@@ -27,7 +27,10 @@ from .._settings import access_secret
 from ..control import Principal, SandboxRecord
 
 if TYPE_CHECKING:
-    from ._service import ClientInfo, Service
+    from ..control import ControlStore
+    from ..engine import Engine
+    from ._callers import Callers, ClientInfo
+    from ._replicas import Replica
 
 __all__ = ["ACCESS_KEY_FILE", "SandboxAccess", "TokenPurpose"]
 
@@ -43,8 +46,12 @@ class TokenPurpose(StrEnum):
 
 
 class SandboxAccess:
-    def __init__(self, service: Service, secret: bytes | None = None) -> None:
-        self._svc = service
+    def __init__(self, store: ControlStore, engine: Engine, replica: Replica, callers: Callers,
+                 secret: bytes | None = None) -> None:
+        self._store = store
+        self._engine = engine  # the sandboxes this node runs (signed URLs that name none)
+        self._replica = replica
+        self._callers = callers  # where refused tokens are recorded, like every refused credential
         self._secret = secret
 
     def start(self) -> None:
@@ -52,7 +59,7 @@ class SandboxAccess:
         if self._secret is not None:
             return
         configured = access_secret()
-        key_file = self._svc.store.home / ACCESS_KEY_FILE
+        key_file = self._store.home / ACCESS_KEY_FILE
         self._secret = configured.encode() if configured else kept_secret(key_file, _SECRET_BYTES)
 
     def token(self, sandbox_id: str, purpose: TokenPurpose = TokenPurpose.SANDBOX) -> str:
@@ -74,12 +81,12 @@ class SandboxAccess:
                 raise AuthenticationError("missing access token for the sandbox")
             if not any(self.matches(sandbox_id, token, purpose) for purpose in purposes):
                 raise AuthenticationError(f"wrong access token for sandbox {sandbox_id}")
-            record = await self._svc.store.find_sandbox(sandbox_id)
+            record = await self._store.find_sandbox(sandbox_id)
             if record is None:  # a token of a sandbox this deployment never made: its secret changed
                 raise AuthenticationError(f"wrong access token for sandbox {sandbox_id}")
             return await self.creator(record)
         except AuthenticationError as exc:
-            await self._svc.record_denial(client, exc, None)
+            await self._callers.record_denial(client, exc, None)
             raise
 
     async def signed(self, sign: Callable[[str], str], signature: str, client: ClientInfo, *,
@@ -87,25 +94,25 @@ class SandboxAccess:
         """The sandbox whose token made `signature` (`sign(token)` is what its token makes), and the principal the
         token stands for. For signed URLs that name no sandbox: the running sandboxes of this node are tried (one
         hash each), or only `sandbox_id` when the request names one. `AuthenticationError`, recorded, if none."""
-        candidates = [sandbox_id] if sandbox_id else [info.id for info in self._svc.engine.list()]
+        candidates = [sandbox_id] if sandbox_id else [info.id for info in self._engine.list()]
         try:
             for candidate in candidates:
                 if self._signed_by(candidate, sign, signature):
-                    record = await self._svc.store.find_sandbox(candidate)
+                    record = await self._store.find_sandbox(candidate)
                     if record is not None:
                         return candidate, await self.creator(record)
             raise AuthenticationError("invalid signature")
         except AuthenticationError as exc:
-            await self._svc.record_denial(client, exc, None)
+            await self._callers.record_denial(client, exc, None)
             raise
 
     async def signer_elsewhere(self, sign: Callable[[str], str], signature: str) -> str | None:
         """The live sandbox of another replica whose token made `signature`, if one did and none of this node's
         did (one hash per sandbox): the replicas' middleware forwards such a signed URL to its owner."""
-        if any(self._signed_by(info.id, sign, signature) for info in self._svc.engine.list()):
+        if any(self._signed_by(info.id, sign, signature) for info in self._engine.list()):
             return None  # this node's own: served here
-        mine = self._svc.replica.id
-        for record in await self._svc.store.list_sandboxes(None):
+        mine = self._replica.id
+        for record in await self._store.list_sandboxes(None):
             if record.owner not in (None, mine) and self._signed_by(record.id, sign, signature):
                 return record.id
         return None
@@ -116,4 +123,4 @@ class SandboxAccess:
 
     async def creator(self, record: SandboxRecord) -> Principal:
         """The principal of the key that created `record`'s sandbox (`AuthenticationError` once revoked)."""
-        return await self._svc.store.key_principal(record.key_id)
+        return await self._store.key_principal(record.key_id)

@@ -8,7 +8,7 @@ import enum
 from typing import Any, Final
 
 from .._exceptions import InvalidRequestError, NotFoundError
-from ..control import Action, ApiKey, ControlStore, NewApiKey, Principal, Tenant, authorize
+from ..control import Action, ApiKey, ControlStore, NewApiKey, Principal, Role, Tenant, authorize
 from ._audited import Auditor
 
 __all__ = ["KEEP", "REQUIRED_RUNTIMES", "Keep", "Keys", "Tenants"]
@@ -77,6 +77,18 @@ class Tenants:
             if not isinstance(required_runtime, Keep):
                 tenant = await self._store.set_required_runtime(tenant.id, wanted)
             return tenant
+
+    async def visible(self, principal: Principal, name_or_id: str, action: Action) -> Tenant:
+        """The tenant named (by name or id) if `principal` may do `action` on it. The role is checked first; then,
+        for anyone but an admin, another tenant is as unknown as one that never existed (a 404, nothing leaks)."""
+        authorize(principal, action, None if principal.role is Role.ADMIN else principal.tenant_id)
+        try:
+            tenant = await self.find(name_or_id)
+        except NotFoundError:
+            tenant = None
+        if tenant is None or (principal.role is not Role.ADMIN and tenant.id != principal.tenant_id):
+            raise NotFoundError(f"no tenant {name_or_id!r}", details={"tenant": name_or_id})
+        return tenant
 
     async def find(self, name_or_id: str) -> Tenant:
         """By name, else by id (no authorization: callers have checked the role)."""

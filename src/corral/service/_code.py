@@ -19,7 +19,7 @@ from ._audited import Audited
 from ._streamed import OutputCallback, Streamed, refusals
 
 if TYPE_CHECKING:
-    from ._service import Service
+    from ._on_sandbox import OnSandbox, Sessions
 
 __all__ = ["Cell", "Code", "CodeStream", "ResultCallback"]
 
@@ -70,26 +70,26 @@ class CodeStream(Streamed[CodeResult]):
     """A cell authorized on a sandbox the engine has, not started yet: `run` starts it, handing over output
     and each rich result as they are produced. Cancelling `run` cancels the engine's call."""
 
-    def __init__(self, service: Service, audit: Audited, sandbox_id: str, cell: Cell) -> None:
+    def __init__(self, sessions: Sessions, audit: Audited, sandbox_id: str, cell: Cell) -> None:
         super().__init__(audit)
-        self._svc = service
+        self._sessions = sessions
         self._sandbox_id = sandbox_id
         self._cell = cell
 
     async def run(self, on_stdout: OutputCallback | None = None, on_stderr: OutputCallback | None = None,
                   on_result: ResultCallback | None = None) -> CodeResult:
-        return await self._run(lambda: _run_code(self._svc, self._sandbox_id, self._cell, on_stdout=on_stdout,
+        return await self._run(lambda: _run_code(self._sessions, self._sandbox_id, self._cell, on_stdout=on_stdout,
                                                  on_stderr=on_stderr, on_result=on_result), _outcome)
 
 
 class Code:
-    def __init__(self, service: Service) -> None:
-        self._svc = service
+    def __init__(self, on: OnSandbox) -> None:
+        self._on = on
 
     async def run(self, principal: Principal, sandbox_id: str, cell: Cell) -> CodeResult:
         async with self._audited(principal, sandbox_id, cell, stream=False) as audit:
             await self._authorized(principal, sandbox_id)
-            result = await _run_code(self._svc, sandbox_id, cell)
+            result = await _run_code(self._on.sessions, sandbox_id, cell)
             audit.outcome.update(_outcome(result))
         return result
 
@@ -98,8 +98,8 @@ class Code:
         output, not a stream that breaks)."""
         async with refusals(self._audited(principal, sandbox_id, cell, stream=True)) as audit:
             await self._authorized(principal, sandbox_id)
-            self._svc.engine.info(sandbox_id)
-        return CodeStream(self._svc, audit, sandbox_id, cell)
+            self._on.sessions.info(sandbox_id)
+        return CodeStream(self._on.sessions, audit, sandbox_id, cell)
 
     async def create_context(self, principal: Principal, sandbox_id: str, language: str = "python",
                              cwd: str | None = None, *, show_saved_images: bool = False) -> CodeSession:
@@ -107,10 +107,10 @@ class Code:
         /workspace). A cwd that is no directory is an `InvalidRequestError`; one the sandbox user may not enter
         is accepted, and its cells get a `PermissionDeniedError`."""
         params = {"language": language, "cwd": cwd, **({"show_saved_images": True} if show_saved_images else {})}
-        async with self._svc.audited(principal, "code.create_context", sandbox_id, params=params) as audit:
+        async with self._on.audited(principal, "code.create_context", sandbox_id, params=params) as audit:
             await self._authorized(principal, sandbox_id)
-            context = await self._svc.engine.get(sandbox_id).create_code_context(language, cwd=cwd,
-                                                                          show_saved_images=show_saved_images)
+            context = await self._on.sessions.get(sandbox_id).create_code_context(language, cwd=cwd,
+                                                                                  show_saved_images=show_saved_images)
             audit.outcome["context"] = context.name
         return context
 
@@ -118,52 +118,52 @@ class Code:
                        show_saved_images: bool = False) -> builtins.list[CodeSession]:
         """Every code context: the default python and javascript ones first (made with `cwd` and
         `show_saved_images` if they do not exist yet), then the others in the order they were made."""
-        async with self._svc.audited(principal, "code.contexts", sandbox_id) as audit:
+        async with self._on.audited(principal, "code.contexts", sandbox_id) as audit:
             await self._authorized(principal, sandbox_id)
-            found = await self._svc.engine.get(sandbox_id).code_contexts(cwd=cwd,
-                                                                  show_saved_images=show_saved_images)
+            found = await self._on.sessions.get(sandbox_id).code_contexts(cwd=cwd,
+                                                                          show_saved_images=show_saved_images)
             audit.outcome["count"] = len(found)
         return found
 
     async def sessions(self, principal: Principal, sandbox_id: str) -> builtins.list[CodeSession]:
-        async with self._svc.audited(principal, "code.sessions", sandbox_id) as audit:
+        async with self._on.audited(principal, "code.sessions", sandbox_id) as audit:
             await self._authorized(principal, sandbox_id)
-            found = await self._svc.engine.get(sandbox_id).code_sessions()
+            found = await self._on.sessions.get(sandbox_id).code_sessions()
             audit.outcome["count"] = len(found)
         return found
 
     async def interrupt(self, principal: Principal, sandbox_id: str, session: str) -> None:
         async with self._session_op(principal, "code.interrupt", sandbox_id, session):
             await self._authorized(principal, sandbox_id)
-            await self._svc.engine.get(sandbox_id).interrupt_code(session)
+            await self._on.sessions.get(sandbox_id).interrupt_code(session)
 
     async def restart(self, principal: Principal, sandbox_id: str, session: str) -> None:
         async with self._session_op(principal, "code.restart", sandbox_id, session):
             await self._authorized(principal, sandbox_id)
-            await self._svc.engine.get(sandbox_id).restart_code(session)
+            await self._on.sessions.get(sandbox_id).restart_code(session)
 
     async def close(self, principal: Principal, sandbox_id: str, session: str) -> None:
         async with self._session_op(principal, "code.close", sandbox_id, session):
             await self._authorized(principal, sandbox_id)
-            await self._svc.engine.get(sandbox_id).close_code(session)
+            await self._on.sessions.get(sandbox_id).close_code(session)
 
     async def _authorized(self, principal: Principal, sandbox_id: str) -> None:
         # Ownership first: another tenant's sandbox is a 404 before anything about its sessions is looked at.
-        await self._svc.sandboxes.authorized(principal, sandbox_id, Action.SANDBOX_EXEC)
+        await self._on.authorize(principal, sandbox_id, Action.SANDBOX_EXEC)
 
     def _audited(self, principal: Principal, sandbox_id: str, cell: Cell, *, stream: bool) -> Audited:
-        return self._svc.audited(principal, "code.run", sandbox_id, params={**cell.audit_params(), "stream": stream})
+        return self._on.audited(principal, "code.run", sandbox_id, params={**cell.audit_params(), "stream": stream})
 
     def _session_op(self, principal: Principal, action: str, sandbox_id: str, session: str) -> Audited:
-        return self._svc.audited(principal, action, sandbox_id, params={"session": session}, status=204)
+        return self._on.audited(principal, action, sandbox_id, params={"session": session}, status=204)
 
 
-async def _run_code(svc: Service, sandbox_id: str, cell: Cell, **callbacks: Any) -> CodeResult:
+async def _run_code(sessions: Sessions, sandbox_id: str, cell: Cell, **callbacks: Any) -> CodeResult:
     # Only what was given: the engine picks each language's default session.
     given: dict[str, Any] = {k: v for k, v in (("session", cell.session), ("stdin", cell.stdin),
                                                ("context", cell.context), ("env", cell.env), ("cwd", cell.cwd),
                                                ("show_saved_images", cell.show_saved_images or None),
                                                ("max_output", cell.max_output))
                              if v is not None}
-    return await svc.engine.get(sandbox_id).run_code(cell.code, language=cell.language, timeout=cell.timeout,
-                                                    **given, **callbacks)
+    return await sessions.get(sandbox_id).run_code(cell.code, language=cell.language, timeout=cell.timeout,
+                                                   **given, **callbacks)

@@ -10,44 +10,24 @@ leaves stops following, and the process goes on, to be found with `service.proce
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..control import Action, Principal
-from ..engine import ExecResult, PtySize
+from ..engine import ExecOptions, ExecResult
 from ._audited import Audited
 from ._streamed import OutputCallback, Streamed, refusals
 
 if TYPE_CHECKING:
-    from ._service import Service
+    from ._on_sandbox import OnSandbox, Sessions
 
 __all__ = ["Command", "CommandStream", "Commands", "StartCallback", "exec_outcome"]
 
 StartCallback = Callable[[str, int], Awaitable[None]]  # (Corral's process id, its pid inside the sandbox)
 
 
-@dataclass(frozen=True)
-class Command:
-    """What to run: a shell string (`bash -lc`) or an argv list, and how.
-
-    `env` is the command's own, over the sandbox's, and never reaches a later command. `detached`: a background
-    process that the call follows, named by `tag` (unique among running processes) if given, in a terminal of
-    size `pty` (its output is stdout; a detached command only), its stdin kept open for `processes.send_stdin`
-    with `keep_stdin` (after `stdin`, if any). `user`: who runs it, None the sandbox user (uid 1000), "root" only
-    in a sandbox created with root (else `PermissionDeniedError`; docs/security.md).
-    """
-
-    cmd: str | list[str]
-    cwd: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
-    timeout: float | None = None
-    max_output: int | None = None
-    stdin: bytes | None = None
-    detached: bool = False
-    tag: str | None = None
-    pty: PtySize | None = None
-    keep_stdin: bool = False
-    user: str | None = None
+class Command(ExecOptions):
+    """A command as the service runs and audits it: the engine's `ExecOptions` (what to run and how; built once by
+    the front end that received the request), and its audit record's parameters."""
 
     def audit_params(self) -> dict[str, Any]:
         params = {"cmd": self.cmd, "cwd": self.cwd, "env_names": sorted(self.env), "timeout": self.timeout,
@@ -73,27 +53,27 @@ class CommandStream(Streamed[ExecResult]):
     """A command authorized on a sandbox the engine has, not started yet: `run` starts it. Cancelling `run`
     kills the command's process tree; a detached command's it only stops following."""
 
-    def __init__(self, service: Service, audit: Audited, sandbox_id: str, command: Command) -> None:
+    def __init__(self, sessions: Sessions, audit: Audited, sandbox_id: str, command: Command) -> None:
         super().__init__(audit)
-        self._svc = service
+        self._sessions = sessions
         self._sandbox_id = sandbox_id
         self._command = command
 
     async def run(self, on_stdout: OutputCallback | None = None, on_stderr: OutputCallback | None = None,
                   on_start: StartCallback | None = None) -> ExecResult:
         """Run it: `on_start(id, pid)` once the process exists, before any output; then the output as produced."""
-        return await self._run(lambda: _exec(self._svc, self._sandbox_id, self._command, self._audit, on_stdout,
+        return await self._run(lambda: _exec(self._sessions, self._sandbox_id, self._command, self._audit, on_stdout,
                                              on_stderr, on_start), exec_outcome)
 
 
 class Commands:
-    def __init__(self, service: Service) -> None:
-        self._svc = service
+    def __init__(self, on: OnSandbox) -> None:
+        self._on = on
 
     async def run(self, principal: Principal, sandbox_id: str, command: Command) -> ExecResult:
         async with self._audited(principal, sandbox_id, command, stream=False) as audit:
-            await self._svc.sandboxes.authorized(principal, sandbox_id, Action.SANDBOX_EXEC)
-            result = await _exec(self._svc, sandbox_id, command, audit)
+            await self._on.authorize(principal, sandbox_id, Action.SANDBOX_EXEC)
+            result = await _exec(self._on.sessions, sandbox_id, command, audit)
             audit.outcome.update(exec_outcome(result))
         return result
 
@@ -101,16 +81,16 @@ class Commands:
         """The command begun: authorized, on a sandbox the engine has (a lost one is an error here, before
         any output, not a stream that breaks)."""
         async with refusals(self._audited(principal, sandbox_id, command, stream=True)) as audit:
-            await self._svc.sandboxes.authorized(principal, sandbox_id, Action.SANDBOX_EXEC)
-            self._svc.engine.info(sandbox_id)
-        return CommandStream(self._svc, audit, sandbox_id, command)
+            await self._on.authorize(principal, sandbox_id, Action.SANDBOX_EXEC)
+            self._on.sessions.info(sandbox_id)
+        return CommandStream(self._on.sessions, audit, sandbox_id, command)
 
     def _audited(self, principal: Principal, sandbox_id: str, command: Command, *, stream: bool) -> Audited:
-        return self._svc.audited(principal, "sandbox.exec", sandbox_id,
-                                 params={**command.audit_params(), "stream": stream})
+        return self._on.audited(principal, "sandbox.exec", sandbox_id,
+                                params={**command.audit_params(), "stream": stream})
 
 
-async def _exec(svc: Service, sandbox_id: str, command: Command, audit: Audited,
+async def _exec(sessions: Sessions, sandbox_id: str, command: Command, audit: Audited,
                 on_stdout: OutputCallback | None = None, on_stderr: OutputCallback | None = None,
                 on_start: StartCallback | None = None) -> ExecResult:
     async def started(process_id: str, pid: int) -> None:
@@ -119,8 +99,4 @@ async def _exec(svc: Service, sandbox_id: str, command: Command, audit: Audited,
         if on_start is not None:
             await on_start(process_id, pid)
 
-    return await svc.engine.get(sandbox_id).exec(
-        command.cmd, cwd=command.cwd, env=command.env or None, stdin=command.stdin, timeout=command.timeout,
-        max_output=command.max_output, on_stdout=on_stdout, on_stderr=on_stderr, on_start=started,
-        detached=command.detached, tag=command.tag, pty=command.pty, keep_stdin=command.keep_stdin,
-        user=command.user)
+    return await sessions.get(sandbox_id).run(command, on_stdout=on_stdout, on_stderr=on_stderr, on_start=started)

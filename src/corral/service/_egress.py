@@ -20,32 +20,70 @@ from ..egress import EgressEvent, EgressPolicy
 from ..egress._events import EventKind
 
 if TYPE_CHECKING:
-    from ._service import Service
+    from ..engine import Engine
+    from ._accounts import Tenants
+    from ._audited import Auditor
+    from ._grants import PrivateGrants
+    from ._telemetry import Telemetry
 
-__all__ = ["DENIALS_SCANNED", "TenantEgressSettings", "egress_audit_event", "egress_event_from_audit",
+__all__ = ["DENIALS_SCANNED", "LiveEgress", "TenantEgressSettings", "egress_audit_event", "egress_event_from_audit",
            "recorded_denials"]
 
 DENIALS_SCANNED = 5000  # audit records of one command's egress read for its refusals: bounded, like the proxy's 200
 DENIALS_KEPT = 200
 
 
+class LiveEgress:
+    """A tenant's changed egress settings applied to its live sandboxes (the settings and the grants both change
+    them)."""
+
+    def __init__(self, store: ControlStore, engine: Engine) -> None:
+        self._store = store
+        self._engine = engine
+
+    async def apply(self, tenant_id: str, egress: TenantEgress) -> int:
+        """New private pairs apply at once; a lower ceiling narrows live sandboxes that now exceed it to `none`.
+        Returns how many sandboxes this engine updated."""
+        ceiling = EgressPolicy.parse(egress.ceiling)
+        updated = 0
+        for record in await self._store.list_sandboxes(tenant_id):
+            network: str | list[str] = _wire(record.spec.network)
+            try:
+                EgressPolicy.parse(network).within(ceiling)
+            except CorralError:
+                network = "none"
+                await self._store.set_sandbox_network(record.id, network)
+            try:
+                self._engine.set_network(record.id, network, private=egress.private)
+                updated += 1
+            except CorralError:  # not (or no longer) in this engine: nothing to update
+                continue
+        return updated
+
+
 class TenantEgressSettings:
-    def __init__(self, service: Service) -> None:
-        self._svc = service
+    def __init__(self, store: ControlStore, audited: Auditor, tenants: Tenants, grants: PrivateGrants,
+                 live: LiveEgress, telemetry: Telemetry | None = None) -> None:
+        self._store = store
+        self._audited = audited
+        self._tenants = tenants
+        self._grants = grants
+        self._live = live
+        self._telemetry = telemetry
 
     async def get(self, principal: Principal, name_or_id: str) -> tuple[Tenant, TenantEgress]:
-        async with self._svc.audited(principal, "tenant.egress.read", name_or_id[:256]):
-            tenant = await self._svc.visible_tenant(principal, name_or_id, Action.TENANT_EGRESS)
-            return tenant, await self._svc.store.tenant_egress(tenant.id)
+        async with self._audited(principal, "tenant.egress.read", name_or_id[:256]):
+            tenant = await self._tenants.visible(principal, name_or_id, Action.TENANT_EGRESS)
+            return tenant, await self._store.tenant_egress(tenant.id)
 
     async def set(self, principal: Principal, name_or_id: str, *, ceiling: str | list[str] | None = None,
                   private: list[str] | None = None) -> tuple[Tenant, TenantEgress]:
         """Change the ceiling (admins) and the private pairs (operators of the tenant); None: unchanged."""
         params = {k: v for k, v in (("ceiling", ceiling), ("private", private)) if v is not None}
-        async with self._svc.audited(principal, "tenant.egress", name_or_id[:256], params=params) as audit:
-            tenant = await self._svc.visible_tenant(principal, name_or_id, Action.TENANT_EGRESS)
+        async with self._audited(principal, "tenant.egress", name_or_id[:256], params=params) as audit:
+            tenant = await self._tenants.visible(principal, name_or_id, Action.TENANT_EGRESS)
             audit.target = tenant.id
-            current = await self._svc.store.tenant_egress(tenant.id)
+            current = await self._store.tenant_egress(tenant.id)
             if ceiling is not None:
                 authorize(principal, Action.TENANT_UPDATE)  # raising or lowering the ceiling is the admin's call
             new_ceiling = current.ceiling if ceiling is None else EgressPolicy.parse(ceiling).to_wire()
@@ -53,43 +91,29 @@ class TenantEgressSettings:
             new_private = list(EgressPolicy.parse("none", private=current.private if private is None else private)
                                .private)
             # -- private grants (service/_grants.py): never the control plane; an operator's only if granted --
-            granted = await self._svc.grants.allow(principal, tenant.id, new_private)
+            granted = await self._grants.allow(principal, tenant.id, new_private)
             if granted:
                 audit.outcome["granted"] = granted
             # -- end of private grants --
-            egress = await self._svc.store.set_tenant_egress(
+            egress = await self._store.set_tenant_egress(
                 tenant.id, TenantEgress(ceiling=new_ceiling, private=new_private))
             audit.outcome["updated"] = await self.apply_to_live_sandboxes(tenant.id, egress)
         return tenant, egress
 
     async def apply_to_live_sandboxes(self, tenant_id: str, egress: TenantEgress) -> int:
-        """New private pairs apply at once; a lower ceiling narrows live sandboxes that now exceed it to `none`."""
-        ceiling = EgressPolicy.parse(egress.ceiling)
-        updated = 0
-        for record in await self._svc.store.list_sandboxes(tenant_id):
-            network: str | list[str] = _wire(record.spec.network)
-            try:
-                EgressPolicy.parse(network).within(ceiling)
-            except CorralError:
-                network = "none"
-                await self._svc.store.set_sandbox_network(record.id, network)
-            try:
-                self._svc.engine.set_network(record.id, network, private=egress.private)
-                updated += 1
-            except CorralError:  # not (or no longer) in this engine: nothing to update
-                continue
-        return updated
+        """`LiveEgress.apply`."""
+        return await self._live.apply(tenant_id, egress)
 
     async def record_event(self, event: EgressEvent) -> None:
         """The proxy's `on_event`: one audit record per egress attempt, attributed to the sandbox's tenant and key;
         and counted (a standalone proxy counts its own: `corral egress-proxy --metrics-port`)."""
-        tenant_id = await egress_audit_event(self._svc.store, event)
-        if self._svc.telemetry is not None:
-            self._svc.telemetry.egress.observe(tenant_id, event)
+        tenant_id = await egress_audit_event(self._store, event)
+        if self._telemetry is not None:
+            self._telemetry.egress.observe(tenant_id, event)
 
     async def denials(self, sandbox_id: str, since: float) -> list[EgressEvent]:
         """The engine's `remote_denials`: `recorded_denials` in this service's store."""
-        return await recorded_denials(self._svc.store, sandbox_id, since)
+        return await recorded_denials(self._store, sandbox_id, since)
 
 
 async def recorded_denials(store: ControlStore, sandbox_id: str, since: float) -> list[EgressEvent]:

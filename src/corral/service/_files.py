@@ -27,14 +27,14 @@ from ._audited import Audited
 from ._sandboxes import file_roots
 
 if TYPE_CHECKING:
-    from ._service import Service
+    from ._on_sandbox import OnSandbox
 
 __all__ = ["Files"]
 
 
 class Files:
-    def __init__(self, service: Service) -> None:
-        self._svc = service
+    def __init__(self, on: OnSandbox) -> None:
+        self._on = on
 
     # -- downloads: started before they return, recorded when they end ------------------------------------
 
@@ -51,7 +51,7 @@ class Files:
 
     async def _download(self, principal: Principal, sandbox_id: str, action: str, path: str, *,
                         tar: bool, user: str | None) -> AsyncIterator[bytes]:
-        audit = self._svc.audited(principal, action, sandbox_id, params=_with_user({"path": path}, user))
+        audit = self._on.audited(principal, action, sandbox_id, params=_with_user({"path": path}, user))
         try:
             files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_READ, user)
             chunks = files.download_tar(path) if tar else files.iter_read(path)
@@ -75,7 +75,7 @@ class Files:
             params["in_place"] = True
         if metadata:
             params["metadata_keys"] = sorted(metadata)
-        async with self._svc.audited(principal, "files.write", sandbox_id, params=_with_user(params, user)) as audit:
+        async with self._on.audited(principal, "files.write", sandbox_id, params=_with_user(params, user)) as audit:
             files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_WRITE, user)
             try:
                 return await files.write(path, digest.wrap(data), mode=mode, in_place=in_place, metadata=metadata)
@@ -86,8 +86,8 @@ class Files:
                             data: AsyncIterable[bytes], *, user: str | None = None) -> int:
         """Unpack the tar `data` into the directory at `path`; returns the number of entries."""
         digest = _Digest()
-        async with self._svc.audited(principal, "archive.write", sandbox_id,
-                                     params=_with_user({"path": path}, user)) as audit:
+        async with self._on.audited(principal, "archive.write", sandbox_id,
+                                    params=_with_user({"path": path}, user)) as audit:
             files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_WRITE, user)
             try:
                 entries = await files.upload_tar(path, digest.wrap(data))
@@ -102,7 +102,7 @@ class Files:
                    depth: int = 1, user: str | None = None) -> builtins.list[Entry]:
         """The entries `depth` levels below `path` (1: its own), depth first in name order, symlinks not followed."""
         params: dict[str, Any] = {"path": path} if depth == 1 else {"path": path, "depth": depth}
-        async with self._svc.audited(principal, "files.list", sandbox_id, params=_with_user(params, user)) as audit:
+        async with self._on.audited(principal, "files.list", sandbox_id, params=_with_user(params, user)) as audit:
             files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_READ, user)
             entries = await files.list(path, depth=depth)
             if depth != 1:
@@ -110,26 +110,26 @@ class Files:
             return entries
 
     async def stat(self, principal: Principal, sandbox_id: str, path: str, *, user: str | None = None) -> Entry:
-        async with self._svc.audited(principal, "files.stat", sandbox_id, params=_with_user({"path": path}, user)):
+        async with self._on.audited(principal, "files.stat", sandbox_id, params=_with_user({"path": path}, user)):
             files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_READ, user)
             return await files.stat(path)
 
     async def exists(self, principal: Principal, sandbox_id: str, path: str, *, user: str | None = None) -> bool:
-        async with self._svc.audited(principal, "files.exists", sandbox_id, params=_with_user({"path": path}, user)):
+        async with self._on.audited(principal, "files.exists", sandbox_id, params=_with_user({"path": path}, user)):
             files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_READ, user)
             return await files.exists(path)
 
     async def make_dir(self, principal: Principal, sandbox_id: str, path: str, *, parents: bool = True,
                        user: str | None = None) -> bool:
         """Create the directory; False if it was there already."""
-        async with self._svc.audited(principal, "files.mkdir", sandbox_id, params=_with_user({"path": path}, user)):
+        async with self._on.audited(principal, "files.mkdir", sandbox_id, params=_with_user({"path": path}, user)):
             files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_WRITE, user)
             return await files.make_dir(path, parents=parents)
 
     async def remove(self, principal: Principal, sandbox_id: str, path: str, *, recursive: bool = True,
                      user: str | None = None) -> None:
-        async with self._svc.audited(principal, "files.remove", sandbox_id,
-                                     params=_with_user({"recursive": recursive, "path": path}, user), status=204):
+        async with self._on.audited(principal, "files.remove", sandbox_id,
+                                    params=_with_user({"recursive": recursive, "path": path}, user), status=204):
             files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_WRITE, user)
             await files.remove(path, recursive=recursive)
 
@@ -140,8 +140,8 @@ class Files:
         params: dict[str, Any] = {"src": src, "dst": dst, "overwrite": overwrite}
         if parents:
             params["parents"] = True
-        async with self._svc.audited(principal, "files.rename", sandbox_id, params=_with_user(params, user),
-                                     status=204):
+        async with self._on.audited(principal, "files.rename", sandbox_id, params=_with_user(params, user),
+                                    status=204):
             files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_WRITE, user)
             return await files.rename(src, dst, overwrite=overwrite, parents=parents)
 
@@ -155,7 +155,7 @@ class Files:
         any event. One record, `files.watch`, when the watch ends: with the number of events it carried, and
         the error if the sandbox ended it."""
         params = {"path": path, "recursive": recursive, "include_entry": include_entry}
-        audit = self._svc.audited(principal, "files.watch", sandbox_id, params=_with_user(params, user))
+        audit = self._on.audited(principal, "files.watch", sandbox_id, params=_with_user(params, user))
         try:
             files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_READ, user)
             stream = await files.watch(path, recursive=recursive, include_entry=include_entry)
@@ -169,8 +169,8 @@ class Files:
         """A watcher the sandbox keeps for `principal`'s key, to poll with `watcher_events`; its id. Refusals as
         `watch`. Gone with `remove_watcher`, with the sandbox, or after 10 minutes without a poll."""
         params = {"path": path, "recursive": recursive, "include_entry": include_entry}
-        async with self._svc.audited(principal, "files.watcher_create", sandbox_id,
-                                     params=_with_user(params, user)) as audit:
+        async with self._on.audited(principal, "files.watcher_create", sandbox_id,
+                                    params=_with_user(params, user)) as audit:
             files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_READ, user)
             watcher_id = await files.create_watcher(path, recursive=recursive, include_entry=include_entry,
                                                     owner=principal.key_id)
@@ -180,16 +180,16 @@ class Files:
     async def watcher_events(self, principal: Principal, sandbox_id: str,
                              watcher_id: str) -> builtins.list[WatchEvent]:
         """The watcher's events since the last poll; every change that finished before this call is in them."""
-        async with self._svc.audited(principal, "files.watcher_events", sandbox_id,
-                                     params={"watcher_id": watcher_id}) as audit:
+        async with self._on.audited(principal, "files.watcher_events", sandbox_id,
+                                    params={"watcher_id": watcher_id}) as audit:
             files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_READ)
             events = await files.watcher_events(watcher_id, owner=principal.key_id)
             audit.outcome["events"] = len(events)
             return events
 
     async def remove_watcher(self, principal: Principal, sandbox_id: str, watcher_id: str) -> None:
-        async with self._svc.audited(principal, "files.watcher_remove", sandbox_id,
-                                     params={"watcher_id": watcher_id}, status=204):
+        async with self._on.audited(principal, "files.watcher_remove", sandbox_id,
+                                    params={"watcher_id": watcher_id}, status=204):
             files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_READ)
             await files.remove_watcher(watcher_id, owner=principal.key_id)
 
@@ -198,8 +198,8 @@ class Files:
         """The engine's file API of the sandbox, with the roots its record allows (if `principal` may), acting as
         `user` (checked before anything is asked of the sandbox)."""
         check_user(user)
-        record = await self._svc.sandboxes.authorized(principal, sandbox_id, action)
-        return self._svc.engine.get(record.id).files_for(roots=file_roots(record), user=user)
+        record = await self._on.authorize(principal, sandbox_id, action)
+        return self._on.sessions.get(record.id).files_for(roots=file_roots(record), user=user)
 
 
 def _with_user(params: dict[str, Any], user: str | None) -> dict[str, Any]:

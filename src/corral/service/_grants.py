@@ -12,6 +12,7 @@ import asyncio
 import builtins
 import ipaddress
 import socket
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -20,15 +21,19 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from .._exceptions import InvalidRequestError, PermissionDeniedError
-from ..control import Action, Principal, PrivateGrant, Role, Tenant
+from ..control import Action, Principal, PrivateGrant, Role, Tenant, TenantEgress
 from ..egress import EgressPolicy
 from ..egress._addresses import IPAddress, embedded_ipv4, host_addresses
 
 if TYPE_CHECKING:
     from ..control import ControlStore
-    from ._service import Service
+    from ._accounts import Tenants
+    from ._audited import Auditor
 
-__all__ = ["ControlPlane", "PrivateGrants", "normalise_destination"]
+__all__ = ["ApplyEgress", "ControlPlane", "PrivateGrants", "normalise_destination"]
+
+# A tenant's egress applied to its live sandboxes (`LiveEgress.apply`): how many this engine updated.
+ApplyEgress = Callable[[str, TenantEgress], Awaitable[int]]
 
 _DB_PORTS = {"postgresql": 5432, "mysql": 3306, "mariadb": 3306}
 _URL_PORTS = {"http": 80, "https": 443}
@@ -113,43 +118,47 @@ def _url_host_port(url: str) -> tuple[str, int]:
 class PrivateGrants:
     """The admin's grants (`/v1/tenants/{t}/egress/grants`) and the check every change of `private` passes."""
 
-    def __init__(self, service: Service) -> None:
-        self._svc = service
-        self.control_plane = ControlPlane(service.store, service.replica.url)
+    def __init__(self, store: ControlStore, audited: Auditor, tenants: Tenants, apply_egress: ApplyEgress, *,
+                 replica_url: str) -> None:
+        self._store = store
+        self._audited = audited
+        self._tenants = tenants
+        self._apply_egress = apply_egress
+        self.control_plane = ControlPlane(store, replica_url)
 
     async def list(self, principal: Principal, name_or_id: str) -> tuple[Tenant, builtins.list[PrivateGrant]]:
         """Admins, and the tenant's operators (what they may switch on)."""
-        async with self._svc.audited(principal, "tenant.grants.read", name_or_id[:256]):
-            tenant = await self._svc.visible_tenant(principal, name_or_id, Action.TENANT_EGRESS)
-            return tenant, await self._svc.store.grants.list(tenant.id)
+        async with self._audited(principal, "tenant.grants.read", name_or_id[:256]):
+            tenant = await self._tenants.visible(principal, name_or_id, Action.TENANT_EGRESS)
+            return tenant, await self._store.grants.list(tenant.id)
 
     async def grant(self, principal: Principal, name_or_id: str, destination: object) -> tuple[Tenant, str]:
-        async with self._svc.audited(principal, "tenant.grants.grant", name_or_id[:256],
-                                     params={"destination": str(destination)[:256]}) as audit:
-            tenant = await self._svc.visible_tenant(principal, name_or_id, Action.TENANT_UPDATE)
+        async with self._audited(principal, "tenant.grants.grant", name_or_id[:256],
+                                 params={"destination": str(destination)[:256]}) as audit:
+            tenant = await self._tenants.visible(principal, name_or_id, Action.TENANT_UPDATE)
             audit.target = tenant.id
             pair = normalise_destination(destination)
             await self._refuse_control_plane([pair])
-            audit.outcome["granted"] = await self._svc.store.grants.grant(tenant.id, pair, key_id=principal.key_id)
+            audit.outcome["granted"] = await self._store.grants.grant(tenant.id, pair, key_id=principal.key_id)
         return tenant, pair
 
     async def revoke(self, principal: Principal, name_or_id: str, destination: object) -> tuple[Tenant, str]:
         """Take a grant back: the tenant's sandboxes lose the destination at once, for new connections."""
-        async with self._svc.audited(principal, "tenant.grants.revoke", name_or_id[:256],
-                                     params={"destination": str(destination)[:256]}) as audit:
-            tenant = await self._svc.visible_tenant(principal, name_or_id, Action.TENANT_UPDATE)
+        async with self._audited(principal, "tenant.grants.revoke", name_or_id[:256],
+                                 params={"destination": str(destination)[:256]}) as audit:
+            tenant = await self._tenants.visible(principal, name_or_id, Action.TENANT_UPDATE)
             audit.target = tenant.id
             pair = normalise_destination(destination)
-            audit.outcome["revoked"] = await self._svc.store.grants.revoke(tenant.id, pair)
-            egress = await self._svc.store.tenant_egress(tenant.id)
-            audit.outcome["updated"] = await self._svc.egress.apply_to_live_sandboxes(tenant.id, egress)
+            audit.outcome["revoked"] = await self._store.grants.revoke(tenant.id, pair)
+            egress = await self._store.tenant_egress(tenant.id)
+            audit.outcome["updated"] = await self._apply_egress(tenant.id, egress)
         return tenant, pair
 
     async def allow(self, principal: Principal, tenant_id: str, pairs: builtins.list[str]) -> builtins.list[str]:
         """Check the normalised `pairs` a caller switches on: never the control plane's (400); an operator's only if
         granted (403 naming the missing grants); an admin's are granted by saying so. Returns what was granted."""
         await self._refuse_control_plane(pairs)
-        granted = {g.destination for g in await self._svc.store.grants.list(tenant_id)}
+        granted = {g.destination for g in await self._store.grants.list(tenant_id)}
         missing = [p for p in pairs if p not in granted]
         if not missing:
             return []
@@ -159,7 +168,7 @@ class PrivateGrants:
                 "tenant: an admin grants private destinations (corral tenants grant-private TENANT IP:PORT)",
                 details={"field": "private", "missing_grants": missing})
         for pair in missing:
-            await self._svc.store.grants.grant(tenant_id, pair, key_id=principal.key_id)
+            await self._store.grants.grant(tenant_id, pair, key_id=principal.key_id)
         return missing
 
     async def _refuse_control_plane(self, pairs: builtins.list[str]) -> None:

@@ -32,10 +32,13 @@ from typing import TYPE_CHECKING, Any, Literal
 from .._exceptions import AuthenticationError, CorralError, InvalidRequestError, NotFoundError, ServerError
 from ..control import Action, AuditEvent, ControlStore, Principal, parse_key, require_sandbox
 from ._access import TokenPurpose
+from ._auto_resume import PORT_REASON, AutoResume
 from ._outcome import outcome_of
 
 if TYPE_CHECKING:
-    from ._service import ClientInfo, Service
+    from ._access import SandboxAccess
+    from ._callers import Callers, ClientInfo
+    from ._on_sandbox import Sessions
 
 __all__ = ["DEFAULT_DOMAIN", "PORT_ACTION", "PortConnection", "PortRequest", "Ports", "check_domain"]
 
@@ -118,30 +121,40 @@ class PortConnection:
 
 
 class Ports:
-    def __init__(self, service: Service, domain: str = DEFAULT_DOMAIN) -> None:
-        self._svc = service
+    def __init__(self, store: ControlStore, sessions: Sessions, callers: Callers, access: SandboxAccess,
+                 auto_resume: AutoResume, domain: str = DEFAULT_DOMAIN) -> None:
+        self._store = store
+        self._auto_resume = auto_resume  # a paused `auto_resume` sandbox is woken by a request to its port
+        self._sessions = sessions
+        self._callers = callers  # API keys
+        self._access = access  # the sandbox's own tokens
         self.domain = check_domain(domain)
-        self._known: dict[str, tuple[str, bool]] = {}  # sandbox id -> (tenant id, public ports), oldest first
+        # sandbox id -> (tenant id, public ports, auto-resume), oldest first
+        self._known: dict[str, tuple[str, bool, bool]] = {}
 
     async def open(self, key: str | None, client: ClientInfo, request: PortRequest) -> PortConnection:
         """Authorize the caller (the Bearer `key`, if any) for the sandbox's port and connect to it.
 
         `AuthenticationError` (401) without a valid key on a sandbox that is not public; `NotFoundError` (404)
         for another tenant's sandbox or one that does not exist; `ConflictError` (409) for a paused one;
-        `AgentError` (502) naming the port when nothing listens there. Each refusal past authentication is
-        recorded, as the connection is when it closes."""
-        owner, public = await self._owner(request.sandbox_id)
+        `AgentError` (502) naming the port when nothing listens there. A paused sandbox created with
+        `auto_resume` is resumed first (`AutoResume`). Each refusal past authentication is recorded, as the
+        connection is when it closes."""
+        owner, public, waking = await self._owner(request.sandbox_id)
         principal = None
         if public:
-            audit = _Record(self._svc.store, owner, None, None, request, client.client, public=True)
+            audit = _Record(self._store, owner, None, None, request, client.client, public=True)
         else:
             principal = await self._caller(key, client, request.sandbox_id)
-            audit = _Record(self._svc.store, principal.tenant_id, principal.key_id, principal.role.value, request,
+            audit = _Record(self._store, principal.tenant_id, principal.key_id, principal.role.value, request,
                             client.client, public=False)
         try:
             if principal is not None:
                 require_sandbox(principal, Action.SANDBOX_EXEC, request.sandbox_id, owner)
-            sock = await self._svc.engine.get(request.sandbox_id).open_port(request.port)
+            if waking:
+                record = await self._store.get_sandbox(request.sandbox_id)
+                await self._auto_resume.awake(record, principal, PORT_REASON)
+            sock = await self._sessions.get(request.sandbox_id).open_port(request.port)
         except BaseException as exc:
             if isinstance(exc, CorralError):
                 exc.details.setdefault("sandbox_id", request.sandbox_id)
@@ -154,27 +167,28 @@ class Ports:
     async def _caller(self, credential: str | None, client: ClientInfo, sandbox_id: str) -> Principal:
         """An API key, or one of the sandbox's own access tokens (its ports token, as E2B's SDKs send it)."""
         if credential is not None and not _is_corral_key(credential):
-            return await self._svc.access.authenticate(sandbox_id, credential, client,
-                                                       purposes=(TokenPurpose.PORTS, TokenPurpose.SANDBOX))
-        return await self._svc.authenticate(credential, client)
+            return await self._access.authenticate(sandbox_id, credential, client,
+                                                   purposes=(TokenPurpose.PORTS, TokenPurpose.SANDBOX))
+        return await self._callers.authenticate(credential, client)
 
-    async def _owner(self, sandbox_id: str) -> tuple[str | None, bool]:
-        """The sandbox's tenant (None: no such live sandbox) and whether its ports are public.
+    async def _owner(self, sandbox_id: str) -> tuple[str | None, bool, bool]:
+        """The sandbox's tenant (None: no such live sandbox), whether its ports are public and whether it resumes
+        on a request (`auto_resume`).
 
-        Both are fixed for a sandbox's life and ids are never reused, so what was found is kept (a sandbox that
+        All are fixed for a sandbox's life and ids are never reused, so what was found is kept (a sandbox that
         ended since is refused by the engine, which knows only live ones); what was not found is asked again."""
         known = self._known.get(sandbox_id)
         if known is not None:
             return known
         try:
-            record = await self._svc.store.get_sandbox(sandbox_id)
+            record = await self._store.get_sandbox(sandbox_id)
         except NotFoundError:
-            return None, False
+            return None, False, False
         if not record.live:
-            return None, False
+            return None, False, False
         if len(self._known) >= _KNOWN_MAX:
             del self._known[next(iter(self._known))]
-        self._known[sandbox_id] = found = (record.tenant_id, record.spec.public_ports)
+        self._known[sandbox_id] = found = (record.tenant_id, record.spec.public_ports, record.spec.auto_resume)
         return found
 
 

@@ -25,7 +25,7 @@ from ._commands import Command, StartCallback, exec_outcome
 from ._streamed import OutputCallback, Streamed, refusals
 
 if TYPE_CHECKING:
-    from ._service import Service
+    from ._on_sandbox import OnSandbox
 
 __all__ = ["AttachStream", "Processes", "parse_signal"]
 
@@ -77,8 +77,8 @@ def _ended_outcome(result: ExecResult | None) -> dict[str, Any]:
 
 
 class Processes:
-    def __init__(self, service: Service) -> None:
-        self._svc = service
+    def __init__(self, on: OnSandbox) -> None:
+        self._on = on
 
     async def start(self, principal: Principal, sandbox_id: str, command: Command, *,
                     keep_stdin: bool = False) -> ProcessInfo:
@@ -87,26 +87,21 @@ class Processes:
         `command.keep_stdin`; after `command.stdin`, if any); else it is /dev/null. A terminal's is its input."""
         keep_stdin = keep_stdin or command.keep_stdin
         params = {**command.audit_params(), "stdin": keep_stdin}
-        async with self._svc.audited(principal, "process.start", sandbox_id, params=params, status=201) as audit:
+        async with self._on.audited(principal, "process.start", sandbox_id, params=params, status=201) as audit:
             processes = await self._processes(principal, sandbox_id)
-            info = await processes.start(command.cmd, cwd=command.cwd, env=command.env or None,
-                                         timeout=command.timeout, max_output=command.max_output,
-                                         stdin=keep_stdin or command.stdin is not None, tag=command.tag,
-                                         pty=command.pty, user=command.user)
+            info = await processes.launch(replace(command, keep_stdin=keep_stdin))
             audit.outcome.update({"process": info.id, "pid": info.pid})
-            if command.stdin is not None:
-                await processes.send_stdin(info.id, command.stdin, eof=not keep_stdin and command.pty is None)
         return replace(info, running=True, started_at=datetime.now(UTC).timestamp())
 
     async def list(self, principal: Principal, sandbox_id: str) -> builtins.list[ProcessInfo]:
-        async with self._svc.audited(principal, "process.list", sandbox_id) as audit:
+        async with self._on.audited(principal, "process.list", sandbox_id) as audit:
             found = await (await self._processes(principal, sandbox_id)).list()
             audit.outcome["count"] = len(found)
         return found
 
     async def get(self, principal: Principal, sandbox_id: str, ref: ProcessSelector) -> ProcessInfo:
         """The process `ref` names; a pid or tag that named several, the running one (else the newest)."""
-        async with self._svc.audited(principal, "process.get", sandbox_id, params={"process": _param(ref)}):
+        async with self._on.audited(principal, "process.get", sandbox_id, params={"process": _param(ref)}):
             return await (await self._processes(principal, sandbox_id)).get(ref)
 
     async def send_stdin(self, principal: Principal, sandbox_id: str, ref: ProcessSelector,
@@ -115,7 +110,7 @@ class Processes:
         bytes written. A process started without `keep_stdin` refuses it (ConflictError); a terminal refuses
         `eof` (InvalidRequestError: send Ctrl-D, 0x04, as input)."""
         params: dict[str, Any] = {"process": _param(ref), "eof": eof}
-        async with self._svc.audited(principal, "process.stdin", sandbox_id, params=params) as audit:
+        async with self._on.audited(principal, "process.stdin", sandbox_id, params=params) as audit:
             processes = await self._processes(principal, sandbox_id)
             sent = 0
             batch = bytearray()
@@ -138,7 +133,7 @@ class Processes:
                      cols: int) -> None:
         """Resize a PTY process's terminal (ConflictError for a process without one, or one that ended)."""
         params: dict[str, Any] = {"process": _param(ref), "rows": rows, "cols": cols}
-        async with self._svc.audited(principal, "process.resize", sandbox_id, params=params):
+        async with self._on.audited(principal, "process.resize", sandbox_id, params=params):
             await (await self._processes(principal, sandbox_id)).resize(ref, rows, cols)
 
     async def kill(self, principal: Principal, sandbox_id: str, ref: ProcessSelector,
@@ -146,7 +141,7 @@ class Processes:
         """Send `signal` (a number or a name) to the process's group; None: SIGKILL to its whole tree, which
         returns once the process is reaped (its pid no longer answers)."""
         params: dict[str, Any] = {"process": _param(ref), "signal": signal}
-        async with self._svc.audited(principal, "process.kill", sandbox_id, params=params, status=204):
+        async with self._on.audited(principal, "process.kill", sandbox_id, params=params, status=204):
             processes = await self._processes(principal, sandbox_id)
             await processes.kill(ref, parse_signal(signal))
 
@@ -154,7 +149,7 @@ class Processes:
                    timeout: float | None = None) -> ExecResult | None:
         """The process's result once it ends; None if it still runs after `timeout` seconds."""
         params: dict[str, Any] = {"process": _param(ref), "timeout": timeout}
-        async with self._svc.audited(principal, "process.wait", sandbox_id, params=params) as audit:
+        async with self._on.audited(principal, "process.wait", sandbox_id, params=params) as audit:
             result = await (await self._processes(principal, sandbox_id)).wait(ref, timeout)
             audit.outcome.update(_ended_outcome(result))
         return result
@@ -166,15 +161,15 @@ class Processes:
         params: dict[str, Any] = {"process": _param(ref), "timeout": timeout}
         if not replay:
             params["replay"] = False
-        async with refusals(self._svc.audited(principal, "process.attach", sandbox_id, params=params)) as audit:
+        async with refusals(self._on.audited(principal, "process.attach", sandbox_id, params=params)) as audit:
             processes = await self._processes(principal, sandbox_id)
             await processes.get(ref)
         return AttachStream(audit, processes, ref, timeout, replay=replay)
 
     async def _processes(self, principal: Principal, sandbox_id: str) -> EngineProcesses:
         # Ownership first: another tenant's sandbox is a 404 before anything about its processes is looked at.
-        await self._svc.sandboxes.authorized(principal, sandbox_id, Action.SANDBOX_EXEC)
-        return self._svc.engine.get(sandbox_id).processes
+        await self._on.authorize(principal, sandbox_id, Action.SANDBOX_EXEC)
+        return self._on.sessions.get(sandbox_id).processes
 
 
 def _param(ref: ProcessSelector) -> str | dict[str, str | int]:

@@ -29,7 +29,7 @@ from ._audited import Audited
 from ._streamed import refusals
 
 if TYPE_CHECKING:
-    from ._service import Service
+    from ._on_sandbox import OnSandbox
 
 __all__ = ["Pty", "PtyRequest", "Terminal"]
 
@@ -59,15 +59,15 @@ StartReader = Callable[[], Awaitable[PtyRequest | None]]
 
 
 class Pty:
-    def __init__(self, service: Service) -> None:
-        self._svc = service
+    def __init__(self, on: OnSandbox) -> None:
+        self._on = on
 
     async def open(self, principal: Principal, sandbox_id: str, request: StartReader) -> Terminal | None:
         """Authorize, then ask the client for its `request` (only once the sandbox is known to be its own), then
         open the terminal. None: the client left before asking (`request` returned None); recorded so."""
-        audit = self._svc.audited(principal, "sandbox.pty", sandbox_id)
+        audit = self._on.audited(principal, "sandbox.pty", sandbox_id)
         async with refusals(audit):
-            await self._svc.sandboxes.authorized(principal, sandbox_id, Action.SANDBOX_EXEC)
+            await self._on.authorize(principal, sandbox_id, Action.SANDBOX_EXEC)
             wanted = await request()
             if wanted is None:
                 audit.outcome["disconnected"] = True
@@ -75,7 +75,7 @@ class Pty:
                 return None
             audit.params.update(wanted.audit_params())
             with _agent_errors():
-                session = await self._svc.engine.get(sandbox_id).pty(
+                session = await self._on.sessions.get(sandbox_id).pty(
                     wanted.cmd, rows=wanted.rows, cols=wanted.cols, cwd=wanted.cwd, env=wanted.env or None,
                     timeout=wanted.timeout, user=wanted.user)
             audit.outcome.update({"process": session.id, "pid": session.pid})

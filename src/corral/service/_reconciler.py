@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from .._exceptions import ConflictError, CorralError, NotFoundError, QuotaExceededError, SandboxTimeoutError
@@ -30,9 +31,14 @@ from ..control import AuditEvent, SandboxRecord
 from ._background import cancel
 
 if TYPE_CHECKING:
-    from ._service import Service
+    from ..control import ControlStore
+    from ..engine import Engine
+    from ._replicas import Replica
+    from ._telemetry import Telemetry
 
-__all__ = ["Reconciler"]
+__all__ = ["PauseToDisk", "Reconciler"]
+
+PauseToDisk = Callable[[str], Awaitable[SandboxRecord]]  # `Sandboxes.pause_to_disk`: the quota-checked pause
 
 logger = logging.getLogger("corral.service")
 
@@ -43,8 +49,13 @@ ORPHAN_GRACE = 30.0  # seconds: a sandbox this young may still be between engine
 
 
 class Reconciler:
-    def __init__(self, service: Service, *, interval: float = INTERVAL) -> None:
-        self._svc = service
+    def __init__(self, store: ControlStore, engine: Engine, replica: Replica, pause_to_disk: PauseToDisk, *,
+                 telemetry: Telemetry | None = None, interval: float = INTERVAL) -> None:
+        self._store = store
+        self._engine = engine
+        self._replica = replica
+        self._pause_to_disk = pause_to_disk
+        self._telemetry = telemetry
         self.interval = interval
         self._task: asyncio.Task[None] | None = None
 
@@ -58,7 +69,7 @@ class Reconciler:
         await cancel(self._task)
         self._task = None
         with contextlib.suppress(Exception):  # best effort: otherwise the lease simply expires
-            await self._svc.store.replicas.release(LEASE, self._svc.replica.id)
+            await self._store.replicas.release(LEASE, self._replica.id)
 
     async def _run(self) -> None:
         passes = 0
@@ -71,8 +82,8 @@ class Reconciler:
             except Exception:
                 ok = False
                 logger.exception("reconciler.pass_failed")
-            if self._svc.telemetry is not None:
-                self._svc.telemetry.reconciled(time.perf_counter() - started, ok=ok)
+            if self._telemetry is not None:
+                self._telemetry.reconciled(time.perf_counter() - started, ok=ok)
 
     async def run_pass(self, *, orphans: bool = False) -> None:
         """One pass; with `orphans`, also the checks that list every live record (every `ORPHAN_EVERY` passes)."""
@@ -87,7 +98,7 @@ class Reconciler:
     async def expire(self) -> list[str]:
         """End every sandbox past its timeout (destroyed, or paused to disk as it asked); returns their ids."""
         ended: list[str] = []
-        for record in await self._svc.store.expired_sandboxes(owner=self._svc.replica.id):
+        for record in await self._store.expired_sandboxes(owner=self._replica.id):
             reason = "timeout"
             if record.spec.on_timeout == "pause_memory":
                 if await self._auto_pause_in_memory(record):
@@ -108,13 +119,13 @@ class Reconciler:
     async def _auto_pause(self, record: SandboxRecord) -> bool | None:
         """Pause to disk at the end of the TTL: True if paused, False if the quota forbids it, None if it failed."""
         try:
-            await self._svc.sandboxes.pause_to_disk(record.id)
+            await self._pause_to_disk(record.id)
         except QuotaExceededError:
             return False
         except CorralError:
             logger.exception("sandbox.auto_pause_failed", extra={"sandbox": record.id})
             return None
-        await self._svc.store.audit.append(AuditEvent(
+        await self._store.audit.append(AuditEvent(
             action="sandbox.auto_pause", target=record.id, tenant_id=record.tenant_id,
             outcome={"status": "paused", "reason": "timeout", "to_disk": True}))
         return True
@@ -123,12 +134,12 @@ class Reconciler:
         """Freeze in place at the end of the TTL (processes kept); False (logged, tried again) if it failed."""
         try:
             with contextlib.suppress(ConflictError):  # frozen already (paused by hand): only the record changes
-                await self._svc.engine.pause(record.id)
-            await self._svc.store.auto_paused(record.id)
+                await self._engine.pause(record.id)
+            await self._store.auto_paused(record.id)
         except CorralError:
             logger.exception("sandbox.auto_pause_failed", extra={"sandbox": record.id})
             return False
-        await self._svc.store.audit.append(AuditEvent(
+        await self._store.audit.append(AuditEvent(
             action="sandbox.auto_pause", target=record.id, tenant_id=record.tenant_id,
             outcome={"status": "paused", "reason": "timeout", "to_disk": False}))
         return True
@@ -136,19 +147,18 @@ class Reconciler:
     async def remove_forgotten(self) -> list[str]:
         """Destroy sandboxes paused (to disk, or in place by their timeout) for longer than their tenant allows;
         returns their ids."""
-        return [record.id for record in await self._svc.store.forgotten_paused(owner=self._svc.replica.id)
+        return [record.id for record in await self._store.forgotten_paused(owner=self._replica.id)
                 if await self._destroy(record, "paused for longer than the tenant's max_paused_seconds")]
 
     async def _destroy(self, record: SandboxRecord, reason: str) -> bool:
-        svc = self._svc
         try:
             with contextlib.suppress(NotFoundError, SandboxTimeoutError):
-                await svc.engine.destroy(record.id)
-            await svc.store.mark_destroyed(record.id)
+                await self._engine.destroy(record.id)
+            await self._store.mark_destroyed(record.id)
         except CorralError:
             logger.exception("sandbox.reap_failed", extra={"sandbox": record.id})
             return False
-        await svc.store.audit.append(AuditEvent(
+        await self._store.audit.append(AuditEvent(
             action="sandbox.expire", target=record.id, tenant_id=record.tenant_id,
             outcome={"status": "destroyed", "reason": reason}))
         return True
@@ -157,30 +167,28 @@ class Reconciler:
         """Destroy what this engine runs whose record has ended elsewhere (a kill or the kill switch through
         another replica while this one did not answer it): every pass, so such a stop takes a second, not the
         orphan check's period. The record's end was audited by whoever ended it."""
-        svc = self._svc
-        ended = await svc.store.replicas.ended([info.id for info in svc.engine.list()])
+        ended = await self._store.replicas.ended([info.id for info in self._engine.list()])
         for sandbox_id in ended:
             with contextlib.suppress(NotFoundError, SandboxTimeoutError):
-                await svc.engine.destroy(sandbox_id)
+                await self._engine.destroy(sandbox_id)
             logger.info("sandbox.ended_elsewhere", extra={"sandbox": sandbox_id})
         return ended
 
     async def cluster_pass(self) -> list[str]:
         """If this replica holds (or takes) the lease: mark the sandboxes of stopped replicas, and end the records
         of lost sandboxes past their timeout. Returns the ids changed; nothing if another replica holds it."""
-        svc, replica = self._svc, self._svc.replica
-        registry = svc.store.replicas
+        replica, registry = self._replica, self._store.replicas
         if not await registry.acquire(LEASE, replica.id, replica.ttl):
             return []
         changed: list[str] = []
         for record in await registry.mark_lost(replica.ttl):
-            await svc.store.audit.append(AuditEvent(
+            await self._store.audit.append(AuditEvent(
                 action="sandbox.lost", target=record.id, tenant_id=record.tenant_id,
                 outcome={"status": record.state.value, "reason": record.reason, "replica": record.owner}))
             changed.append(record.id)
         for record in await registry.expired_lost():
-            await svc.store.mark_destroyed(record.id)
-            await svc.store.audit.append(AuditEvent(
+            await self._store.mark_destroyed(record.id)
+            await self._store.audit.append(AuditEvent(
                 action="sandbox.expire", target=record.id, tenant_id=record.tenant_id,
                 outcome={"status": "destroyed", "reason": f"timeout, while lost: {record.reason}"}))
             changed.append(record.id)
@@ -188,15 +196,14 @@ class Reconciler:
 
     async def remove_orphans(self) -> list[str]:
         """Destroy sandboxes this engine runs that no live record claims (older than the grace period)."""
-        svc = self._svc
-        live = {r.id for r in await svc.store.list_sandboxes(None)}
+        live = {r.id for r in await self._store.list_sandboxes(None)}
         removed: list[str] = []
-        for info in svc.engine.list():
+        for info in self._engine.list():
             if info.id in live or _young(info.created_at.timestamp()):
                 continue
             with contextlib.suppress(NotFoundError, SandboxTimeoutError):
-                await svc.engine.destroy(info.id)
-            await svc.store.audit.append(AuditEvent(
+                await self._engine.destroy(info.id)
+            await self._store.audit.append(AuditEvent(
                 action="sandbox.orphan", target=info.id, tenant_id=None,
                 outcome={"status": "destroyed", "reason": "no live record claims it"}))
             removed.append(info.id)
@@ -205,17 +212,16 @@ class Reconciler:
 
     async def remove_ghosts(self) -> list[str]:
         """End the live records of this replica's running or paused sandboxes that its engine does not run."""
-        svc = self._svc
-        running = {info.id for info in svc.engine.list()}
+        running = {info.id for info in self._engine.list()}
         ended: list[str] = []
-        for record in await svc.store.list_sandboxes(None):
-            if record.id in running or record.owner not in (None, svc.replica.id) \
+        for record in await self._store.list_sandboxes(None):
+            if record.id in running or record.owner not in (None, self._replica.id) \
                     or record.state not in (SandboxState.RUNNING, SandboxState.PAUSED):
                 continue
-            if record.id in {info.id for info in svc.engine.list()}:  # made or adopted meanwhile
+            if record.id in {info.id for info in self._engine.list()}:  # made or adopted meanwhile
                 continue
-            await svc.store.mark_destroyed(record.id, failed=True)
-            await svc.store.audit.append(AuditEvent(
+            await self._store.mark_destroyed(record.id, failed=True)
+            await self._store.audit.append(AuditEvent(
                 action="sandbox.lost", target=record.id, tenant_id=record.tenant_id,
                 outcome={"status": "failed", "reason": "its backend no longer runs it"}))
             ended.append(record.id)

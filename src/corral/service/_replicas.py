@@ -34,7 +34,8 @@ from ..control import Action, AuditEvent, ReplicaInfo, SandboxRecord
 from ._background import cancel
 
 if TYPE_CHECKING:
-    from ._service import Service
+    from ..control import ControlStore
+    from ..engine import Engine
 
 __all__ = ["DEFAULT_REPLICA_TTL", "REPLICA_ID", "Replica", "ReplicaConfig"]
 
@@ -67,8 +68,9 @@ class ReplicaConfig:
 
 
 class Replica:
-    def __init__(self, service: Service, config: ReplicaConfig) -> None:
-        self._svc = service
+    def __init__(self, store: ControlStore, engine: Engine, config: ReplicaConfig) -> None:
+        self._store = store
+        self._engine = engine  # what this replica's backend runs
         self.config = config
         self.id = config.id or ""
         self.url = config.url.rstrip("/")
@@ -81,10 +83,10 @@ class Replica:
 
     async def start(self) -> None:
         """After the engine (it reconciles what the engine runs with the records this replica owns)."""
-        self.id = self.config.id or _stored_id(self._svc.store.home)
+        self.id = self.config.id or _stored_id(self._store.home)
         await self._check_unique()
         if not self._secret:
-            self._secret = (await self._svc.store.replicas.secret()).encode()
+            self._secret = (await self._store.replicas.secret()).encode()
         await self._beat()
         await self._recover(startup=True)
         self._task = asyncio.create_task(self._run(), name="corral-heartbeat")
@@ -93,7 +95,7 @@ class Replica:
         """Two live servers under one id would each take the other's sandboxes for their own (and fail its
         creates at start): refuse to start as a replica that answers at another URL. The same URL is this
         server restarting (after a SIGKILL its heartbeat is still fresh)."""
-        known = await self._svc.store.replicas.get(self.id, self.ttl)
+        known = await self._store.replicas.get(self.id, self.ttl)
         if known is not None and known.alive and known.url != self.url:
             raise ConflictError(f"replica id {self.id!r} is in use by a live replica at {known.url} (heartbeat "
                                 f"at {known.heartbeat_at.isoformat(timespec='seconds')}): give this server "
@@ -115,7 +117,7 @@ class Replica:
                 logger.exception("replica.heartbeat_failed", extra={"replica": self.id})
 
     async def _beat(self) -> None:
-        registry = self._svc.store.replicas
+        registry = self._store.replicas
         await registry.heartbeat(self.id, self.url)
         self._peers = {info.id: info for info in await registry.all(self.ttl)}
 
@@ -124,7 +126,7 @@ class Replica:
         got no sandbox; the engine's half of one is an orphan the reconciler removes), lost sandboxes it still
         runs are running again, lost ones it does not run have ended, and records made before replicas are
         claimed. Later, only lost sandboxes it still runs are taken back."""
-        store, running = self._svc.store, {info.id for info in self._svc.engine.list()}
+        store, running = self._store, {info.id for info in self._engine.list()}
         if startup:
             await store.replicas.claim_unowned(sorted(running), self.id)
         states = (SandboxState.CREATING, SandboxState.LOST) if startup else (SandboxState.LOST,)
@@ -141,7 +143,7 @@ class Replica:
             await self._audit(record, "sandbox.lost", "failed", why)
 
     async def _audit(self, record: SandboxRecord, action: str, status: str, reason: str) -> None:
-        await self._svc.store.audit.append(AuditEvent(
+        await self._store.audit.append(AuditEvent(
             action=action, target=record.id, tenant_id=record.tenant_id,
             outcome={"status": status, "reason": reason, "replica": self.id}))
 
@@ -150,13 +152,13 @@ class Replica:
     async def route(self, sandbox_id: str) -> str | None:
         """The URL of the live replica that runs `sandbox_id` if that is another one; None to serve it here
         (this replica's, unknown, ended, lost, or its replica stopped answering: the service says which)."""
-        record = await self._svc.store.find_sandbox(sandbox_id)
+        record = await self._store.find_sandbox(sandbox_id)
         if record is None or not record.live or record.owner in (None, self.id) \
                 or record.state is SandboxState.LOST:
             return None
         peer = self._peers.get(record.owner)
         if peer is None or not self._alive(peer):  # as of this replica's last beat: it may have (re)started since
-            peer = await self._svc.store.replicas.get(record.owner, self.ttl)
+            peer = await self._store.replicas.get(record.owner, self.ttl)
             if peer is not None:
                 self._peers[peer.id] = peer
         return peer.url if peer is not None and self._alive(peer) else None

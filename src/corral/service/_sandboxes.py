@@ -8,9 +8,7 @@ record whose sandbox could not be made stops counting against the tenant's quota
 from __future__ import annotations
 
 import asyncio
-import base64
 import builtins
-import json
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -54,13 +52,23 @@ from ..control import (
 )
 from ..egress import EgressPolicy
 from ..engine import Adoption
+from ._cursor import decode_cursor, encode_cursor
 from ._metrics import SandboxMetric
 from ._outcome import RETRY_AFTER_DETAIL
 from ._secrets import SecretRequest, audit_secrets, seal_secrets
 from ._snapshots import SNAPSHOT_ID, artifact_of
 
 if TYPE_CHECKING:
-    from ._service import Service
+    from ..control import ControlStore
+    from ..engine import Engine
+    from ._accounts import Tenants
+    from ._audited import Auditor
+    from ._metrics import MetricsSampler
+    from ._on_sandbox import Authorize
+    from ._replicas import Replica
+    from ._secrets import StoredSecrets
+    from ._snapshots import Snapshots
+    from ._volumes import Volumes
 
 __all__ = ["CHECKPOINT_UNAVAILABLE", "CreateSandbox", "ForkSandbox", "KillReport", "SandboxPage", "Sandboxes",
            "check_network", "file_roots"]
@@ -92,6 +100,8 @@ class CreateSandbox(BaseModel):
     file_roots: list[str] | None = None  # None: DEFAULT_FILE_ROOTS
     # "pause": paused to disk when the TTL ends; "pause_memory": frozen in place, processes kept (docs/lifecycle.md)
     on_timeout: Literal["kill", "pause", "pause_memory"] = "kill"
+    # Paused, it resumes when a request reaches it (commands, files, code, ports; E2B's autoResume; docs/lifecycle.md)
+    auto_resume: bool = False
     volumes: dict[str, str] = Field(default_factory=dict)  # mount path -> the tenant's volume name
     public_ports: bool = False  # the sandbox's ports answer without the tenant's key (docs/lifecycle.md)
     # Root inside the sandbox (docs/security.md): commands and files may act as "root", and `sudo` works. Only
@@ -130,20 +140,6 @@ class SandboxPage:
     next_cursor: str | None
 
 
-def _encode_cursor(record: SandboxRecord) -> str:
-    raw = json.dumps([record.created_at.isoformat(), record.id]).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str) -> tuple[datetime, str]:
-    try:
-        at, last_id = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        return datetime.fromisoformat(at), str(last_id)
-    except (ValueError, TypeError, RecursionError) as exc:
-        raise InvalidRequestError(f"malformed page token {cursor[:64]!r}: pass the one the previous page gave")\
-            from exc
-
-
 @dataclass(frozen=True)
 class KillReport:
     killed: list[str]
@@ -179,25 +175,39 @@ def check_network(network: str | list[str], egress: TenantEgress) -> str | list[
 
 
 class Sandboxes:
-    def __init__(self, service: Service) -> None:
-        self._svc = service
+    """Each dependency is what it uses of it: the store and the engine it orchestrates, the audit, the authorize
+    step (`authorized`), this replica's id (the owner of what it creates), the tenants (the kill switch's),
+    volumes, stored secrets and snapshots (what a create resolves), and the metrics sampler (`metrics`)."""
+
+    def __init__(self, store: ControlStore, engine: Engine, audited: Auditor, authorize: Authorize, *,
+                 replica: Replica, tenants: Tenants, volumes: Volumes, secrets: StoredSecrets, snapshots: Snapshots,
+                 sampler: MetricsSampler) -> None:
+        self._store = store
+        self._engine = engine
+        self._audited = audited
+        self._authorize = authorize
+        self._replica = replica
+        self._tenants = tenants
+        self._volumes = volumes
+        self._secrets = secrets
+        self._snapshots = snapshots
+        self._sampler = sampler
 
     # -- lifecycle -----------------------------------------------------------------------------------------
 
     async def create(self, principal: Principal, request: CreateSandbox) -> SandboxRecord:
-        svc = self._svc
         sandbox_id = f"sb-{secrets.token_hex(8)}"
-        async with svc.audited(principal, "sandbox.create", sandbox_id, params=request.audit_params(),
-                               status=201) as audit:
+        async with self._audited(principal, "sandbox.create", sandbox_id, params=request.audit_params(),
+                                 status=201) as audit:
             source = await self._source(principal, request.template)
-            volumes = await svc.volumes.resolve(principal, request.volumes) if request.volumes else {}
-            stored = await svc.secrets.for_sandbox(principal, request.secrets) if request.secrets else {}
-            tenant, egress = await svc.store.tenant_settings(principal.tenant_id)
+            volumes = await self._volumes.resolve(principal, request.volumes) if request.volumes else {}
+            stored = await self._secrets.for_sandbox(principal, request.secrets) if request.secrets else {}
+            tenant, egress = await self._store.tenant_settings(principal.tenant_id)
             spec = self._spec(request, egress, volumes, template_known=source is not None, stored=stored)
             spec = await self._required_runtime(principal, spec, audit.outcome, tenant)
-            claimed = svc.engine.claim(spec) if source is None else None
+            claimed = self._engine.claim(spec) if source is None else None
             if claimed is None:
-                return await self._start(principal, spec, sandbox_id, lambda: svc.engine.create(
+                return await self._start(principal, spec, sandbox_id, lambda: self._engine.create(
                     spec, sandbox_id=sandbox_id, source=source))
             audit.target = claimed
             return await self._adopt(principal, spec, claimed)
@@ -208,7 +218,7 @@ class Sandboxes:
         destroys it (never pooled again: the refused create's audit record names it, and no tenant may know
         another's sandbox id). Until the record exists nobody can reach it; the reconciler spares young
         sandboxes, and one left by a crash here has no record and is swept as an orphan."""
-        engine = self._svc.engine
+        engine = self._engine
         try:
             await engine.adopt(claimed, spec)
         except BaseException:
@@ -227,11 +237,11 @@ class Sandboxes:
         a sandbox asked for on runc is upgraded, and the audit `outcome` says so. Every path that starts a
         sandbox for a tenant (create, from a snapshot too, and fork) comes through here. A backend that cannot
         run the required runtime refuses, naming the policy: it never falls back to a weaker one."""
-        required = (tenant or await self._svc.store.get_tenant(principal.tenant_id)).required_runtime
+        required = (tenant or await self._store.get_tenant(principal.tenant_id)).required_runtime
         if required is None:
             return spec
         runtime = Runtime(required)
-        backend = self._svc.engine.backend
+        backend = self._engine.backend
         if runtime not in backend_runtimes(backend):
             raise RuntimeUnavailableError(
                 f"this tenant's policy requires the {runtime.value} runtime for every sandbox, and the "
@@ -257,7 +267,7 @@ class Sandboxes:
             await make()
         except BaseException:
             for record in reserved:
-                await asyncio.shield(self._svc.store.mark_destroyed(record.id, failed=True))
+                await asyncio.shield(self._store.mark_destroyed(record.id, failed=True))
             raise
         return [await self._mark_running(record.id) for record in reserved]
 
@@ -266,12 +276,12 @@ class Sandboxes:
         if not SNAPSHOT_ID.fullmatch(template):
             return None
         try:
-            snapshot = await self._svc.snapshots.authorized(principal, template, Action.SANDBOX_READ)
+            snapshot = await self._snapshots.authorized(principal, template, Action.SANDBOX_READ)
         except NotFoundError:
             raise InvalidRequestError(f"no template or snapshot {template!r}", details={"template": template}) from None
-        if snapshot.backend != self._svc.engine.backend.name:
+        if snapshot.backend != self._engine.backend.name:
             raise InvalidRequestError(f"snapshot {template} was taken on the {snapshot.backend} backend; this "
-                                      f"server runs the {self._svc.engine.backend.name} backend",
+                                      f"server runs the {self._engine.backend.name} backend",
                                       details={"template": template})
         return artifact_of(snapshot)
 
@@ -286,17 +296,18 @@ class Sandboxes:
                                else tuple(request.file_roots),
                                network=network if isinstance(network, str) else tuple(network),
                                network_private=tuple(egress.private), on_timeout=request.on_timeout,
+                               auto_resume=request.auto_resume,
                                volumes=volumes, public_ports=request.public_ports, root=request.root,
                                secrets=self._sealed(request, stored or {}))
         except pydantic.ValidationError as exc:
             problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'spec'}: {e['msg']}"
                                  for e in exc.errors())
             raise InvalidRequestError(f"invalid sandbox spec: {problems}") from None
-        self._svc.engine.check_secrets(spec)
+        self._engine.check_secrets(spec)
         if template_known:
             return spec
         try:
-            self._svc.engine.templates.get(spec.template)
+            self._engine.templates.get(spec.template)
         except NotFoundError as exc:
             raise InvalidRequestError(exc.message, details={"template": spec.template}) from None
         return spec
@@ -304,16 +315,15 @@ class Sandboxes:
     def _sealed(self, request: CreateSandbox, stored: dict[str, StoredSecret]) -> tuple[SealedSecret, ...]:
         if not request.secrets:
             return ()
-        return seal_secrets(request.secrets, request.env, self._svc.engine.keyring, stored)
+        return seal_secrets(request.secrets, request.env, self._engine.keyring, stored)
 
     async def fork(self, principal: Principal, sandbox_id: str, request: ForkSandbox) -> builtins.list[SandboxRecord]:
         """New sandboxes (`request.count`, default one) with the parent's files at this instant and its spec
         (unless `request` changes the timeout or metadata), counted against the tenant's quotas like creates.
         All or nothing: a quota that lacks room for all of them, or a child that cannot start, starts none."""
-        svc = self._svc
         child_ids = [f"sb-{secrets.token_hex(8)}" for _ in range(request.count or 1)]
-        async with svc.audited(principal, "sandbox.fork", sandbox_id,
-                               params=request.model_dump(mode="json"), status=201) as audit:
+        async with self._audited(principal, "sandbox.fork", sandbox_id,
+                                 params=request.model_dump(mode="json"), status=201) as audit:
             await self.authorized(principal, sandbox_id, Action.SANDBOX_READ)
             authorize(principal, Action.SANDBOX_CREATE, principal.tenant_id)
             changes: dict[str, Any] = {}
@@ -322,20 +332,20 @@ class Sandboxes:
             if request.metadata is not None:
                 changes["metadata"] = request.metadata
             try:
-                spec = svc.engine.spec(sandbox_id).model_copy(update=changes)  # with its env values
+                spec = self._engine.spec(sandbox_id).model_copy(update=changes)  # with its env values
                 spec = SandboxSpec.model_validate(spec.model_dump())
             except pydantic.ValidationError as exc:
                 raise InvalidRequestError(f"invalid fork: {exc.errors()[0]['msg']}") from None
             spec = await self._required_runtime(principal, spec, audit.outcome)  # set since the parent started
             audit.outcome["sandbox_ids"] = child_ids
-            return await self._start_many(principal, spec, child_ids, lambda: svc.engine.fork_many(
+            return await self._start_many(principal, spec, child_ids, lambda: self._engine.fork_many(
                 sandbox_id, child_ids, spec=spec))
 
     async def _reserve(self, principal: Principal, spec: SandboxSpec, sandbox_id: str, *,
                        running: bool = False) -> SandboxRecord:
         try:
-            return await self._svc.store.reserve_sandbox(principal, spec, sandbox_id=sandbox_id,
-                                                         owner=self._svc.replica.id, running=running)
+            return await self._store.reserve_sandbox(principal, spec, sandbox_id=sandbox_id,
+                                                     owner=self._replica.id, running=running)
         except QuotaExceededError as exc:
             if exc.details.get("limit") in _TOTAL_QUOTAS:
                 exc.details[RETRY_AFTER_DETAIL] = await self._retry_after(principal.tenant_id)
@@ -343,7 +353,7 @@ class Sandboxes:
 
     async def _retry_after(self, tenant_id: str) -> int:
         """Seconds until the tenant's first sandbox expires: the earliest a total quota can free up by itself."""
-        live = await self._svc.store.list_sandboxes(tenant_id)
+        live = await self._store.list_sandboxes(tenant_id)
         if not live:
             return 1
         wait = (min(r.expires_at for r in live) - datetime.now(UTC)).total_seconds()
@@ -352,7 +362,7 @@ class Sandboxes:
     async def _mark_running(self, sandbox_id: str) -> SandboxRecord:
         """Record the new sandbox as running, unless the kill switch ended it while the engine was creating it."""
         try:
-            return await self._svc.store.mark_running(sandbox_id)
+            return await self._store.mark_running(sandbox_id)
         except BaseException as exc:
             await self.destroy(sandbox_id)  # what the engine made must not outlive its record
             if isinstance(exc, NotFoundError):
@@ -362,9 +372,9 @@ class Sandboxes:
 
     async def list(self, principal: Principal, metadata: dict[str, str] | None = None) -> list[SandboxRecord]:
         wanted = metadata or {}
-        async with self._svc.audited(principal, "sandbox.list", None, params={"metadata": wanted}) as audit:
+        async with self._audited(principal, "sandbox.list", None, params={"metadata": wanted}) as audit:
             authorize(principal, Action.SANDBOX_READ, principal.tenant_id)
-            records = await self._svc.store.list_sandboxes(principal.tenant_id, metadata=wanted)
+            records = await self._store.list_sandboxes(principal.tenant_id, metadata=wanted)
             audit.outcome["count"] = len(records)
         return records
 
@@ -373,38 +383,38 @@ class Sandboxes:
         `next_cursor` (a malformed one is `InvalidRequestError`)."""
         params = {"metadata": dict(query.metadata), "states": sorted(query.states or ()), "template": query.template,
                   "newest_first": query.newest_first, "limit": query.limit}
-        async with self._svc.audited(principal, "sandbox.list", None, params=params) as audit:
+        async with self._audited(principal, "sandbox.list", None, params=params) as audit:
             authorize(principal, Action.SANDBOX_READ, principal.tenant_id)
             limit = query.limit
-            wanted = replace(query, after=_decode_cursor(cursor) if cursor else None,
+            wanted = replace(query, after=decode_cursor(cursor) if cursor else None,
                              limit=None if limit is None else limit + 1)
-            records = await self._svc.store.query_sandboxes(principal.tenant_id, wanted)
+            records = await self._store.query_sandboxes(principal.tenant_id, wanted)
             more = limit is not None and len(records) > limit
             if more:
                 records = records[:limit]
             audit.outcome["count"] = len(records)
-        return SandboxPage(records, _encode_cursor(records[-1]) if more else None)
+        return SandboxPage(records, encode_cursor(records[-1]) if more else None)
 
     async def egress_limits(self, principal: Principal) -> TenantEgress:
         """What network the caller's own tenant may give its sandboxes (its ceiling and private pairs): what a
         front end needs to turn another API's network settings into a policy the tenant may have. Anyone who may
         create sandboxes may know it; not audited (the create that uses it is)."""
         authorize(principal, Action.SANDBOX_CREATE, principal.tenant_id)
-        return await self._svc.store.tenant_egress(principal.tenant_id)
+        return await self._store.tenant_egress(principal.tenant_id)
 
     async def alive(self, principal: Principal, sandbox_id: str) -> bool:
         """Whether the sandbox runs and its agent answers: False for a paused, ended, unknown or wedged one."""
-        async with self._svc.audited(principal, "sandbox.health", sandbox_id) as audit:
+        async with self._audited(principal, "sandbox.health", sandbox_id) as audit:
             try:
                 record = await self.authorized(principal, sandbox_id, Action.SANDBOX_READ)
-                alive = record.state is SandboxState.RUNNING and await self._svc.engine.alive(sandbox_id)
+                alive = record.state is SandboxState.RUNNING and await self._engine.alive(sandbox_id)
             except NotFoundError:
                 alive = False
             audit.outcome["alive"] = alive
         return alive
 
     async def get(self, principal: Principal, sandbox_id: str) -> SandboxRecord:
-        async with self._svc.audited(principal, "sandbox.get", sandbox_id):
+        async with self._audited(principal, "sandbox.get", sandbox_id):
             return await self.authorized(principal, sandbox_id, Action.SANDBOX_READ)
 
     async def metrics(self, principal: Principal, sandbox_id: str, start: datetime | None = None,
@@ -414,55 +424,55 @@ class Sandboxes:
         is paused, the last hour kept (`MetricsSampler`). A window before the sandbox existed is []."""
         start, end = _utc(start), _utc(end)
         params = {"start": _iso(start), "end": _iso(end)}
-        async with self._svc.audited(principal, "sandbox.metrics", sandbox_id, params=params) as audit:
+        async with self._audited(principal, "sandbox.metrics", sandbox_id, params=params) as audit:
             await self.authorized(principal, sandbox_id, Action.SANDBOX_READ)
             if start is not None and end is not None and start > end:
                 raise InvalidRequestError(f"start ({params['start']}) is after end ({params['end']})", details=params)
-            samples = self._svc.sampler.window(sandbox_id, start, end)
+            samples = self._sampler.window(sandbox_id, start, end)
             audit.outcome["count"] = len(samples)
             return samples
 
     async def kill(self, principal: Principal, sandbox_id: str) -> None:
-        async with self._svc.audited(principal, "sandbox.kill", sandbox_id, status=204):
+        async with self._audited(principal, "sandbox.kill", sandbox_id, status=204):
             await self.authorized(principal, sandbox_id, Action.SANDBOX_KILL)
             await self.destroy(sandbox_id)
 
     async def set_timeout(self, principal: Principal, sandbox_id: str, seconds: float) -> SandboxRecord:
-        async with self._svc.audited(principal, "sandbox.timeout", sandbox_id, params={"timeout": seconds}):
+        async with self._audited(principal, "sandbox.timeout", sandbox_id, params={"timeout": seconds}):
             await self.authorized(principal, sandbox_id, Action.SANDBOX_UPDATE)
-            return await self._svc.store.set_sandbox_timeout(sandbox_id, seconds)  # the reconciler reads it
+            return await self._store.set_sandbox_timeout(sandbox_id, seconds)  # the reconciler reads it
 
     async def set_network(self, principal: Principal, sandbox_id: str,
                           network: str | builtins.list[str]) -> SandboxRecord:
         """Change a live sandbox's egress policy: new connections follow it at once; open ones keep going."""
-        async with self._svc.audited(principal, "sandbox.network", sandbox_id, params={"network": network}):
+        async with self._audited(principal, "sandbox.network", sandbox_id, params={"network": network}):
             record = await self.authorized(principal, sandbox_id, Action.SANDBOX_UPDATE)
-            egress = await self._svc.store.tenant_egress(record.tenant_id)
+            egress = await self._store.tenant_egress(record.tenant_id)
             normal = check_network(network, egress)
-            self._svc.engine.set_network(sandbox_id, normal, private=egress.private)
-            return await self._svc.store.set_sandbox_network(sandbox_id, normal)
+            self._engine.set_network(sandbox_id, normal, private=egress.private)
+            return await self._store.set_sandbox_network(sandbox_id, normal)
 
     async def pause(self, principal: Principal, sandbox_id: str, *, memory: bool = True,
                     to_disk: bool = False) -> SandboxRecord:
         """`memory`: frozen in place; otherwise paused to disk (docs/lifecycle.md). `to_disk` with `memory`
         (processes kept across a pause to disk, by checkpointing them) is refused with the reason."""
         params = {"memory": memory, "to_disk": to_disk}
-        async with self._svc.audited(principal, "sandbox.pause", sandbox_id, params=params):
+        async with self._audited(principal, "sandbox.pause", sandbox_id, params=params):
             await self.authorized(principal, sandbox_id, Action.SANDBOX_UPDATE)
             if memory and to_disk:
                 raise RuntimeUnavailableError(CHECKPOINT_UNAVAILABLE, details={"feature": "checkpoint"})
             if memory:
-                await self._svc.engine.pause(sandbox_id)
-                return await self._svc.store.set_sandbox_state(sandbox_id, SandboxState.PAUSED)
+                await self._engine.pause(sandbox_id)
+                return await self._store.set_sandbox_state(sandbox_id, SandboxState.PAUSED)
             return await self.pause_to_disk(sandbox_id)
 
     async def pause_to_disk(self, sandbox_id: str) -> SandboxRecord:
         """Record first (the tenant's `max_paused`), then stop; a failed stop leaves it recorded as it was."""
-        store = self._svc.store
+        store = self._store
         before = await store.get_sandbox(sandbox_id)
         record = await store.pause_to_disk(sandbox_id)
         try:
-            await self._svc.engine.pause(sandbox_id, memory=False)
+            await self._engine.pause(sandbox_id, memory=False)
         except BaseException:
             await asyncio.shield(store.resumed(sandbox_id))
             if before.state is SandboxState.PAUSED:
@@ -471,35 +481,37 @@ class Sandboxes:
         return record
 
     async def resume(self, principal: Principal, sandbox_id: str) -> SandboxRecord:
-        async with self._svc.audited(principal, "sandbox.resume", sandbox_id):
-            return await self._resume(await self.authorized(principal, sandbox_id, Action.SANDBOX_UPDATE))
+        async with self._audited(principal, "sandbox.resume", sandbox_id):
+            return await self.resume_record(await self.authorized(principal, sandbox_id, Action.SANDBOX_UPDATE))
 
     async def connect(self, principal: Principal, sandbox_id: str, timeout: float | None = None, *,
                       resume: bool = True) -> tuple[SandboxRecord, bool]:
         """Make the sandbox usable: resumed if it is paused (unless not `resume`), and alive at least `timeout`
         more seconds (its end is only ever moved later, never earlier). Returns the record and whether it was
         resumed."""
-        async with self._svc.audited(principal, "sandbox.connect", sandbox_id,
-                                     params={"timeout": timeout, "resume": resume}) as audit:
+        async with self._audited(principal, "sandbox.connect", sandbox_id,
+                                 params={"timeout": timeout, "resume": resume}) as audit:
             record = await self.authorized(principal, sandbox_id, Action.SANDBOX_UPDATE)
             was_paused = resume and record.state is SandboxState.PAUSED
             if was_paused:
-                record = await self._resume(record)
+                record = await self.resume_record(record)
             if timeout is not None and record.expires_at < datetime.now(UTC) + timedelta(seconds=timeout):
-                record = await self._svc.store.set_sandbox_timeout(sandbox_id, timeout)
+                record = await self._store.set_sandbox_timeout(sandbox_id, timeout)
             audit.outcome["resumed"] = was_paused
         return record, was_paused
 
-    async def _resume(self, record: SandboxRecord) -> SandboxRecord:
+    async def resume_record(self, record: SandboxRecord) -> SandboxRecord:
+        """Resume a paused sandbox whose record the caller holds, authorized and audited already (the lifecycle's
+        own step, which auto-resume wakes sandboxes with too)."""
         sandbox_id = record.id
         if not record.paused_to_disk:
-            await self._svc.engine.resume(sandbox_id)
-            return await self._svc.store.resumed(sandbox_id)
-        resumed = await self._svc.store.resumed(sandbox_id)  # the running quotas, reserved before it boots
+            await self._engine.resume(sandbox_id)
+            return await self._store.resumed(sandbox_id)
+        resumed = await self._store.resumed(sandbox_id)  # the running quotas, reserved before it boots
         try:
-            await self._svc.engine.resume(sandbox_id)
+            await self._engine.resume(sandbox_id)
         except BaseException:
-            await asyncio.shield(self._svc.store.pause_to_disk(sandbox_id))
+            await asyncio.shield(self._store.pause_to_disk(sandbox_id))
             raise
         return resumed
 
@@ -510,24 +522,22 @@ class Sandboxes:
         return {r.id: Adoption(spec=r.spec, state=SandboxState.PAUSED if r.state is SandboxState.PAUSED
                                else SandboxState.RUNNING, paused_to_disk=r.paused_to_disk,
                                created_at=r.created_at.timestamp())
-                for r in await self._svc.store.list_sandboxes(None) if r.state in wanted}
+                for r in await self._store.list_sandboxes(None) if r.state in wanted}
 
     # -- shared by the other services ----------------------------------------------------------------------
 
     async def authorized(self, principal: Principal, sandbox_id: str, action: Action) -> SandboxRecord:
         """The sandbox if `principal` may do `action` on it; another tenant's is as unknown as a missing one. One
         that another replica runs, or that is lost, is refused with the reason (`Replica.check_local`)."""
-        record = await self._svc.store.sandbox_for(principal, sandbox_id, action)
-        self._svc.replica.check_local(record, action)
-        return record
+        return await self._authorize(principal, sandbox_id, action)
 
     async def destroy(self, sandbox_id: str) -> None:
         """Destroy in the engine (gone already is fine) and record it."""
         try:
-            await self._svc.engine.destroy(sandbox_id)
+            await self._engine.destroy(sandbox_id)
         except (NotFoundError, SandboxTimeoutError):
             pass
-        await self._svc.store.mark_destroyed(sandbox_id)
+        await self._store.mark_destroyed(sandbox_id)
 
     # -- the operator kill switch --------------------------------------------------------------------------
 
@@ -544,16 +554,16 @@ class Sandboxes:
             raise InvalidRequestError("'revoke' applies to a key; disable a tenant instead")
         target = f"key:{key}" if key is not None else f"tenant:{tenant}"
         params = {"tenant": tenant, "key": key, "revoke": revoke}
-        async with self._svc.audited(principal, "sandbox.kill_all", target[:256], params=params) as audit:
+        async with self._audited(principal, "sandbox.kill_all", target[:256], params=params) as audit:
             if key is not None:
                 tenant_id = await self._key_tenant_id(principal, key)
                 if revoke:
-                    await self._svc.store.revoke_key(key)  # first, so no new sandbox slips in behind the sweep
-                records = await self._svc.store.list_sandboxes(tenant_id, key_id=key)
+                    await self._store.revoke_key(key)  # first, so no new sandbox slips in behind the sweep
+                records = await self._store.list_sandboxes(tenant_id, key_id=key)
             else:
                 assert tenant is not None
-                tenant_id = (await self._svc.visible_tenant(principal, tenant, Action.SANDBOX_KILL_ALL)).id
-                records = await self._svc.store.list_sandboxes(tenant_id)
+                tenant_id = (await self._tenants.visible(principal, tenant, Action.SANDBOX_KILL_ALL)).id
+                records = await self._store.list_sandboxes(tenant_id)
             report = await self._destroy_all([r.id for r in records], revoked=revoke)
             # A sandbox the engine failed to stop is reported, not hidden behind an error that loses the others.
             audit.outcome.update(killed=report.killed, failed=report.failed, revoked=revoke)
@@ -563,7 +573,7 @@ class Sandboxes:
         """The key's tenant; another tenant's key is as unknown to an operator as a key that never existed."""
         authorize(principal, Action.SANDBOX_KILL_ALL, None if principal.role is Role.ADMIN else principal.tenant_id)
         try:
-            key = await self._svc.store.get_key(key_id)
+            key = await self._store.get_key(key_id)
         except NotFoundError:
             key = None
         if key is None or (principal.role is not Role.ADMIN and key.tenant_id != principal.tenant_id):

@@ -1,8 +1,10 @@
 """`Service`: the one layer every front end calls (REST, E2B, MCP, the dashboard).
 
-It owns the engine and the store, starts and stops them (and the egress proxy) in the right order, authenticates
-callers, and holds one object per area with one method per operation; each method authorizes, audits and
-orchestrates. Front ends parse, call one method, and render; none touches the engine or the store by itself.
+It owns the engine and the store, starts and stops them (and the egress proxy) in the right order, and holds one
+object per area with one method per operation; each method authorizes, audits and orchestrates. Front ends parse,
+call one method, and render; none touches the engine or the store by itself. `Service` only composes: each area
+is given what it uses (the store, the engine, the auditor, the authorize step, other areas), never the `Service`
+(docs/architecture.md lists who depends on what).
 
 ```python
 service = Service(engine, store)
@@ -14,34 +16,33 @@ async with service:                                   # store, egress proxy, eng
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
 
-from .._exceptions import AuthenticationError, NotFoundError
-from ..control import Action, AuditEvent, ControlStore, Denial, Principal, Role, Tenant, authorize, parse_key
+from .._exceptions import AuthenticationError
+from ..control import ControlStore, Principal
 from ..egress import PackageMirror
 from ..engine import Engine
 from ._access import SandboxAccess
 from ._accounts import Keys, Tenants
 from ._audit import AuditTrail
-from ._audited import Audited, Auditor
+from ._audited import Auditor
+from ._auto_resume import AutoResume, Waking
+from ._callers import REQUEST_INVALID, Callers, ClientInfo
 from ._code import Code
 from ._commands import Commands
-from ._egress import TenantEgressSettings
+from ._egress import LiveEgress, TenantEgressSettings
 from ._eval import EvalReports
 from ._files import Files
 from ._grants import PrivateGrants
 from ._info import Info
 from ._metrics import MetricsSampler
+from ._on_sandbox import OnSandbox, SandboxGate
 from ._ports import DEFAULT_DOMAIN, Ports
 from ._processes import Processes
 from ._pty import Pty
 from ._reconciler import Reconciler
 from ._replicas import Replica, ReplicaConfig
-from ._requests import current_request
 from ._sandboxes import Sandboxes
 from ._secrets import StoredSecrets
 from ._snapshots import Snapshots
@@ -52,18 +53,6 @@ from ._volumes import Volumes
 __all__ = ["REQUEST_INVALID", "ClientInfo", "Service", "StartupHook"]
 
 StartupHook = Callable[[ControlStore], Awaitable[None]]
-REQUEST_INVALID = "request.invalid"  # the audit action of a request refused by validation
-_MAX_PROBLEMS = 20  # problems kept in the audit record (the caller's response lists them all)
-_MAX_TEXT = 512  # the client's own text (paths, field names) is capped in the record
-
-
-@dataclass(frozen=True)
-class ClientInfo:
-    """Where a request came from, for the records of refused ones."""
-
-    client: str | None
-    method: str
-    path: str
 
 
 class Service:
@@ -71,33 +60,46 @@ class Service:
                  domain: str = DEFAULT_DOMAIN, replica: ReplicaConfig | None = None, metrics: bool = True) -> None:
         self.engine = engine
         self.store = store
-        # Prometheus metrics (docs/operations.md); None: nothing is counted (`corral serve --no-metrics`).
-        self.telemetry = Telemetry(self) if metrics else None
         self._on_startup = on_startup
-        self._auditor = Auditor(store, self.telemetry)
-        self.replica = Replica(self, replica or ReplicaConfig())  # this server among others (docs/replicas.md)
-        self.sandboxes = Sandboxes(self)
-        self.access = SandboxAccess(self)  # tokens for clients that reach a sandbox without the key
-        self.snapshots = Snapshots(self)
-        self.files = Files(self)
-        self.commands = Commands(self)
-        self.processes = Processes(self)
-        self.pty = Pty(self)
-        self.ports = Ports(self, domain)  # `domain`: where sandboxes' ports are served (docs/ports.md)
-        self.code = Code(self)
-        self.egress = TenantEgressSettings(self)
-        self.grants = PrivateGrants(self)  # private destinations admins grant tenants (docs/egress.md)
-        engine.remote_denials = self.egress.denials  # a proxy of another process records them
-        self.tenants = Tenants(store, self._auditor)
-        self.keys = Keys(store, self._auditor, self.tenants)
+        self.replica = Replica(store, engine, replica or ReplicaConfig())  # this server among others (docs/replicas.md)
+        # Prometheus metrics (docs/operations.md); None: nothing is counted (`corral serve --no-metrics`).
+        self.telemetry = Telemetry(store, engine, self.replica) if metrics else None
+        # One audit record per operation, counted: what every area that audits is given.
+        audited = self.auditor = Auditor(store, self.telemetry)
+        self.callers = Callers(store, self.telemetry)  # who calls, and the records of refused callers
+        self.tenants = Tenants(store, audited)
+        self.keys = Keys(store, audited, self.tenants)
         self.audit = AuditTrail(store)
+        # The authorize step of every operation on one sandbox, and what such an area needs besides.
+        # Paused `auto_resume` sandboxes are woken by the requests that reach into them (docs/lifecycle.md).
+        self.auto_resume = AutoResume(store, lambda record: self.sandboxes.resume_record(record))
+        authorize = Waking(SandboxGate(store, self.replica), self.auto_resume)
+        on_sandbox = OnSandbox(authorize, engine, audited)
+        self.access = SandboxAccess(store, engine, self.replica, self.callers)  # tokens that stand for the key
+        self.snapshots = Snapshots(store, engine, audited, authorize)
+        self.volumes = Volumes(store, engine, audited)  # docs/volumes.md
+        self.secrets = StoredSecrets(store, engine, audited)  # docs/secrets.md
+        self.sampler = MetricsSampler(engine)  # what `sandboxes.metrics` serves
+        self.sandboxes = Sandboxes(store, engine, audited, authorize, replica=self.replica, tenants=self.tenants,
+                                   volumes=self.volumes, secrets=self.secrets, snapshots=self.snapshots,
+                                   sampler=self.sampler)
+        self.files = Files(on_sandbox)
+        self.commands = Commands(on_sandbox)
+        self.processes = Processes(on_sandbox)
+        self.pty = Pty(on_sandbox)
+        self.code = Code(on_sandbox)
+        # `domain`: where sandboxes' ports are served (docs/ports.md)
+        self.ports = Ports(store, engine, self.callers, self.access, self.auto_resume, domain)
+        live = LiveEgress(store, engine)
+        # Private destinations admins grant tenants (docs/egress.md).
+        self.grants = PrivateGrants(store, audited, self.tenants, live.apply, replica_url=self.replica.url)
+        self.egress = TenantEgressSettings(store, audited, self.tenants, self.grants, live, self.telemetry)
+        engine.remote_denials = self.egress.denials  # a proxy of another process records them
         self.info = Info(store, engine.backend, self.replica, self.ports.domain)
         self.eval = EvalReports(engine.home)  # the evaluation runs kept in the server's home
-        self.volumes = Volumes(store, engine, self._auditor)  # docs/volumes.md
-        self.secrets = StoredSecrets(store, engine, self._auditor)  # docs/secrets.md
-        self.templates = Templates(engine.templates, self.snapshots, self._auditor)
-        self.reconciler = Reconciler(self)
-        self.sampler = MetricsSampler(engine)  # what `sandboxes.metrics` serves
+        self.templates = Templates(engine.templates, self.snapshots, audited)
+        self.reconciler = Reconciler(store, engine, self.replica, self.sandboxes.pause_to_disk,
+                                     telemetry=self.telemetry)
 
     # -- lifecycle -----------------------------------------------------------------------------------------
 
@@ -142,73 +144,17 @@ class Service:
                         tb: TracebackType | None) -> None:
         await self.close()
 
-    # -- callers -------------------------------------------------------------------------------------------
+    # -- callers (the front ends' names for `callers`) ---------------------------------------------------------
 
     async def authenticate(self, key: str | None, client: ClientInfo) -> Principal:
-        """The caller of `key`; a missing or refused key is `AuthenticationError`, recorded as `auth.denied`
-        (aggregated per client address by the store, so a flood cannot grow the log without bound)."""
-        try:
-            if key is None:
-                raise AuthenticationError("missing API key: send 'Authorization: Bearer <key>'")
-            principal = await self.store.authenticate(key)
-        except AuthenticationError as exc:
-            await self.record_denial(client, exc, key)
-            raise
-        request = current_request()
-        if request is not None:
-            request.authenticated(principal)
-        return principal
+        """`Callers.authenticate`."""
+        return await self.callers.authenticate(key, client)
 
     async def record_denial(self, client: ClientInfo, exc: AuthenticationError, key: str | None) -> None:
-        """A refused caller (also one whose credentials a front end could not even parse)."""
-        request = current_request()
-        if request is not None:
-            request.refused(exc)
-        if self.telemetry is not None:
-            self.telemetry.refusal("auth.denied", exc.code)
-        await self.store.auth_denials.record(Denial(client=client.client, method=client.method, path=client.path,
-                                                    key_prefix=_key_prefix(key), reason=exc.message))
+        """`Callers.record_denial`."""
+        await self.callers.record_denial(client, exc, key)
 
     async def record_invalid(self, principal: Principal, client: ClientInfo, *, route: str | None,
                              target: str | None, problems: list[dict[str, str]]) -> None:
-        """Audit a request refused by validation before any operation ran."""
-        params = {"client": client.client, "method": client.method, "path": client.path[:_MAX_TEXT],
-                  "route": route, "problem_count": len(problems),
-                  "problems": [{k: v[:_MAX_TEXT] for k, v in p.items()} for p in problems[:_MAX_PROBLEMS]]}
-        request = current_request()
-        if request is not None:
-            request.operation(REQUEST_INVALID, target, "invalid_request", principal)
-        if self.telemetry is not None:
-            self.telemetry.refusal(REQUEST_INVALID, "invalid_request")
-        await self.store.audit.append(AuditEvent.by(principal, REQUEST_INVALID, target[:256] if target else None,
-                                                    params=params,
-                                                    outcome={"status": 400, "error": "invalid_request"},
-                                                    request_id=request.request_id if request else None))
-
-    def audited(self, principal: Principal, action: Action | str, target: str | None, *,
-                params: dict[str, Any] | None = None, status: int = 200) -> Audited:
-        return self._auditor(principal, action, target, params=params, status=status)
-
-    async def visible_tenant(self, principal: Principal, name_or_id: str, action: Action) -> Tenant:
-        """The tenant named (by name or id) if `principal` may do `action` on it. The role is checked first; then,
-        for anyone but an admin, another tenant is as unknown as one that never existed (a 404, nothing leaks)."""
-        authorize(principal, action, None if principal.role is Role.ADMIN else principal.tenant_id)
-        tenant: Tenant | None = None
-        with contextlib.suppress(NotFoundError):
-            tenant = await self.store.tenant_by_name(name_or_id)
-        if tenant is None:
-            with contextlib.suppress(NotFoundError):
-                tenant = await self.store.get_tenant(name_or_id)
-        if tenant is None or (principal.role is not Role.ADMIN and tenant.id != principal.tenant_id):
-            raise NotFoundError(f"no tenant {name_or_id!r}", details={"tenant": name_or_id})
-        return tenant
-
-
-def _key_prefix(key: str | None) -> str | None:
-    """The presented key's prefix if it is a well-formed Corral key; nothing of anything else."""
-    if key is None:
-        return None
-    try:
-        return parse_key(key).prefix
-    except AuthenticationError:
-        return None
+        """`Callers.record_invalid`."""
+        await self.callers.record_invalid(principal, client, route=route, target=target, problems=problems)

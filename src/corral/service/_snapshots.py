@@ -18,7 +18,10 @@ from ..backends import SnapshotArtifact
 from ..control import Action, Principal, SnapshotRecord, authorize
 
 if TYPE_CHECKING:
-    from ._service import Service
+    from ..control import ControlStore
+    from ..engine import Engine
+    from ._audited import Auditor
+    from ._on_sandbox import Authorize
 
 __all__ = ["SNAPSHOT_ID", "Snapshots"]
 
@@ -37,53 +40,56 @@ def check_name(name: str | None) -> str | None:
 
 
 class Snapshots:
-    def __init__(self, service: Service) -> None:
-        self._svc = service
+    def __init__(self, store: ControlStore, engine: Engine, audited: Auditor, authorize: Authorize) -> None:
+        self._store = store
+        self._engine = engine
+        self._audited = audited
+        self._authorize = authorize
 
     async def create(self, principal: Principal, sandbox_id: str, name: str | None = None) -> SnapshotRecord:
-        svc = self._svc
+        store, engine = self._store, self._engine
         snapshot_id = f"snap-{secrets.token_hex(8)}"
-        async with svc.audited(principal, "snapshot.create", sandbox_id, params={"name": name},
-                               status=201) as audit:
+        async with self._audited(principal, "snapshot.create", sandbox_id, params={"name": name},
+                                 status=201) as audit:
             name = check_name(name)
-            record = await svc.sandboxes.authorized(principal, sandbox_id, Action.SANDBOX_UPDATE)
+            record = await self._authorize(principal, sandbox_id, Action.SANDBOX_UPDATE)
             authorize(principal, Action.SANDBOX_CREATE, principal.tenant_id)
-            await svc.store.check_snapshot_quota(record.tenant_id)
-            artifact = await svc.engine.snapshot(sandbox_id, snapshot_id)
+            await store.check_snapshot_quota(record.tenant_id)
+            artifact = await engine.snapshot(sandbox_id, snapshot_id)
             snapshot = SnapshotRecord(id=snapshot_id, tenant_id=record.tenant_id, name=name, sandbox_id=sandbox_id,
-                                      template=record.template, backend=svc.engine.backend.name,
+                                      template=record.template, backend=engine.backend.name,
                                       size_bytes=artifact.size_bytes, artifact=artifact.to_json(),
                                       created_at=datetime.now(UTC))
             try:
-                await svc.store.add_snapshot(principal, snapshot)
+                await store.add_snapshot(principal, snapshot)
             except BaseException:  # over the size quota, a name taken meanwhile: the copy must not stay
-                await asyncio.shield(svc.engine.delete_snapshot(artifact))
+                await asyncio.shield(engine.delete_snapshot(artifact))
                 raise
             audit.outcome.update(snapshot=snapshot_id, size_bytes=artifact.size_bytes)
             return snapshot
 
     async def list(self, principal: Principal) -> list[SnapshotRecord]:
-        async with self._svc.audited(principal, "snapshot.list", None) as audit:
+        async with self._audited(principal, "snapshot.list", None) as audit:
             authorize(principal, Action.SANDBOX_READ, principal.tenant_id)
-            found = await self._svc.store.list_snapshots(principal.tenant_id)
+            found = await self._store.list_snapshots(principal.tenant_id)
             audit.outcome["count"] = len(found)
             return found
 
     async def get(self, principal: Principal, snapshot: str) -> SnapshotRecord:
-        async with self._svc.audited(principal, "snapshot.get", snapshot[:256]):
+        async with self._audited(principal, "snapshot.get", snapshot[:256]):
             return await self.authorized(principal, snapshot, Action.SANDBOX_READ)
 
     async def delete(self, principal: Principal, snapshot: str) -> None:
         """Sandboxes started from it keep running (the backend keeps what they use until they end)."""
-        async with self._svc.audited(principal, "snapshot.delete", snapshot[:256], status=204):
+        async with self._audited(principal, "snapshot.delete", snapshot[:256], status=204):
             record = await self.authorized(principal, snapshot, Action.SANDBOX_KILL)
-            await self._svc.engine.delete_snapshot(artifact_of(record))
-            await self._svc.store.mark_snapshot_deleted(record.id)
+            await self._engine.delete_snapshot(artifact_of(record))
+            await self._store.mark_snapshot_deleted(record.id)
 
     async def authorized(self, principal: Principal, snapshot: str, action: Action) -> SnapshotRecord:
         """The caller's tenant's snapshot (by id or name); another tenant's does not exist for it."""
         authorize(principal, action, principal.tenant_id)
-        return await self._svc.store.get_snapshot(principal.tenant_id, snapshot)
+        return await self._store.get_snapshot(principal.tenant_id, snapshot)
 
 
 def artifact_of(record: SnapshotRecord) -> SnapshotArtifact:

@@ -35,7 +35,9 @@ from ..engine import PoolStats
 if TYPE_CHECKING:
     from prometheus_client import Metric
 
-    from ._service import Service
+    from ..control import ControlStore
+    from ..engine import Engine
+    from ._replicas import Replica
 
 __all__ = ["METRICS_CONTENT_TYPE", "EgressMetrics", "Telemetry", "egress_registry"]
 
@@ -90,8 +92,9 @@ def egress_registry() -> tuple[CollectorRegistry, EgressMetrics]:
 class Telemetry:
     """The counters the service moves, and the exposition of them with the gauges read at scrape time."""
 
-    def __init__(self, service: Service) -> None:
-        self._svc = service
+    def __init__(self, store: ControlStore, engine: Engine, replica: Replica) -> None:
+        self._store = store
+        self._replica = replica  # the sandboxes counted are this replica's
         self.registry = registry = _process_registry()
         self.operations = Counter("corral_operations", "Audited operations, by action and outcome (ok, or the "
                                   "error code).", ["action", "outcome"], registry=registry)
@@ -114,7 +117,7 @@ class Telemetry:
                                        ["outcome"], registry=registry)
         self.reconciler_seconds = Histogram("corral_reconciler_duration_seconds", "Time of one reconciler pass.",
                                             registry=registry, buckets=_RECONCILE_BUCKETS)
-        self._states = _StateCollector(service)
+        self._states = _StateCollector(engine)
         registry.register(self._states)
         self._by_action: Mapping[str, Callable[[str, float, str, dict[str, Any], dict[str, Any]], None]] = {
             "sandbox.create": self._created, "sandbox.exec": self._executed,
@@ -182,7 +185,7 @@ class Telemetry:
 
     async def exposition(self) -> bytes:
         """Every metric in Prometheus' text format (`METRICS_CONTENT_TYPE`), with the sandboxes by state counted now."""
-        self._states.sandboxes = await self._svc.store.count_sandboxes(owner=self._svc.replica.id)
+        self._states.sandboxes = await self._store.count_sandboxes(owner=self._replica.id)
         return generate_latest(self.registry)
 
 
@@ -190,15 +193,15 @@ class _StateCollector(Collector):
     """Gauges of what is, read at scrape time: the sandboxes the store has counted (refreshed by `exposition`
     just before, since the store is async and a collector is not), and the engine's pool and usage (memory)."""
 
-    def __init__(self, service: Service) -> None:
-        self._svc = service
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
         self.sandboxes: dict[tuple[str, str], int] = {}
 
     def describe(self) -> Iterable[Metric]:
         return ()  # nothing to check for name clashes at registration: these names are ours alone
 
     def collect(self) -> Iterable[Metric]:
-        engine = self._svc.engine
+        engine = self._engine
         sandboxes = GaugeMetricFamily("corral_sandboxes", "Live sandboxes this server runs, by tenant and state.",
                                       labels=["tenant", "state"])
         for (tenant, state), count in sorted(self.sandboxes.items()):

@@ -361,6 +361,10 @@ class DockerBackend:
         found = await self.api.inspect(_docker(record).name)
         return found is not None and (found.get("State") or {}).get("Status") in ("running", "paused")
 
+    async def frozen(self, record: BackendRecord) -> bool:
+        found = await self.api.inspect(_docker(record).name)
+        return found is not None and bool((found.get("State") or {}).get("Paused"))
+
     async def oom_kills(self, record: BackendRecord) -> int:
         rec = _docker(record)
         return _cgroups.oom_kills(rec.cgroup) if rec.cgroup else 0

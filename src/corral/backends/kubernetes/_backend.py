@@ -272,6 +272,9 @@ class KubernetesBackend:
         pod = await self.api.get_pod(rec.pod)
         return pod is not None and pod["metadata"].get("uid") == rec.uid and _phase(pod) == "Running"
 
+    async def frozen(self, record: BackendRecord) -> bool:
+        return False  # a Pod cannot be frozen (`pause` is refused): nothing to find frozen after a restart
+
     async def oom_kills(self, record: BackendRecord) -> int:
         return 0  # the kubelet reports OOMKilled per container restart, not per process: no counter to read
 

@@ -353,6 +353,11 @@ class LocalBackend:
         state = await self.runtimes[rec.runtime].state(rec.sandbox_id)
         return state is not None and state.get("status") in ("running", "paused")
 
+    async def frozen(self, record: BackendRecord) -> bool:
+        rec = _local(record)
+        state = await self.runtimes[rec.runtime].state(rec.sandbox_id)
+        return state is not None and state.get("status") == "paused"
+
     async def resize(self, record: BackendRecord, limits: Limits) -> None:
         """`Resizable`: the cgroup's memory (no swap), CPU quota and pids limits, written in place."""
         rec = _local(record)
