@@ -238,6 +238,13 @@ async def test_async_commands_files_and_streaming_watch(e2b_env: E2BServer, clea
     assert await sbx.commands.kill(handle.pid)
 
 
+def test_an_env_value_execve_cannot_take_is_invalid_not_a_502(sbx: Sandbox) -> None:
+    """Issue 29 item 6: a 200 KB variable (the kernel takes 128 KiB a string) is refused naming env."""
+    with pytest.raises(InvalidArgumentException, match="env"):
+        sbx.commands.run("true", envs={"BIG": "x" * 200_000})
+    assert sbx.commands.run("echo ok", envs={"SMALL": "x" * 1000}).stdout == "ok\n"
+
+
 def test_rpcs_need_the_sandboxs_own_credentials(e2b_server: E2BServer, sbx: Sandbox, cleanup: Cleanup) -> None:
     url = f"{e2b_server.url}/process.Process/List"
     base = {"E2b-Sandbox-Id": sbx.sandbox_id, "Content-Type": "application/json"}

@@ -12,7 +12,7 @@ from typing import Annotated
 from pydantic import AfterValidator, Field
 
 __all__ = ["ENV_ENTRIES", "ENV_TOTAL", "ENV_VALUE", "MAX_DURATION", "MAX_INT64", "MAX_OUTPUT", "METADATA_ENTRIES",
-           "METADATA_KEY", "METADATA_VALUE", "Duration", "EnvVars", "Metadata"]
+           "METADATA_KEY", "METADATA_VALUE", "Duration", "EnvVars", "Metadata", "env_problem"]
 
 MAX_INT64 = 2**63 - 1  # what SQLite's INTEGER holds: every stored number is at most this
 MAX_DURATION = 7 * 24 * 3600.0  # seconds: the longest timeout anything takes (a sandbox's time to live too)
@@ -25,6 +25,15 @@ METADATA_KEY = 256  # characters
 METADATA_VALUE = 4096  # characters
 
 Duration = Annotated[float, Field(gt=0, le=MAX_DURATION)]
+
+
+def env_problem(env: dict[str, str]) -> str | None:
+    """What is wrong with `env`'s sizes (None: nothing), for callers that are not pydantic models."""
+    try:
+        _check_env(env)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def _check_env(env: dict[str, str]) -> dict[str, str]:
