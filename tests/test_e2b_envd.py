@@ -6,8 +6,10 @@ error classes reached on purpose."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import os
+import socket
 import time
 
 import httpx
@@ -243,6 +245,29 @@ def test_an_env_value_execve_cannot_take_is_invalid_not_a_502(sbx: Sandbox) -> N
     with pytest.raises(InvalidArgumentException, match="env"):
         sbx.commands.run("true", envs={"BIG": "x" * 200_000})
     assert sbx.commands.run("echo ok", envs={"SMALL": "x" * 1000}).stdout == "ok\n"
+
+
+def test_an_rpc_message_past_the_limit_is_refused_before_it_ends(e2b_server: E2BServer, sbx: Sandbox) -> None:
+    """Issue 29 item 5: a unary RPC's body is refused at the first chunk past 16 MiB, not read whole first: the
+    client here never finishes its chunked body, and still gets the answer."""
+    url = httpx.URL(e2b_server.url)
+    head = (f"POST /filesystem.Filesystem/Stat HTTP/1.1\r\nHost: {url.host}:{url.port}\r\n"
+            f"E2b-Sandbox-Id: {sbx.sandbox_id}\r\nX-Access-Token: {sbx._envd_access_token}\r\n"
+            "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n").encode()
+    piece = b"x" * 2**20
+    with socket.create_connection((url.host, url.port), timeout=60) as conn:
+        start = b'{"path": "'
+        conn.sendall(head + b"%x\r\n%s\r\n" % (len(start), start))
+        answer = b""
+        with contextlib.suppress(OSError):  # the server may close while the rest is still being sent
+            for _ in range(17):
+                conn.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+        conn.settimeout(30)
+        with contextlib.suppress(OSError):
+            while b"\r\n\r\n" not in answer and (data := conn.recv(65536)):
+                answer += data
+    assert answer.startswith(b"HTTP/1.1 429"), answer[:300]
+    assert b"larger than" in answer or b"resource_exhausted" in answer
 
 
 def test_rpcs_need_the_sandboxs_own_credentials(e2b_server: E2BServer, sbx: Sandbox, cleanup: Cleanup) -> None:

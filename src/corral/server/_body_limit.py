@@ -6,7 +6,7 @@ read up to the limit and refused at the first chunk past it. Either way the answ
 naming the limit (`details.limit`, bytes), and the route never runs, so nothing is changed or audited at its
 size. What is streamed and never held whole is not limited here: file and archive uploads, process stdin, E2B's
 `/files` uploads, and every request to a sandbox's data plane (its port's app decides; envd's RPCs keep their
-own message limit, e2b/_connect.py).
+own message limit, enforced the same way in e2b/_connect.py).
 """
 
 from __future__ import annotations
