@@ -13,8 +13,8 @@ runc backend through the Engine in-process. At each step, with that many idle sa
 - the engine process's open file descriptors against its RLIMIT_NOFILE (with an egress proxy in the same process,
   as `corral serve` has; `egress=False` leaves it out); the host's loop devices in use and mount table size; pids
   (tasks on the host against pid_max); inotify instances and watches;
-- the engine's per-sandbox bookkeeping: one pass over every sandbox of what a background tick does (the reaper's
-  scan, `usage()`, `backend.capacity()`), the usage figures of every sandbox (`sandbox_usage`, what telemetry
+- the engine's per-sandbox bookkeeping: one pass over every sandbox of what each create's capacity check does
+  (`usage()`, `backend.capacity()`), the usage figures of every sandbox (`sandbox_usage`, what telemetry
   reads), `backend.alive` of every sandbox and one `runc state`, and the event loop's lag (how late a 10 ms sleep
   wakes) while idle;
 - at the last step, a restart: the engine closed (its sandboxes keep running) and a new one started on the same
@@ -331,7 +331,7 @@ async def run(*, home: Path, template_home: Path, template: str = "default", max
         await proxy.start()
     engine = Engine(home, backend=backend, templates=store, capacity=Capacity(memory_overcommit=1000.0),
                     egress=proxy)
-    await engine.start()  # with the reaper: its ticks are part of what density costs
+    await engine.start()  # no pools: every sandbox counted is the bench's
     idle: list[SandboxSession] = []
     at: list[dict[str, Any]] = []
     results["at"] = at

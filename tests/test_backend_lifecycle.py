@@ -24,7 +24,7 @@ import pytest
 from corral import ServerError
 from corral.backends import BACKEND_NAMES, Backend, BackendRecord, SandboxSpec, SnapshotArtifact
 from corral.backends.local import LocalBackend
-from corral.engine import AgentClient
+from corral.engine import AgentClient, ExecOptions
 from corral.templates import Template
 from corral.templates._build import _isolated
 
@@ -168,7 +168,7 @@ async def test_a_sandbox_from_a_snapshot_has_the_snapshots_files(lab: Lab) -> No
 async def test_a_stopped_sandbox_boots_with_its_files_and_without_its_processes(lab: Lab) -> None:
     record = await lab.create()
     await lab.write(record, "/workspace/payload.bin", PAYLOAD)
-    await lab.agent(record).start("sleep 1000")
+    await lab.agent(record).launch(ExecOptions("sleep 1000"), None)
     await lab.backend.stop(record)
     assert await lab.backend.alive(record) is False
     await lab.backend.stop(record)  # idempotent
@@ -224,6 +224,36 @@ async def test_a_template_builds_namespace_lets_go_of_running_sandboxes(lab: Lab
     assert record.sandbox_id in mounts(["unshare", "--mount", "cat", "/proc/self/mountinfo"])  # the copies
     assert record.sandbox_id not in mounts(_isolated("cat", "/proc/self/mountinfo"))
     await lab.backend.stop(record)  # nothing held: Docker's stop too goes through at once
+
+
+# -- the boot id: each boot of a sandbox its own ------------------------------------------------------------------
+
+
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+async def test_each_boot_has_a_boot_id_of_its_own_that_a_freeze_keeps(lab: Lab) -> None:
+    host = Path(BOOT_ID).read_text()
+    first = await lab.create()
+    boot_id = await lab.sh(first, f"cat {BOOT_ID}")
+    assert uuid.UUID(boot_id.strip()).version == 4 and boot_id != host
+    assert await lab.read(first, BOOT_ID) == boot_id.encode()  # the file API reads the same: stable in one boot
+    await lab.backend.pause(first)  # frozen, not booted again
+    await lab.backend.resume(first)
+    assert await lab.sh(first, f"cat {BOOT_ID}") == boot_id
+    # Read-only and there to stay, even for the sandbox's root.
+    for attempt in (f"echo x > {BOOT_ID}", f"umount {BOOT_ID}", f"umount -l {BOOT_ID}"):
+        assert (await lab.agent(first).exec(attempt, timeout=60)).exit_code != 0, attempt
+    assert await lab.sh(first, f"cat {BOOT_ID}") == boot_id
+    mount = await lab.sh(first, f"grep ' {BOOT_ID} ' /proc/self/mountinfo")
+    assert str(lab.backend.home) not in mount and " ro," in mount  # names no host path
+
+    await lab.backend.stop(first)
+    booted = await lab.boot(first)
+    again = await lab.sh(booted, f"cat {BOOT_ID}")
+    assert again not in (boot_id, host)
+    second = await lab.create(source=await lab.snapshot(booted))
+    assert await lab.sh(second, f"cat {BOOT_ID}") not in (again, boot_id, host)
 
 
 # -- fork: a snapshot of a running sandbox, then sandboxes from it -------------------------------------------------

@@ -4,6 +4,7 @@ timeouts, sync and async, and the code interpreter's refusals."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import httpx
@@ -95,6 +96,18 @@ def test_timeouts_interrupt_and_the_session_survives(sbx: Sandbox) -> None:
         sbx.run_code("import time\ntime.sleep(30)", timeout=2)
     assert time.monotonic() - started < 15
     assert sbx.run_code("z").text == "7"  # interrupted, not restarted
+
+
+def test_a_sandbox_killed_under_a_cell_is_reported_killed(sbx: Sandbox) -> None:
+    """Killed before the cell printed anything, even at once: the stream is cut (not a 502 refusal), and the SDK
+    says the sandbox was killed (E2B's own suite kills at 2 s, within the wait for a refusal)."""
+    timer = threading.Timer(0.5, sbx.kill)
+    timer.start()
+    try:
+        with pytest.raises(TimeoutException, match="sandbox was killed while the request was in progress"):
+            sbx.run_code("import time; time.sleep(300)", timeout=300)
+    finally:
+        timer.cancel()
 
 
 def test_refusals(e2b_server: E2BServer, sbx: Sandbox) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import anyio
 import pytest
@@ -80,6 +81,7 @@ async def test_restart_reattaches(test_home):
     sb = await first.create(spec())
     await sb.files.write("/workspace/keep.txt", b"still here")
     bg = await sb.processes.start("sleep 1000")
+    boot_id = (await sb.exec("cat /proc/sys/kernel/random/boot_id")).stdout
     await first.close()  # the engine goes, the sandbox stays
 
     second = make_engine(test_home)
@@ -89,9 +91,41 @@ async def test_restart_reattaches(test_home):
         again = second.get(sb.id)
         assert await again.files.read("/workspace/keep.txt") == b"still here"
         assert any(p.id == bg.id and p.running for p in await again.processes.list())
+        assert (await again.exec("cat /proc/sys/kernel/random/boot_id")).stdout == boot_id  # the same boot
     finally:
         await second.close(destroy_all=True)
     assert not leaks(test_home)
+
+
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+async def _boot_id(sb) -> str:
+    r = await sb.exec(f"cat {BOOT_ID}")
+    assert r.exit_code == 0, r.stderr
+    return r.stdout.strip()
+
+
+async def test_each_boot_of_a_sandbox_has_a_boot_id_of_its_own(engine):
+    """A pause to disk and resume is a new boot, as on a machine of its own: a new boot id (what E2B's suites
+    check); a freeze is not, nor is a second read."""
+    host = Path(BOOT_ID).read_text().strip()
+    async with await engine.create(spec()) as sb, \
+            await engine.create(SandboxSpec(template=TEMPLATE, root=True)) as rooted:
+        first = await _boot_id(sb)
+        assert first != host and await _boot_id(sb) == first
+        assert await _boot_id(rooted) not in (first, host)
+        assert (await rooted.exec("id -u", user="root")).stdout == "0\n"
+        for attempt in (f"echo x > {BOOT_ID}", f"umount {BOOT_ID}", f"umount -l {BOOT_ID}",
+                        f"mount -t tmpfs t {BOOT_ID}"):
+            assert (await rooted.exec(attempt, user="root")).exit_code != 0, attempt  # not even its root
+        await engine.pause(sb.id)
+        await engine.resume(sb.id)
+        assert await _boot_id(sb) == first
+        await engine.pause(sb.id, memory=False)
+        await engine.resume(sb.id)
+        second = await _boot_id(sb)
+        assert second not in (first, host) and await _boot_id(sb) == second
 
 
 async def test_second_engine_on_same_home_is_refused(engine, test_home):

@@ -6,22 +6,27 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
 import os
+import re
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import httpx
 import pytest
 from typer.testing import CliRunner
 
-from corral import CapacityError, InvalidRequestError
+from corral import Admin, CapacityError, InvalidRequestError, Sandbox
 from corral.cli import app
 from corral.control import Quotas
 from corral.engine import Capacity, Engine, SandboxSpec, WarmPool, parse_pools
 from corral.engine._models import Runtime
+from corral.engine._pool_sizing import AutoSize
+from corral.server import ServerProcess
 
-from .conftest import TEMPLATE, spec, started_engine
+from .conftest import TEMPLATE, TEMPLATE_HOME, spec, started_engine
 from .test_server_api import Api, create, error_code, run
 from .test_server_api import api as api  # the fixture: the app over `engine` (here: with a pool), tenants a and b
 
@@ -179,6 +184,22 @@ async def test_a_callers_create_takes_the_room_of_pool_members(test_home: Path) 
         await other.destroy()
 
 
+async def test_a_self_sizing_pool_grows_to_the_burst_it_saw_and_serves_the_next_one_warm(test_home: Path) -> None:
+    pools = [WarmPool(SandboxSpec(template=TEMPLATE), auto=AutoSize(rest=1))]
+    async with started_engine(test_home, pools=pools) as engine:
+        await _filled(engine, 1)
+        first = await asyncio.gather(*(engine.create(SandboxSpec(template=TEMPLATE)) for _ in range(3)))
+        assert _stats(engine)["claimed"] == 1 and _stats(engine)["missed"] == 2
+        await asyncio.gather(*(sb.destroy() for sb in first))
+        await _filled(engine, 3)  # the burst's size, not the rest size
+        (stats,) = engine.pool_stats().values()
+        assert stats.target == 3
+        second = await asyncio.gather(*(engine.create(SandboxSpec(template=TEMPLATE)) for _ in range(3)))
+        assert _stats(engine)["claimed"] == 4 and _stats(engine)["missed"] == 2, "the second burst: all warm"
+        assert [(await sb.exec("true")).exit_code for sb in second] == [0, 0, 0]
+        await asyncio.gather(*(sb.destroy() for sb in second))
+
+
 # -- through the API ---------------------------------------------------------------------------------------
 
 
@@ -221,3 +242,61 @@ def test_serve_refuses_a_bad_pool_with_a_clear_error(tmp_path: Path) -> None:
     r = CliRunner().invoke(app, ["serve", "--pool", "default=many"], env={"CORRAL_HOME": str(tmp_path)})
     assert r.exit_code == 2 and "--pool" in r.output and "TEMPLATE[/root][/runsc]=SIZE" in r.output, r.output
     assert not (tmp_path / "engine").exists()  # refused before anything started
+
+
+# -- the README's server -------------------------------------------------------------------------------------
+
+
+def _pool_samples(server: ServerProcess) -> dict[str, float]:
+    """The self-sizing pool's gauges and counters from the server's /metrics."""
+    text = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {server.admin_key}"},
+                     timeout=30).text
+    out = {}
+    for name in ("members_ready", "target", "claimed_total", "missed_total"):
+        match = re.search(rf'^corral_pool_{name}{{pool="default=auto"}} ([0-9.e+]+)$', text, re.M)
+        assert match, f"no corral_pool_{name} for default=auto in /metrics"
+        out[name] = float(match[1])
+    return out
+
+
+def _until(server: ServerProcess, ready: Callable[[dict[str, float]], bool], what: str) -> dict[str, float]:
+    deadline = time.monotonic() + _SERVE_FILL_TIMEOUT
+    while not ready(samples := _pool_samples(server)):
+        assert time.monotonic() < deadline, f"{what} within {_SERVE_FILL_TIMEOUT:g}s: {samples}"
+        time.sleep(0.25)
+    return samples
+
+
+_SERVE_FILL_TIMEOUT = 240.0  # members start one per core in idle time; a loaded machine is slow at it
+_BURST = 6
+
+
+@pytest.mark.runc
+@pytest.mark.skipif(TEMPLATE != "default", reason="the README's server pools the default template")
+def test_a_default_serve_keeps_a_self_sizing_pool_that_refills_to_the_burst_after_claims(test_home: Path,
+                                                                                         unique: str) -> None:
+    with ServerProcess(test_home / f"auto-{unique}", template_home=TEMPLATE_HOME, default_pool=True) as server:
+        assert "warm pools: default=auto (self-sizing" in server.log_tail(), "serve says its pool choice"
+        rest = _until(server, lambda s: s["members_ready"] >= s["target"] > 0, "the pool at rest")
+        assert rest["target"] < _BURST, "at rest the pool keeps a few members"
+        with Admin(api_key=server.admin_key, base_url=server.url) as admin:
+            admin.tenants.create(f"auto-{unique}")
+            key = admin.keys.create(f"auto-{unique}", "developer").key
+
+        def burst() -> list[Sandbox]:
+            with concurrent.futures.ThreadPoolExecutor(_BURST) as agents:
+                return list(agents.map(lambda _: Sandbox.create(template=TEMPLATE, api_key=key,
+                                                                base_url=server.url), range(_BURST)))
+
+        first = burst()
+        after = _pool_samples(server)
+        assert after["claimed_total"] + after["missed_total"] == _BURST and after["target"] == _BURST
+        for sb in first:
+            sb.kill()
+        grown = _until(server, lambda s: s["members_ready"] >= _BURST, "the pool refilled to the burst")
+        second = burst()
+        served = _pool_samples(server)
+        assert served["claimed_total"] - grown["claimed_total"] == _BURST, "the second burst: all warm"
+        assert [sb.commands.run("true").exit_code for sb in second] == [0] * _BURST
+        for sb in second:
+            sb.kill()

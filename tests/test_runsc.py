@@ -14,6 +14,8 @@ from .conftest import TEMPLATE
 
 pytestmark = [pytest.mark.anyio, pytest.mark.runsc]
 
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
 
 async def test_gvisor_sandbox_reports_gvisor_and_works(engine):
     async with await engine.create(SandboxSpec(template=TEMPLATE, runtime="runsc")) as sb:
@@ -75,3 +77,24 @@ async def test_a_tenant_that_requires_runsc_gets_gvisor_when_it_asks_for_the_def
             assert release != Path("/proc/sys/kernel/osrelease").read_text().strip()
         finally:
             await service.sandboxes.kill(dev, record.id)
+
+
+async def test_gvisor_gives_each_boot_a_boot_id_of_its_own(engine: Engine) -> None:
+    """gVisor's kernel makes its own boot id for each sandbox it boots: a pause to disk and resume is a new one,
+    a freeze is not (runc's sandboxes get theirs from the backend: tests/test_backend_lifecycle.py)."""
+    host = Path(BOOT_ID).read_text().strip()
+    runsc = SandboxSpec(template=TEMPLATE, runtime="runsc")
+    async with await engine.create(runsc) as sb, await engine.create(runsc) as other:
+        first = (await sb.exec(f"cat {BOOT_ID}", timeout=60)).stdout.strip()
+        assert first not in ("", host)
+        assert (await sb.files.read(BOOT_ID)).decode().strip() == first
+        assert (await sb.exec(f"echo x > {BOOT_ID}", timeout=60)).exit_code != 0  # read-only
+        mount = (await sb.exec(f"grep ' {BOOT_ID} ' /proc/self/mountinfo", timeout=60)).stdout
+        assert " ro," in mount and str(engine.home) not in mount
+        assert (await other.exec(f"cat {BOOT_ID}", timeout=60)).stdout.strip() not in (first, host)
+        await engine.pause(sb.id)
+        await engine.resume(sb.id)
+        assert (await sb.exec(f"cat {BOOT_ID}", timeout=60)).stdout.strip() == first
+        await engine.pause(sb.id, memory=False)
+        await engine.resume(sb.id)
+        assert (await sb.exec(f"cat {BOOT_ID}", timeout=60)).stdout.strip() not in (first, host, "")

@@ -383,6 +383,59 @@ async def test_other_hosts_stay_end_to_end_tls(egress: Any, tls: Echo, pki: Upst
         assert tls.seen[-1].headers["Authorization"].startswith("t corral-secret-")
 
 
+# -- a binding with a port: that host on that port alone --------------------------------------------------------------
+
+
+async def test_a_secret_bound_to_a_port_goes_to_that_port_alone(egress: Any, plain: Echo) -> None:
+    """`127.0.0.1:<port>`, as a network rule is written: the value goes to that port; the same address on another
+    port (another server) gets the placeholder, and its answers are not rewritten."""
+    engine, _, events = egress
+    other = Echo().start()
+    try:
+        spec = secret_spec(engine, plain, other, hosts=(f"127.0.0.1:{plain.port}",))
+        assert spec.secrets[0].hosts == (f"127.0.0.1:{plain.port}",)
+        async with await engine.create(spec) as sb:
+            placeholder = (await sh(sb, 'echo -n "$TOKEN"')).stdout
+            curl = 'curl -sS --noproxy "" -H "Authorization: Bearer $TOKEN"'
+            echoed = reflected(await sh(sb, f"{curl} http://127.0.0.1:{plain.port}/bound"))
+            assert plain.seen[-1].headers["Authorization"] == f"Bearer {VALUE}"
+            assert echoed["headers"]["Authorization"] == f"Bearer {placeholder}"  # scrubbed on its way back
+            echoed = reflected(await sh(sb, f"{curl} http://127.0.0.1:{other.port}/other"))
+            assert other.seen[-1].headers["Authorization"] == f"Bearer {placeholder}"
+            assert echoed["headers"]["Authorization"] == f"Bearer {placeholder}"
+            # The bound name on any port is not the binding either: only 127.0.0.1 on plain's port is.
+            reflected(await sh(sb, f"{curl} http://{BOUND}:{plain.port}/by-name"))
+            assert plain.seen[-1].path == "/by-name"
+            assert plain.seen[-1].headers["Authorization"] == f"Bearer {placeholder}"
+    finally:
+        other.close()
+    injected = [e for e in events if e.secrets]
+    assert injected and all((e.host, e.port) == ("127.0.0.1", plain.port) for e in injected)
+    assert not any(VALUE in repr(e) for e in events)
+
+
+async def test_a_tls_connection_is_intercepted_for_a_secret_only_on_its_port(egress: Any, tls: Echo,
+                                                                             pki: UpstreamPki) -> None:
+    """CONNECT to the bound host and port: intercepted (the sandbox trusts the deployment's CA) and the value put
+    in; the same host on another port: spliced end to end, the server's own certificate, the placeholder."""
+    engine, _, _ = egress
+    other = Echo(tls=pki.server).start()
+    try:
+        async with await engine.create(secret_spec(engine, tls, other, hosts=(f"127.0.0.1:{tls.port}",))) as sb:
+            curl = 'curl -sS --noproxy "" -H "Authorization: t $TOKEN"'
+            r = await sh(sb, f"{curl} https://127.0.0.1:{tls.port}/bound")
+            assert r.exit_code == 0, r.stderr
+            assert tls.seen[-1].headers["Authorization"] == f"t {VALUE}" and VALUE not in r.stdout
+            r = await sh(sb, f"{curl} https://127.0.0.1:{other.port}/other")
+            assert r.exit_code != 0 and not other.seen  # not intercepted: the sandbox does not know that CA
+            await sb.files.write("/tmp/up.pem", pki.ca_pem.read_bytes())
+            r = await sh(sb, f"{curl} --cacert /tmp/up.pem https://127.0.0.1:{other.port}/other")
+            assert r.exit_code == 0, r.stderr
+            assert other.seen[-1].headers["Authorization"].startswith("t corral-secret-")
+    finally:
+        other.close()
+
+
 async def test_an_untrusted_upstream_is_refused_naming_the_option(egress: Any, tls: Echo) -> None:
     engine, proxy, _ = egress
     proxy.upstream_tls = upstream_context()  # the host's store only: the test server's CA is unknown
@@ -401,8 +454,9 @@ async def test_an_untrusted_upstream_is_refused_naming_the_option(egress: Any, t
     ({"value": "", "hosts": ["a.example"]}, "empty"),
     ({"value": "x", "hosts": []}, "at least one host"),
     ({"value": "x\ny", "hosts": ["a.example"]}, "CR or LF"),
-    ({"value": "x", "hosts": ["a b"]}, "invalid host"),
-    ({"value": "x", "hosts": ["a.*.example"]}, "bad label"),
+    ({"value": "x", "hosts": ["a b"]}, "invalid secret host .a b.: a host may not contain"),
+    ({"value": "x", "hosts": ["a.*.example"]}, "wildcard"),
+    ({"value": "x", "hosts": ["a.example:0"]}, "bad port"),
     ({"value": "x" * 9000, "hosts": ["a.example"]}, "at most"),
     ({"value": "x", "hosts": ["*.com"]}, "public suffix"),  # every .com site would get it
     ({"value": "x", "hosts": ["a.example", "*.CO.UK."]}, "public suffix"),
@@ -480,7 +534,7 @@ async def _injected_records(api: Api) -> list[Any]:
 
 
 @pytest.mark.parametrize("secrets, words", [
-    ({"TOKEN": {"value": "v", "hosts": ["a b"]}}, "invalid host"),
+    ({"TOKEN": {"value": "v", "hosts": ["a b"]}}, "invalid secret host"),
     ({"TOKEN": {"value": "v"}}, "hosts"),
     ({"1BAD": {"value": "v", "hosts": ["a.example"]}}, "not a valid environment variable name"),
     ({"TOKEN": {"value": "v", "hosts": ["a.example"], "extra": 1}}, "extra"),

@@ -62,7 +62,8 @@ def test_forms_are_bounded_by_refusing_not_forgetting() -> None:
 
 def _rewriter(*bindings: SecretBinding) -> Rewriter:
     none: Any = (None, None)  # the streams are not used by what these tests call
-    rewriter = Rewriter(none, none, host="api.example.com", secrets=bindings, timeout=5, sent_up=lambda n: None,
+    rewriter = Rewriter(none, none, host="api.example.com", port=443, secrets=bindings, timeout=5,
+                        sent_up=lambda n: None,
                         sent_down=lambda n: None)
     rewriter.scrub = Scrubber(bindings)
     return rewriter

@@ -4,21 +4,26 @@ credential injection, the keyring, and the deployment's CA (docs/secrets.md)."""
 from __future__ import annotations
 
 import base64
+import datetime
 import random
 import re
 import ssl
 import stat
 import urllib.parse
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography import x509
 from cryptography.fernet import Fernet
+from pydantic import ValidationError
 
 from corral import InvalidRequestError, ServerError
-from corral.egress import CertificateAuthority
+from corral.control import StoredSecret
+from corral.egress import CertificateAuthority, EgressPolicy
 from corral.egress._keyring import SecretKeyring
 from corral.egress._secrets import PLACEHOLDER, Injection, Scrubber, SecretBinding, bound, new_placeholder
+from corral.service._secrets import SecretRequest, seal_secrets
 
 A = SecretBinding("A", new_placeholder(), "tok-AAAA/+=", ("api.example.com",))
 B = SecretBinding("B", new_placeholder(), "b", ("*.example.org",), body=True)
@@ -30,9 +35,84 @@ def test_placeholders_are_unique_and_shaped() -> None:
 
 
 def test_binding_hosts() -> None:
-    assert A.binds("api.example.com") and not A.binds("example.com") and not A.binds("x.api.example.com")
-    assert B.binds("a.example.org") and B.binds("a.b.example.org") and not B.binds("example.org")
-    assert bound((A, B), "api.example.com") == (A,)
+    assert A.binds("api.example.com", 443) and A.binds("api.example.com", 8080)  # no port: any port
+    assert not A.binds("example.com", 443) and not A.binds("x.api.example.com", 443)
+    assert B.binds("a.example.org", 443) and B.binds("a.b.example.org", 80) and not B.binds("example.org", 443)
+    assert bound((A, B), "api.example.com", 443) == (A,)
+
+
+def test_a_binding_with_a_port_binds_that_port_alone() -> None:
+    c = SecretBinding("C", new_placeholder(), "c", ("127.0.0.1:45713", "[::1]:8443", "*.example.net:443"))
+    assert c.binds("127.0.0.1", 45713) and not c.binds("127.0.0.1", 45714) and not c.binds("127.0.0.1", 80)
+    assert c.binds("::1", 8443) and not c.binds("::1", 443)
+    assert c.binds("a.example.net", 443) and not c.binds("a.example.net", 80) and not c.binds("example.net", 443)
+    assert bound((A, c), "127.0.0.1", 45713) == (c,) and bound((A, c), "127.0.0.1", 1) == ()
+
+
+# -- one host grammar: a secret's hosts are written as network rules are ----------------------------------------------
+
+GOOD_HOSTS = ["api.example.com", "PyPI.org.", "*.Example.COM", "*.example.com:443", "127.0.0.1:45713", "127.0.0.1",
+              "[::1]:8080", "::2", "[::2]", "bücher.de:8443", "under_score.example.org", "10.0.0.1:5432"]
+BAD_HOSTS = ["", "a*.b.com", "*", "*.*.com", "foo.*", "a.*.example", "*.10.0.0.1", "a\x00b.com", "a b.com", "x.com:0",
+             "x.com:65536", "x.com:http", "x.com:", "[::1", "[x.com]:80", "https://pypi.org", "-bad.com", "a..b.com",
+             "a" * 64 + ".com", "a.org:" + "9" * 5000, "xn--zz.de", "127.0.0.1:45713:1", "h/p"]
+
+
+def _secret_hosts(hosts: list[str]) -> list[str]:
+    return SecretRequest(value="v", hosts=hosts).hosts or []
+
+
+@pytest.mark.parametrize("host", GOOD_HOSTS)
+def test_secret_hosts_and_network_rules_accept_the_same_strings_alike(host: str) -> None:
+    wire = EgressPolicy.parse([host]).to_wire()
+    assert _secret_hosts([host]) == wire  # the same canonical form: "127.0.0.1:45713", "[::1]:8080", "*.example.com"
+    assert SecretBinding("S", new_placeholder(), "v", tuple(wire)).rules == EgressPolicy.parse([host]).rules
+
+
+@pytest.mark.parametrize("host", BAD_HOSTS)
+def test_secret_hosts_and_network_rules_refuse_the_same_strings_for_the_same_reason(host: str) -> None:
+    with pytest.raises(InvalidRequestError) as rule:
+        EgressPolicy.parse([host])
+    with pytest.raises(ValidationError) as secret:
+        SecretRequest.model_validate({"value": "v", "hosts": [host]})
+    why = rule.value.details["why"]
+    assert rule.value.message == f"invalid network rule {host!r}: {why}"
+    assert f"invalid secret host {host!r}: {why}" in str(secret.value)
+
+
+def test_a_preset_is_a_network_rule_but_no_secret_host() -> None:
+    with pytest.raises(ValidationError, match="invalid secret host '@packages'"):
+        SecretRequest.model_validate({"value": "v", "hosts": ["@packages"]})
+
+
+def _stored(*hosts: str) -> StoredSecret:
+    now = datetime.datetime.now(datetime.UTC)
+    return StoredSecret(name="gh", hosts=hosts, body=False, created_at=now, updated_at=now, sealed="sealed")
+
+
+class _Keyring:
+    def current(self, sealed: str) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(("stored", "asked", "narrower"), [
+    (("api.example.com",), ["api.example.com:443"], True),  # one port of any
+    (("*.example.com",), ["a.example.com:443", "b.example.com"], True),
+    (("api.example.com:443",), ["api.example.com:443"], True),
+    (("api.example.com:443",), ["api.example.com"], False),  # any port is wider than one
+    (("api.example.com:443",), ["api.example.com:8443"], False),
+    (("127.0.0.1:45713",), ["127.0.0.1"], False),
+])
+def test_a_stored_secret_is_narrowed_by_host_and_port_never_widened(stored: tuple[str, ...], asked: list[str],
+                                                                  narrower: bool) -> None:
+    request = {"T": SecretRequest(stored="gh", hosts=asked)}
+    keyring: Any = _Keyring()
+    if narrower:
+        (sealed,) = seal_secrets(request, {}, keyring, {"gh": _stored(*stored)})
+        assert sealed.hosts == tuple(_secret_hosts(asked))
+    else:
+        with pytest.raises(InvalidRequestError, match="is not among them"):
+            seal_secrets(request, {}, keyring, {"gh": _stored(*stored)})
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -213,14 +213,20 @@ def serve(
                                             "verifies hosts that secrets are bound to (a TLS-inspecting gateway's "
                                             "CA). See docs/secrets.md."),
     pool: list[str] = typer.Option([], "--pool", help="TEMPLATE[/root][/runsc]=SIZE[:REFILL]: keep SIZE sandboxes "
-                                   "of the template started ahead of demand, refilled at most REFILL a second "
-                                   "(repeatable; default $CORRAL_POOLS). See docs/performance.md."),
+                                   "of the template started ahead of demand, refilled at most REFILL a second; "
+                                   "SIZE auto: the pool sizes itself (a few at rest, growing to the largest recent "
+                                   "burst of creates, within capacity and a memory budget, shrinking when idle); "
+                                   "SIZE 0: none (repeatable; default $CORRAL_POOLS). On the local backend the "
+                                   "default template has a self-sizing pool unless one given names it. See "
+                                   "docs/performance.md."),
+    no_pool: bool = typer.Option(False, "--no-pool", help="No warm pool at all, not even the self-sizing one of "
+                                 "the default template."),
 ) -> None:
     """Run the API server (state, templates and sandboxes in $CORRAL_HOME, default /var/lib/corral)."""
     from .. import _settings as settings
     from ..backends import BACKEND_NAMES
     from ..e2b import E2BConfig, interpreter_alias, parse_alias
-    from ..engine import Capacity, parse_pools
+    from ..engine import Capacity, parse_pools, pools_notice, serve_pools
     from ..server import MetricsPort
     from ..server import serve as run_server
     from ..service import ReplicaConfig
@@ -237,18 +243,19 @@ def serve(
         given = dict(parse_alias(text) for text in e2b_alias)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--e2b-alias") from None
-    aliases, which = interpreter_alias(given, TemplateStore(settings.corral_home()).exists)
-    # Said before the server starts, in the form its other startup notices take (one JSON object a line for json).
-    if log_format == "text":
-        typer.echo(which)
-    else:  # the fields every other JSON line has (time, level, logger, event)
-        typer.echo(JSONFormatter().format(logging.makeLogRecord({"name": "corral.e2b", "levelno": logging.INFO,
-                                                                  "levelname": "INFO", "msg": which})))
+    templates = TemplateStore(settings.corral_home())
+    aliases, which = interpreter_alias(given, templates.exists)
+    _startup_notice(which, "corral.e2b", log_format)
     capacity = Capacity(max_sandboxes=max_sandboxes, memory_overcommit=memory_overcommit)
+    if no_pool and pool:
+        raise typer.BadParameter("--no-pool turns off the pools that --pool configures: give one", param_hint="--pool")
     try:
-        pools = parse_pools(pool or [settings.warm_pools() or ""])
+        configured = [] if no_pool else parse_pools(pool or [settings.warm_pools() or ""])
     except CorralError as exc:
         raise typer.BadParameter(exc.message, param_hint="--pool") from None
+    # The README's server: bursts of the default template served warm (docs/performance.md, "Warm pools").
+    pools = serve_pools(configured, default=not no_pool and backend == "local" and templates.exists("default"))
+    _startup_notice(pools_notice(pools), "corral.engine", log_format)
     try:
         replica = ReplicaConfig(id=replica_id or settings.replica_id(),
                                 url=advertise_url or settings.advertise_url() or f"http://{host}:{port}",
@@ -260,6 +267,16 @@ def serve(
                log_format=log_format, metrics=metrics,
                metrics_port=None if metrics_port is None else MetricsPort(metrics_port, metrics_host),
                upstream_ca=upstream_ca, pools=pools)
+
+
+def _startup_notice(message: str, logger: str, log_format: str) -> None:
+    """Said before the server starts, in the form its other startup notices take (one JSON object a line for
+    json, with the fields every other JSON line has: time, level, logger, event)."""
+    if log_format == "text":
+        typer.echo(message)
+    else:
+        typer.echo(JSONFormatter().format(logging.makeLogRecord({"name": logger, "levelno": logging.INFO,
+                                                                  "levelname": "INFO", "msg": message})))
 
 
 @app.command()

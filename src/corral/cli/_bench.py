@@ -91,7 +91,9 @@ def burst(
                                 "and N at once, as the peer (corral[docker], a running dockerd)."),
     out: Path = typer.Option(Path("bench-results/burst.json"), help="Where to write the JSON figures."),
 ) -> None:
-    """A burst of N creates through the API, without a warm pool and with one of N, against the serial rate."""
+    """A burst of N creates through the API, in the bench's form (threads, argv) and the user's (the async SDK in one
+    event loop, a shell line), without a pool, with one pinned at N and on the README's server (its self-sizing
+    pool: a first burst, then a second), against the serial rate of the same run."""
     _run("burst", out, template=template, n=n, serial=serial, docker=docker)
 
 

@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .._exceptions import CorralError, InvalidRequestError, NotFoundError
+from .._exceptions import AgentError, CorralError, InvalidRequestError, NotFoundError
 from ..control import Principal
 from ..engine import (
     LANGUAGES,
@@ -215,7 +215,10 @@ class _Cell:
                 first: bytes | None = await self.queue.get()
         except TimeoutError:
             first = _KEEPALIVE
-        if first is None and (failed := self.task.exception()) is not None:
+        # A sandbox killed (or its agent lost) under a cell is no refusal, however soon it came: the stream is
+        # cut, as E2B's is, and the SDK then asks whether the sandbox still runs to say it was killed.
+        failed = self.task.exception() if first is None else None
+        if failed is not None and not isinstance(failed, AgentError):
             await self.stream.close()
             if isinstance(failed, CorralError):
                 return _refusal(failed)

@@ -521,7 +521,7 @@ class _Connection:
             raise reasons.bad_request(exc.message) from None
         if port is None:
             raise reasons.bad_request(f"CONNECT needs host:port, got {safe_text(target, 80)!r}")
-        if bound(self._known().policy.secrets, host):
+        if bound(self._known().policy.secrets, host, port):
             await self._intercept(host, port, attempt)
             return
         with await self._open(host, port, attempt) as upstream:
@@ -585,12 +585,13 @@ class _Connection:
 
     # -- hosts a secret is bound to (docs/secrets.md): every byte parsed, secrets put in and taken out ------------
 
-    def _rewriter(self, host: str, upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+    def _rewriter(self, host: str, port: int, upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
                   attempt: _Attempt) -> Rewriter:
         client = self.writer.get_extra_info("socket")  # below TLS too: the sandbox's socket
         if client is not None:
             _big_send_buffer(client)  # a scrubbed answer is written in pieces of up to 1 MiB: each in one send
-        return Rewriter((self.reader, self.writer), upstream, host=host, secrets=self._known().policy.secrets,
+        return Rewriter((self.reader, self.writer), upstream, host=host, port=port,
+                        secrets=self._known().policy.secrets,
                         timeout=self.proxy.io_timeout, sent_up=attempt.count_up, sent_down=attempt.count_down,
                         produced=self._known().produced)
 
@@ -599,7 +600,7 @@ class _Connection:
         """A plain-HTTP request to a bound host: one exchange, on a connection of its own upstream."""
         upstream = await self._open(host, port, attempt)
         reader, writer = await asyncio.open_connection(sock=upstream, limit=MAX_HEAD)
-        rewriter = self._rewriter(host, (reader, writer), attempt)
+        rewriter = self._rewriter(host, port, (reader, writer), attempt)
 
         async def copy_body(frame: Framing) -> None:
             """A body no secret goes into: socket to socket, exactly as framed (as `_forward` sends one)."""
@@ -644,7 +645,7 @@ class _Connection:
                 attempt.reason = (f"the sandbox did not accept the proxy's certificate for {host} ({exc}); it must "
                                   "trust Corral's CA (SSL_CERT_FILE and the other variables Corral sets)")
                 return
-            await self._rewritten_requests(host, port, self._rewriter(host, (reader, writer), attempt), attempt)
+            await self._rewritten_requests(host, port, self._rewriter(host, port, (reader, writer), attempt), attempt)
         finally:
             await _close_tls(writer, writer.transport)
             await _close_tls(self.writer, client)
@@ -707,7 +708,7 @@ class _Connection:
     async def _forward(self, head: Head, request_body: Framing, host: str, port: int, path: str,
                        attempt: _Attempt) -> bool:
         """One request upstream, its response back: heads parsed here, bodies copied socket to socket."""
-        if bound(self._known().policy.secrets, host):
+        if bound(self._known().policy.secrets, host, port):
             return await self._forward_rewritten(head, request_body, host, port, path, attempt)
         upstream = await self._open(host, port, attempt)
         stall = Stall(self.proxy.io_timeout)  # anything moving either way, request body included, counts

@@ -63,13 +63,13 @@ class Rewriter:
     """Requests from `client` to one upstream connection, one at a time, with secrets put in and taken out."""
 
     def __init__(self, client: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-                 upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter], *, host: str,
+                 upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter], *, host: str, port: int,
                  secrets: tuple[SecretBinding, ...], timeout: float, sent_up: Count, sent_down: Count,
                  produced: Produced | None = None) -> None:
         self.client_reader, self.client_writer = client
         self.upstream_reader, self.upstream_writer = upstream
         self.secrets = secrets  # all of the sandbox's: any of them is scrubbed from any answer
-        self.bound = bound(secrets, host)  # those put into requests to this host
+        self.bound = bound(secrets, host, port)  # those put into requests to this host and port
         self.timeout = timeout
         self.sent_up, self.sent_down = sent_up, sent_down
         self.produced = produced if produced is not None else Produced()  # the sandbox's, across connections

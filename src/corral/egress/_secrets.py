@@ -2,14 +2,14 @@
 (docs/secrets.md).
 
 A sandbox holds a `placeholder` per secret (`corral-secret-<32 hex>`, unique to the sandbox), never the value.
-In a request to a host the secret is bound to, the proxy replaces the placeholder by the value in the request
-line and headers (also inside `Authorization: Basic`, whose credentials are base64) and, when the secret opts in,
-in the body. In every answer from an intercepted host, each value of the sandbox's secrets (verbatim or
-percent-encoded) goes back to its placeholder, and so does every encoded form of a value the proxy itself made
-(the Basic credentials it encoded again, verbatim or percent-encoded: `Produced`), so a server that echoes a
-request cannot hand the value to the sandbox. Requests to other hosts are never rewritten: they carry the
-placeholder. Forms the proxy did not make (a value base64-encoded with other bytes, hex, JSON escapes) are not
-recognised: docs/secrets.md, "Limits".
+In a request to a host the secret is bound to (on the binding's port, where it names one), the proxy replaces the
+placeholder by the value in the request line and headers (also inside `Authorization: Basic`, whose credentials
+are base64) and, when the secret opts in, in the body. In every answer from an intercepted host, each value of
+the sandbox's secrets (verbatim or percent-encoded) goes back to its placeholder, and so does every encoded form of
+a value the proxy itself made (the Basic credentials it encoded again, verbatim or percent-encoded: `Produced`), so
+a server that echoes a request cannot hand the value to the sandbox. Requests to other hosts are never rewritten:
+they carry the placeholder. Forms the proxy did not make (a value base64-encoded with other bytes, hex, JSON
+escapes) are not recognised: docs/secrets.md, "Limits".
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import secrets
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+
+from ._hosts import Rule
 
 __all__ = ["BODY_MAX", "MAX_FORMS", "PLACEHOLDER", "FormsFull", "Injection", "Produced", "Scrubber", "SecretBinding",
            "new_placeholder"]
@@ -41,15 +43,22 @@ class SecretBinding:
     name: str
     placeholder: str
     value: str = field(repr=False)
-    hosts: tuple[str, ...]  # normalised names or IP literals; "*.example.com" covers its subdomains, not itself
+    # Host rules, as network rules are written (`_hosts.Rule`): "api.example.com" on any port, "127.0.0.1:8080" on
+    # that port alone, "*.example.com" its subdomains (not itself).
+    hosts: tuple[str, ...]
     body: bool = False  # also in request bodies
+    rules: tuple[Rule, ...] = field(init=False, repr=False, compare=False)
 
-    def binds(self, host: str) -> bool:
-        return any(host == h or (h.startswith("*.") and host.endswith(h[1:])) for h in self.hosts)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rules", tuple(Rule.parse(h, what="secret host") for h in self.hosts))
+
+    def binds(self, host: str, port: int) -> bool:
+        """Whether a request to `host` (normalised) on `port` gets this secret."""
+        return any(rule.matches(host, port) for rule in self.rules)
 
 
-def bound(bindings: Iterable[SecretBinding], host: str) -> tuple[SecretBinding, ...]:
-    return tuple(b for b in bindings if b.binds(host))
+def bound(bindings: Iterable[SecretBinding], host: str, port: int) -> tuple[SecretBinding, ...]:
+    return tuple(b for b in bindings if b.binds(host, port))
 
 
 class FormsFull(Exception):

@@ -31,7 +31,7 @@ from ._models import (
     WatchEventType,
     parse_size,
 )
-from ._pool import PoolStats, WarmPool, parse_pools
+from ._pool import PoolStats, WarmPool, parse_pools, pools_notice, serve_pools
 from ._records import Adoption, read_agent_address
 from ._session import Files, Processes, SandboxSession
 
@@ -75,5 +75,7 @@ __all__ = [
     "normalize_language",
     "parse_pools",
     "parse_size",
+    "pools_notice",
     "read_agent_address",
+    "serve_pools",
 ]

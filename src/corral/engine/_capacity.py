@@ -77,6 +77,19 @@ class Capacity:
             _refuse(f"the disk sandboxes grow on is nearly full ({_fmt(free)} free, {_fmt(self.min_free_disk)} "
                     "kept free)", "min_free_disk", _PRESSURE_RETRY, limit=self.min_free_disk, current=free)
 
+    def room(self, usage: MachineUsage, memory: int, figures: BackendCapacity) -> int | None:
+        """How many more sandboxes with `memory` bytes of limit `check` would let in now, one after another (None:
+        no count or memory-promise bound). What bounds a self-sizing warm pool, which must not fill up to a
+        refusal."""
+        available, free = figures.memory_available, figures.disk_free
+        if (available is not None and available < self.min_free_memory) or \
+                (free is not None and free < self.min_free_disk):
+            return 0
+        bounds = [limit - usage.sandboxes for limit in (self.max_sandboxes, figures.sandboxes_max) if limit is not None]
+        if figures.memory_total is not None and memory > 0:
+            bounds.append((int(figures.memory_total * self.memory_overcommit) - usage.memory) // memory)
+        return max(0, min(bounds)) if bounds else None
+
 
 def _refuse(message: str, resource: str, retry_after: int, **figures: int) -> None:
     raise CapacityError(message, details={"resource": resource, "retry_after": retry_after, **figures})

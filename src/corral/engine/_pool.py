@@ -6,7 +6,9 @@ time (never while a caller's own create is starting), are invisible to every ten
 until one is claimed, and the pools give members back under memory pressure. What a claim applies (env, network
 policy, secrets' trust files, metadata, timeout) is the runtime's business (`Engine.adopt`); this module holds the
 configuration, the bookkeeping of who is ready and the filler (`Pools`). How many members a pool wants at any
-moment is one decision, `Pools.wanted`, that the filler, a claim and a release all consult.
+moment is one decision, `Pools.wanted`, that the filler, a claim and a release all consult: a pinned pool's size,
+or, for a self-sizing one (`default=auto`), what `_pool_sizing.pool_target` makes of the demand it saw (recorded
+at every claim and miss) and the machine's room.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from .._exceptions import InvalidRequestError
 from ..backends import RESIZABLE_LIMITS, BackendCapacity
 from ._models import Runtime, SandboxSpec
+from ._pool_sizing import AutoSize, DemandHistory, PoolRoom, pool_target
 from ._sandbox import LiveSandbox
 
 logger = logging.getLogger("corral.engine")
@@ -37,23 +40,26 @@ _GiB = 1024**3
 
 MakeMember = Callable[[SandboxSpec, str], Awaitable[LiveSandbox]]  # (spec, id) -> a started pool member
 DestroyMember = Callable[[LiveSandbox, str], Awaitable[None]]  # (member, reason)
+Room = Callable[[int, BackendCapacity], int | None]  # (memory limit, figures) -> more sandboxes that fit now
 
-_POOL = re.compile(r"(?P<template>[A-Za-z0-9][A-Za-z0-9._-]*)(?P<flags>(/[a-z]+)*)=(?P<size>\d+)"
+_POOL = re.compile(r"(?P<template>[A-Za-z0-9][A-Za-z0-9._-]*)(?P<flags>(/[a-z]+)*)=(?P<size>\d+|auto)"
                    r"(:(?P<refill>\d+(\.\d+)?))?")
 MAX_POOL_SIZE = 10_000
 
 
 @dataclass(frozen=True)
 class WarmPool:
-    """One pool: `size` sandboxes of `spec` kept started, at most `refill` new ones a second (0: no bound).
+    """One pool: `size` sandboxes of `spec` kept started, at most `refill` new ones a second (0: no bound); with
+    `auto`, the size follows demand instead (`_pool_sizing`; `size` is then unused).
 
     Only a spec's `pool_key()` matters to whom a member can serve: its template, runtime, limits and whether it has
     root (pooled sandboxes never have volumes).
     """
 
     spec: SandboxSpec
-    size: int
+    size: int = 0
     refill: float = 0.0
+    auto: AutoSize | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.size <= MAX_POOL_SIZE:
@@ -69,22 +75,27 @@ class WarmPool:
 
     @classmethod
     def parse(cls, text: str) -> WarmPool:
-        """`TEMPLATE[/root][/runsc]=SIZE[:REFILL]`, e.g. `default=50`, `default/root=20:5` (5 a second)."""
+        """`TEMPLATE[/root][/runsc]=SIZE[:REFILL]`, e.g. `default=50`, `default/root=20:5` (5 a second), or
+        `default=auto` (self-sizing)."""
         match = _POOL.fullmatch(text.strip())
         if match is None:
-            raise InvalidRequestError(f"invalid warm pool {text!r}: expected TEMPLATE[/root][/runsc]=SIZE[:REFILL], "
-                                      "e.g. default=50 or default/root=20:5")
+            raise InvalidRequestError(f"invalid warm pool {text!r}: expected TEMPLATE[/root][/runsc]=SIZE[:REFILL] "
+                                      "(SIZE a number or auto), e.g. default=50, default/root=20:5 or default=auto")
         flags = [f for f in match["flags"].split("/") if f]
         unknown = sorted(set(flags) - {"root", "runc", "runsc"})
         if unknown:
             raise InvalidRequestError(f"invalid warm pool {text!r}: unknown flag {unknown[0]!r} (root, runc, runsc)")
         runtime = Runtime.RUNSC if "runsc" in flags else Runtime.RUNC
         spec = SandboxSpec(template=match["template"], runtime=runtime, root="root" in flags)
-        return cls(spec=spec, size=int(match["size"]), refill=float(match["refill"] or 0))
+        refill = float(match["refill"] or 0)
+        if match["size"] == "auto":
+            return cls(spec=spec, refill=refill, auto=AutoSize())
+        return cls(spec=spec, size=int(match["size"]), refill=refill)
 
     def describe(self) -> str:
         flags = ("/root" if self.spec.root else "") + ("/runsc" if self.spec.runtime is Runtime.RUNSC else "")
-        return f"{self.spec.template}{flags}={self.size}" + (f":{self.refill:g}" if self.refill else "")
+        size = "auto" if self.auto is not None else str(self.size)
+        return f"{self.spec.template}{flags}={size}" + (f":{self.refill:g}" if self.refill else "")
 
 
 @dataclass
@@ -97,7 +108,8 @@ class PoolStats:
     missed: int = 0  # creates that matched the pool and found it empty
     made: int = 0
     failed: int = 0
-    evicted: int = 0  # given back under memory pressure or to make room for a caller's create
+    evicted: int = 0  # given back under memory pressure, to make room for a caller's create, or over the target
+    target: int = 0  # members the pool wants now (`Pools.wanted`)
 
 
 @dataclass
@@ -107,7 +119,11 @@ class PoolState:
     starting: int = 0
     stats: PoolStats = field(default_factory=PoolStats)
     next_start: float = 0.0  # monotonic time before which the refill rate allows no new start
+    demand: DemandHistory | None = None  # a self-sizing pool's claims and misses
 
+    def __post_init__(self) -> None:
+        if self.pool.auto is not None and self.demand is None:
+            self.demand = DemandHistory(self.pool.auto.window)
 
 
 def parse_pools(texts: list[str]) -> list[WarmPool]:
@@ -122,17 +138,50 @@ def parse_pools(texts: list[str]) -> list[WarmPool]:
     return pools
 
 
+DEFAULT_POOL = "default=auto"  # `corral serve`'s pool when none is given (the local backend, the template built)
+
+
+def serve_pools(given: Sequence[WarmPool], *, default: bool) -> list[WarmPool]:
+    """`corral serve`'s pools: those given, and with `default` the self-sizing pool of the default template unless
+    one given serves the same sandboxes (`--pool default=20` pins it; `--pool default=0` turns it off)."""
+    pools = list(given)
+    auto = WarmPool.parse(DEFAULT_POOL)
+    if default and all(pool.key != auto.key for pool in pools):
+        pools.append(auto)
+    return pools
+
+
+def pools_notice(pools: Sequence[WarmPool]) -> str:
+    """What `corral serve` says at start about its warm pools (one line)."""
+    if not pools:
+        return "warm pools: none (creates start cold; --pool TEMPLATE=SIZE or TEMPLATE=auto keeps some started)"
+    said = []
+    for pool in pools:
+        auto = pool.auto
+        said.append(pool.describe() if auto is None else
+                    f"{pool.describe()} (self-sizing: {auto.rest} at rest, growing to the largest burst of creates "
+                    f"of the last {auto.window:g} s, within capacity, {auto.memory_share:.0%} of memory and "
+                    f"{auto.ceiling} members)")
+    return "warm pools: " + ", ".join(said)
+
+
 class Pools:
     """The warm pools of one engine: ready members, claims, the filler that keeps them full in idle time.
 
     `make` starts a member and `destroy` ends one (the runtime's); `creating` is the runtime's sandboxes being
-    created (a caller's create goes before any refill); `capacity` the backend's figures.
+    created (a caller's create goes before any refill); `capacity` the backend's figures; `room` how many more
+    sandboxes of a memory limit the machine takes now (the runtime's capacity check, counted: bounds a self-sizing
+    pool); `clock` the monotonic time the quiet, the refill rate and the demand window are counted in.
     """
 
     def __init__(self, pools: Sequence[WarmPool], *, resizable: bool, make: MakeMember, destroy: DestroyMember,
-                 capacity: Callable[[], Awaitable[BackendCapacity]], creating: Mapping[str, int]) -> None:
+                 capacity: Callable[[], Awaitable[BackendCapacity]], creating: Mapping[str, int],
+                 room: Room | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self._resizable = resizable
+        self._clock = clock  # monotonic seconds (a test's own clock: demand leaves the window without waiting)
         self._make, self._destroy, self._capacity, self._creating = make, destroy, capacity, creating
+        self._room = room
+        self._figures: BackendCapacity | None = None  # the backend's, as of the filler's last step
         self.states: dict[tuple[object, ...], PoolState] = {}
         for pool in pools:
             if self.key(pool.spec) in self.states:
@@ -156,8 +205,19 @@ class Pools:
         return (spec.template, spec.runtime.value, tuple(sorted(fixed.items())), bool(spec.volumes), spec.root)
 
     def wanted(self, state: PoolState) -> int:
-        """How many ready members the pool wants now: the one decision of a pool's size (its configured size)."""
-        return state.pool.size
+        """How many ready members the pool wants now: the one decision of a pool's size. A pinned pool's is its
+        configured size; a self-sizing pool's follows the demand it saw, within the machine's room (as of the
+        filler's last look) and its memory budget (`_pool_sizing`)."""
+        auto, demand = state.pool.auto, state.demand
+        if auto is None or demand is None:
+            return state.pool.size
+        figures = self._figures
+        free = None if figures is None or self._room is None else self._room(state.pool.spec.limits.memory, figures)
+        if free is not None:  # members spawned whose create has not reached the runtime's count yet take room too
+            free -= sum(1 for sandbox_id in self.starting if sandbox_id not in self._creating)
+        room = PoolRoom(held=len(state.members) + state.starting, free=free,
+                        memory_total=None if figures is None else figures.memory_total)
+        return pool_target(auto, demand, room, self._clock())
 
     def _deficit(self, state: PoolState) -> int:
         return self.wanted(state) - len(state.members) - state.starting
@@ -170,7 +230,7 @@ class Pools:
         return [*self.ready.values(), *self.claimed.values()]
 
     def demand(self) -> None:
-        self.last_demand = time.monotonic()
+        self.last_demand = self._clock()
 
     def claim(self, spec: SandboxSpec) -> str | None:
         """Take a ready member that can serve `spec` aside, and return its id (None: no pool for `spec`, or it is
@@ -182,6 +242,8 @@ class Pools:
         if state is None:
             return None
         self.wake.set()
+        if state.demand is not None:
+            state.demand.record(self._clock())
         if not state.members:
             state.stats.missed += 1
             return None
@@ -205,6 +267,7 @@ class Pools:
         out = {}
         for state in self.states.values():
             state.stats.ready, state.stats.starting = len(state.members), state.starting
+            state.stats.target = self.wanted(state)
             out[state.pool.describe()] = replace(state.stats)
         return out
 
@@ -240,18 +303,20 @@ class Pools:
         except Exception:
             logger.exception("pool.capacity_failed")
             return 5.0
+        self._figures = figures
         floor = self._floor(figures)
         available = figures.memory_available
         if available is not None and available < floor:
             if self.evict_one():
                 logger.warning("pool.memory_pressure", extra={"available": available, "floor": floor})
             return _POOL_PRESSURE_POLL
-        quiet = self.last_demand + _POOL_QUIET - time.monotonic()
+        quiet = self.last_demand + _POOL_QUIET - self._clock()
         if quiet > 0 or any(sandbox_id not in self.starting for sandbox_id in self._creating):
             return max(quiet, _POOL_QUIET / 4)
+        self._shrink()
         if available is not None and available < 2 * floor:
             return _POOL_PRESSURE_POLL
-        now, delay = time.monotonic(), _POOL_IDLE_POLL
+        now, delay = self._clock(), _POOL_IDLE_POLL
         for state in sorted(self.states.values(), key=self._fullness):
             while self._deficit(state) > 0 and len(self.tasks) < _POOL_PARALLEL:
                 if now < state.next_start:
@@ -259,7 +324,9 @@ class Pools:
                     break
                 state.next_start = now + (1 / state.pool.refill if state.pool.refill else 0)
                 state.starting += 1
-                self._spawn(self._make_member(state), "corral-pool-member")
+                sandbox_id = f"sb-{secrets.token_hex(8)}"
+                self.starting.add(sandbox_id)  # counted as room taken from now (`wanted`), not from its task's start
+                self._spawn(self._make_member(state, sandbox_id), "corral-pool-member")
         return delay
 
     def _spawn(self, work: Awaitable[None], name: str) -> None:
@@ -268,14 +335,12 @@ class Pools:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def _make_member(self, state: PoolState) -> None:
-        sandbox_id = f"sb-{secrets.token_hex(8)}"
-        self.starting.add(sandbox_id)
+    async def _make_member(self, state: PoolState, sandbox_id: str) -> None:
         try:
             sb = await self._make(state.pool.spec, sandbox_id)
         except Exception:
             state.stats.failed += 1
-            state.next_start = time.monotonic() + _POOL_RETRY  # a broken template must not spin
+            state.next_start = self._clock() + _POOL_RETRY  # a broken template must not spin
             logger.exception("pool.fill_failed", extra={"pool": state.pool.describe()})
         else:
             state.stats.made += 1
@@ -288,6 +353,12 @@ class Pools:
             state.starting -= 1
             self.starting.discard(sandbox_id)
             self.wake.set()
+
+    def _shrink(self) -> None:
+        """Give back ready members over what each pool wants (a self-sizing pool's target fell), oldest first."""
+        for state in self.states.values():
+            for _ in range(len(state.members) - self.wanted(state)):
+                self.evict(self.ready.pop(state.members.pop(0)), state)
 
     def _floor(self, figures: BackendCapacity) -> int:
         if self.memory_floor is not None:

@@ -58,7 +58,8 @@ class Runtime:
         self.tombstones: dict[str, str] = {}
         self.creating: dict[str, int] = {}  # sandbox id -> memory limit, while the backend creates it
         self.pools = Pools(pools, resizable=self.resizable is not None, make=self._make_member,
-                           destroy=self.destroy_now, capacity=backend.capacity, creating=self.creating)
+                           destroy=self.destroy_now, capacity=backend.capacity, creating=self.creating,
+                           room=lambda memory, figures: self.capacity.room(self.usage(), memory, figures))
 
     # -- creating -----------------------------------------------------------------------------------------
 

@@ -77,6 +77,9 @@ class ServerProcess:
     * **backend** - where its sandboxes run (`corral serve --backend`, docs/backends.md); the leftovers are
       destroyed through the same backend.
     * **env** - extra environment variables for the server. **args** - extra `corral serve` options.
+    * **default_pool** - keep `corral serve`'s self-sizing warm pool of the default template (docs/performance.md).
+      Off unless asked (`--no-pool`): a test's or benchmark's server then holds no idle sandboxes that its own
+      figures or leak checks would count. A `--pool` or `--no-pool` in `args` decides instead.
 
     The server's stdout and stderr go to `home/server.log` (never a pipe that nobody reads and that would
     block the server once full).
@@ -85,7 +88,7 @@ class ServerProcess:
     def __init__(self, home: str | os.PathLike[str], *, template_home: str | os.PathLike[str] | None = None,
                  admin_key: str | None = None, host: str = "127.0.0.1", port: int | None = None,
                  startup_timeout: float = 60.0, env: dict[str, str] | None = None,
-                 args: list[str] | None = None, backend: str = "local") -> None:
+                 args: list[str] | None = None, backend: str = "local", default_pool: bool = False) -> None:
         if "--backend" in (args or []):
             raise ValueError("give the backend as `backend=`, not in `args`: its leftovers are destroyed through it")
         self.home = Path(home)
@@ -99,6 +102,8 @@ class ServerProcess:
         self.startup_timeout = startup_timeout
         self._extra_env = dict(env or {})
         self._extra_args = list(args or [])
+        if not default_pool and not {"--pool", "--no-pool"} & {a.split("=")[0] for a in self._extra_args}:
+            self._extra_args.append("--no-pool")
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property

@@ -17,8 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from .._exceptions import InvalidRequestError, NotFoundError
 from ..backends._spec import MAX_SECRETS, SealedSecret
 from ..control import Action, ControlStore, Principal, StoredSecret, authorize
+from ..egress._hosts import Rule
 from ..egress._keyring import SecretKeyring
-from ..egress._policy import normalize_host
 from ..egress._secrets import new_placeholder
 from ..engine import Engine
 from ._audited import Auditor
@@ -41,8 +41,9 @@ def check_secret_name(name: str) -> str:
 
 
 class SecretRequest(BaseModel):
-    """One secret: its value and the hosts it may be sent to (`*.example.com` for the subdomains), or `stored`, the
-    name of one of the tenant's stored secrets (whose hosts `hosts` may narrow, never widen)."""
+    """One secret: its value and the hosts it may be sent to, written as network rules are (`*.example.com` for the
+    subdomains, `host:port` for one port alone), or `stored`, the name of one of the tenant's stored secrets (whose
+    hosts `hosts` may narrow, never widen)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -85,19 +86,27 @@ class SecretRequest(BaseModel):
 
 
 def _host(text: str) -> str:
-    if not isinstance(text, str):
-        raise ValueError("a host is a string")
-    wildcard = text.startswith("*.")
+    """A host as network rules write it (`egress._hosts.Rule`, the same parser), in its canonical form: a name, an
+    IP literal or `*.suffix`, with an optional port (the secret then goes only to that port). A wildcard over a
+    public suffix (`*.com`) is refused: the secret would go to every site under it."""
     try:
-        host = normalize_host(text[2:] if wildcard else text)
+        rule = Rule.parse(text, what="secret host")
     except InvalidRequestError as exc:
         raise ValueError(exc.message) from None
-    if "*" in host:
-        raise ValueError(f"host {text!r}: only a leading '*.' is a wildcard")
-    if wildcard and is_public_suffix(host):
-        raise ValueError(f"host {text!r}: {host!r} is a public suffix, and the secret would go to every site under "
-                         "it; bind it to the exact hosts, or to '*.' a domain of its own")
-    return f"*.{host}" if wildcard else host
+    if rule.wildcard and is_public_suffix(rule.host):
+        raise ValueError(f"host {text!r}: {rule.host!r} is a public suffix, and the secret would go to every site "
+                         "under it; bind it to the exact hosts, or to '*.' a domain of its own")
+    return str(rule)
+
+
+def _narrower(name: str, hosts: tuple[str, ...], stored: StoredSecret) -> None:
+    """A stored secret's hosts narrowed, never widened: each host asked for is within one of the stored ones
+    (`api.example.com:443` is within `api.example.com`, `a.example.com` within `*.example.com`)."""
+    theirs = [Rule.parse(h, what="secret host") for h in stored.hosts]
+    wider = [h for h in hosts if not any(r.covers(Rule.parse(h, what="secret host")) for r in theirs)]
+    if wider:
+        raise InvalidRequestError(f"secret {name}: the stored secret {stored.name!r} is bound to "
+                                  f"{', '.join(stored.hosts)}; {', '.join(wider)} is not among them")
 
 
 def seal_secrets(requests: dict[str, SecretRequest], env: dict[str, str], keyring: SecretKeyring,
@@ -122,10 +131,7 @@ def _sealed(name: str, request: SecretRequest, keyring: SecretKeyring,
                             body=request.body, sealed=keyring.seal(request.value))
     found = stored[str(request.stored)]
     hosts = found.hosts if request.hosts is None else tuple(request.hosts)
-    wider = sorted(set(hosts) - set(found.hosts))
-    if wider:
-        raise InvalidRequestError(f"secret {name}: the stored secret {found.name!r} is bound to "
-                                  f"{', '.join(found.hosts)}; {', '.join(wider)} is not among them")
+    _narrower(name, hosts, found)
     # Under the newest key even when the stored value is not resealed yet: a new sandbox never needs an old key.
     sealed = found.sealed if keyring.current(found.sealed) else keyring.reseal(found.sealed)
     return SealedSecret(name=name, placeholder=new_placeholder(), hosts=hosts, body=found.body or request.body,

@@ -208,11 +208,13 @@ class _StateCollector(Collector):
             sandboxes.add_metric([tenant, state], count)
         usage = engine.usage()
         yield sandboxes
+        stats = engine.pool_stats()
         yield GaugeMetricFamily("corral_pool_size", "Warm sandboxes the engine keeps started ahead of demand "
-                                "(configured, all pools).", value=sum(pool.size for pool in engine.pools))
+                                "(all pools: a pinned pool's size, a self-sizing pool's target now).",
+                                value=sum(figures.target for figures in stats.values()))
         yield GaugeMetricFamily("corral_pool_ready", "Warm sandboxes started and waiting now.",
                                 value=engine.pool_ready)
-        yield from _pool_metrics(engine.pool_stats())
+        yield from _pool_metrics(stats)
         yield GaugeMetricFamily("corral_machine_sandboxes", "Sandboxes that hold room on this machine now "
                                 "(running, pooled, being created): what the capacity check counts.",
                                 value=usage.sandboxes)
@@ -226,14 +228,19 @@ class _StateCollector(Collector):
 def _pool_metrics(stats: Mapping[str, PoolStats]) -> Iterable[Metric]:
     """Per pool (labelled with its `--pool` description): ready members, and how creates were served."""
     ready = GaugeMetricFamily("corral_pool_members_ready", "Ready members of each warm pool.", labels=["pool"])
+    target = GaugeMetricFamily("corral_pool_target", "Members each warm pool wants now: a pinned pool's size, a "
+                               "self-sizing pool's target (its largest recent burst, within capacity and its "
+                               "memory budget).", labels=["pool"])
     counters = {name: CounterMetricFamily(f"corral_pool_{name}", help_, labels=["pool"]) for name, help_ in (
         ("claimed", "Creates served by a warm pool's ready member."),
         ("missed", "Creates that matched a warm pool and found it empty (started cold)."),
         ("made", "Members a warm pool started."),
-        ("evicted", "Members given back (memory pressure, or room for a caller's create)."))}
+        ("evicted", "Members given back (memory pressure, room for a caller's create, or over the target)."))}
     for pool, figures in sorted(stats.items()):
         ready.add_metric([pool], figures.ready)
+        target.add_metric([pool], figures.target)
         for name, family in counters.items():
             family.add_metric([pool], getattr(figures, name))
     yield ready
+    yield target
     yield from counters.values()

@@ -61,6 +61,7 @@ from ..._exceptions import (
     ServerError,
 )
 from ...templates import Template
+from .._boot_id import give_boot_id
 from .._contract import (
     JSON,
     ROOT_LIMITATION,
@@ -497,7 +498,11 @@ class DockerBackend:
         container_id = await self.api.create(record.name, container_config(params))
         record = replace(record, container_id=container_id)
         await self.api.start(record.name)
-        record = replace(record, cgroup=await self._memory_cgroup(record))
+        pid = await self._init_pid(record)
+        record = replace(record, cgroup=_memory_cgroup(pid))
+        # The host kernel's boot id is every container's: each boot gets one of its own (`_boot_id`), before
+        # anything but the agent runs in it.
+        await give_boot_id(pid, record.sandbox_id)
         await self._take_agent_socket(record)
         return record
 
@@ -567,24 +572,30 @@ class DockerBackend:
         os.chown(record.dir / "run", 0, 0)
         os.chmod(record.dir / "run", 0o555)  # noqa: S103 - read-only to the sandbox: it stays mounted there
 
-    async def _memory_cgroup(self, record: DockerRecord) -> str:
-        """The container's memory cgroup, read from its PID 1 on the host (whatever the cgroup driver)."""
+    async def _init_pid(self, record: DockerRecord) -> int:
+        """The host pid of the just-started container's PID 1 (the agent)."""
         found = await self.api.inspect(record.name) or {}
         pid = (found.get("State") or {}).get("Pid") or 0
-        if not pid:
-            return ""
-        try:
-            lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
-        except OSError:
-            return ""
-        v2 = ""
-        for line in lines:
-            _, controllers, path = line.split(":", 2)
-            if "memory" in controllers.split(","):
-                return path
-            if controllers == "":
-                v2 = path
-        return v2 if _cgroups.is_v2() else ""
+        if not isinstance(pid, int) or pid <= 0:
+            raise AgentError(f"sandbox {record.sandbox_id} was started but its container runs no process: "
+                             f"{await self.diagnostics(record)}", details={"sandbox_id": record.sandbox_id})
+        return pid
+
+
+def _memory_cgroup(pid: int) -> str:
+    """The container's memory cgroup, read from its PID 1 on the host (whatever the cgroup driver)."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return ""
+    v2 = ""
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            return path
+        if controllers == "":
+            v2 = path
+    return v2 if _cgroups.is_v2() else ""
 
 
 def _check_volume_paths(spec: SandboxSpec, rootfs: Path | None) -> None:

@@ -20,6 +20,8 @@ elsewhere and holds the record `create` returned):
     egress/        a tiny tmpfs where the egress proxy listens for this sandbox (`proxy.sock`); only the sandbox
                    user enters
     agent.log      the runtime's and the agent's stderr
+    boot_id        runsc only: this boot's boot id, bind-mounted read-only at /proc/sys/kernel/random/boot_id
+                   (runc's sandboxes get theirs mounted from here once started: `corral.backends._boot_id`)
 
 Paused to disk (`stop`), only `backend.json`, `disk.img` and the empty mount points stay: no process, mount,
 loop device or cgroup. The uid range stays the sandbox's (its files are owned by it); `boot` mounts everything
@@ -57,6 +59,7 @@ from ..._atomic import write_json_atomic
 from ..._exceptions import AgentError, ConflictError, NotFoundError, ServerError
 from ...templates import Template
 from .. import _idmap
+from .._boot_id import give_boot_id, write_boot_id
 from .._contract import (
     JSON,
     AgentAddress,
@@ -502,6 +505,8 @@ class LocalBackend:
             egress_dir=egress_dir,
             volume_mounts=volume_mounts,
             root=spec.root,
+            # runsc's kernel has no boot id (this gVisor); it takes a bind mount there, which runc refuses.
+            boot_id_file=write_boot_id(sbdir / "boot_id") if record.runtime == Runtime.RUNSC else None,
         )
         _write_state(sbdir / "config.json", build_config(params))
         if run_dir is not None:
@@ -518,6 +523,9 @@ class LocalBackend:
                                                    log=sbdir / "agent.log"))
         finally:
             listener.close()  # the agent holds its own copy now; if it dies, connects fail at once
+        # runc's sandboxes share the host's kernel and so its boot id: each boot gets one of its own, before
+        # anything but the agent runs in it (`corral.backends._boot_id`).
+        await give_boot_id(_init_pid(sbdir), record.sandbox_id)
 
     async def _take_agent_socket(self, record: LocalRecord) -> None:
         """runsc: wait for the agent to listen on its socket in `run/`, then take it out of the sandbox's reach.
@@ -588,6 +596,14 @@ class LocalBackend:
             return self.restore(_read_json(self.sandboxes_dir / sandbox_id / "backend.json"))
         return LocalRecord(sandbox_id=sandbox_id, dir=self.sandboxes_dir / sandbox_id, runtime=Runtime.RUNC,
                            slot=-1, uid_base=0, token="", cgroups_path=f"/{self.cgroup_parent}/{sandbox_id}")
+
+
+def _init_pid(sbdir: Path) -> int:
+    """The host pid of a just-started container's init (the agent), from the pid file `runc run` wrote."""
+    try:
+        return int((sbdir / "pid").read_text())
+    except (OSError, ValueError) as exc:
+        raise ServerError(f"the runtime started sandbox {sbdir.name} but wrote no pid file: {exc}") from exc
 
 
 def _init_alive(rec: LocalRecord) -> bool | None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._boot_id import BOOT_ID_PATH
 from .._spec import Limits
 from ._seccomp import seccomp_profile
 
@@ -60,6 +61,8 @@ class BundleParams:
     volume_mounts: tuple[tuple[str, Path], ...] = ()
     # Created with root: the agent starts as the namespace's uid 0 with ROOT_CAPABILITIES (docs/security.md)
     root: bool = False
+    # runsc: this boot's boot id (`corral.backends._boot_id`), bind-mounted read-only over the kernel's
+    boot_id_file: Path | None = None
 
 
 def build_config(p: BundleParams) -> dict[str, Any]:
@@ -126,6 +129,8 @@ def _mounts(p: BundleParams) -> list[dict[str, Any]]:
         # Read-only is enough to connect to a socket (connect needs write permission on the socket inode only).
         *([{"destination": EGRESS_DIR, "type": "bind", "source": str(p.egress_dir),
             "options": ["rbind", "ro", "nosuid", "nodev", "noexec"]}] if p.egress_dir else []),
+        *([{"destination": BOOT_ID_PATH, "type": "bind", "source": str(p.boot_id_file),
+            "options": ["bind", "ro", "nosuid", "nodev", "noexec"]}] if p.boot_id_file else []),
     ]
 
 
