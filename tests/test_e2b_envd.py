@@ -6,8 +6,10 @@ error classes reached on purpose."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import os
+import socket
 import time
 
 import httpx
@@ -240,6 +242,36 @@ async def test_async_commands_files_and_streaming_watch(e2b_env: E2BServer, clea
     assert await sbx.commands.kill(handle.pid)
 
 
+def test_an_env_value_execve_cannot_take_is_invalid_not_a_502(sbx: Sandbox) -> None:
+    """Issue 29 item 6: a 200 KB variable (the kernel takes 128 KiB a string) is refused naming env."""
+    with pytest.raises(InvalidArgumentException, match="env"):
+        sbx.commands.run("true", envs={"BIG": "x" * 200_000})
+    assert sbx.commands.run("echo ok", envs={"SMALL": "x" * 1000}).stdout == "ok\n"
+
+
+def test_an_rpc_message_past_the_limit_is_refused_before_it_ends(e2b_server: E2BServer, sbx: Sandbox) -> None:
+    """Issue 29 item 5: a unary RPC's body is refused at the first chunk past 16 MiB, not read whole first: the
+    client here never finishes its chunked body, and still gets the answer."""
+    url = httpx.URL(e2b_server.url)
+    head = (f"POST /filesystem.Filesystem/Stat HTTP/1.1\r\nHost: {url.host}:{url.port}\r\n"
+            f"E2b-Sandbox-Id: {sbx.sandbox_id}\r\nX-Access-Token: {sbx._envd_access_token}\r\n"
+            "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n").encode()
+    piece = b"x" * 2**20
+    with socket.create_connection((url.host, url.port), timeout=60) as conn:
+        start = b'{"path": "'
+        conn.sendall(head + b"%x\r\n%s\r\n" % (len(start), start))
+        answer = b""
+        with contextlib.suppress(OSError):  # the server may close while the rest is still being sent
+            for _ in range(17):
+                conn.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+        conn.settimeout(30)
+        with contextlib.suppress(OSError):
+            while b"\r\n\r\n" not in answer and (data := conn.recv(65536)):
+                answer += data
+    assert answer.startswith(b"HTTP/1.1 429"), answer[:300]
+    assert b"larger than" in answer or b"resource_exhausted" in answer
+
+
 def test_rpcs_need_the_sandboxs_own_credentials(e2b_server: E2BServer, sbx: Sandbox, cleanup: Cleanup) -> None:
     url = f"{e2b_server.url}/process.Process/List"
     base = {"E2b-Sandbox-Id": sbx.sandbox_id, "Content-Type": "application/json"}
@@ -250,6 +282,12 @@ def test_rpcs_need_the_sandboxs_own_credentials(e2b_server: E2BServer, sbx: Sand
     assert r.status_code == 404 and r.json()["code"] == "not_found"  # another tenant: no such sandbox
     r = httpx.post(url, json={}, headers={**base, "X-API-KEY": e2b_server.keys["a_aud"]})
     assert r.status_code == 403  # an auditor never runs or lists processes
+    sbx.files.write("/home/user/kept.txt", "kept")
+    for path in ("/home/user/kept.txt", "/home/user/never-there"):  # removing what is not there is no error...
+        r = httpx.post(f"{e2b_server.url}/filesystem.Filesystem/Remove", json={"path": path},
+                       headers={**base, "X-API-KEY": e2b_server.keys["b_dev"]})
+        assert r.status_code == 404 and r.json()["code"] == "not_found", r.text  # ...but another tenant's sandbox is
+    assert sbx.files.read("/home/user/kept.txt") == "kept"
     r = httpx.post(f"{e2b_server.url}/process.Process/Nope", json={},
                    headers={**base, "X-Access-Token": sbx._envd_access_token})
     assert r.status_code == 501

@@ -9,12 +9,14 @@ hosts to the API, the error and close-code mappings, and the service's refusals 
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import json
 import os
 import shutil
 import tempfile
 import time
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -33,8 +35,9 @@ from corral.cli import app as cli
 from corral.control import ControlStore, Role
 from corral.engine import Engine
 from corral.server import ServerProcess, create_app
+from corral.server._port_credentials import strip_credentials
 from corral.server._ports import _close_to_client, _close_to_upstream, _upstream_errors, port_target
-from corral.service import PORT_ACTION, check_domain
+from corral.service import PORT_ACTION, TokenPurpose, check_domain
 
 from .conftest import DEV_ROOTFS, TEMPLATE, TEMPLATE_HOME, TEST_HOME
 from .fakes import FakeBackend, FakeTemplates, World
@@ -454,6 +457,72 @@ async def test_public_ports_need_no_key_and_keep_the_apps_own_authorization(api:
         records = await api.store.audit.query(action=PORT_ACTION, sandbox=sb.id)
         assert len(records) == 3 and all(r.params["public"] and r.key_id is None for r in records)
         assert {r.tenant_id for r in records} == {api.tenants["a"]}  # the owner's trail shows who came
+
+
+def _credential_headers(key: str, token: str) -> dict[str, str]:
+    """Every way a client may carry a Corral key or a sandbox token to a port (issue 29 item 4)."""
+    basic = base64.b64encode(f"git:{key}".encode()).decode()
+    return {"X-API-KEY": key, "X-Access-Token": token, "E2B-Traffic-Access-Token": token,
+            "X-Supabase-Token": key, "X-Custom-Auth": f"token={key}", "X-Encoded": urllib.parse.quote(f"k {key}"),
+            "X-Basic": f"Basic {basic}", "Cookie": f"theme=dark; session={key}; other=1"}
+
+
+def _assert_no_credential(seen: dict[str, list[str]], key: str, token: str) -> None:
+    dump = json.dumps(seen)
+    assert key not in dump and token not in dump and key.split("_")[2][:20] not in dump
+    assert not {"x-api-key", "x-access-token", "e2b-traffic-access-token", "x-supabase-token", "x-custom-auth",
+                "x-encoded", "x-basic"} & set(seen)
+    assert seen["cookie"] == ["theme=dark; other=1"]  # the app's own cookies stay
+
+
+@live
+async def test_no_corral_key_or_sandbox_token_reaches_the_app_in_any_header_or_cookie(
+        api: Api, live_url: str, web: AsyncSandbox) -> None:
+    host = await web.get_host(STREAM_PORT)
+    key = api.keys["a_dev"]
+    token = _service(api).access.token(web.id, TokenPurpose.SANDBOX)
+    async with _port_client(live_url, host, key, **_credential_headers(key, token)) as c:
+        seen = (await c.get("/headers")).json()
+    _assert_no_credential(seen, key, token)
+    assert "authorization" not in seen and seen["x-forwarded-host"] == [host]
+
+
+@live
+async def test_a_public_sandbox_gets_no_corral_credential_either(api: Api, live_url: str) -> None:
+    async with await AsyncSandbox.create(TEMPLATE, public_ports=True, api_key=api.keys["a_dev"],
+                                         base_url=live_url) as sb:
+        await sb.files.write("/workspace/stream.py", STREAM_SERVER)
+        await _start(sb, f"python3 /workspace/stream.py {STREAM_PORT}", STREAM_PORT)
+        host = await sb.get_host(STREAM_PORT)
+        key = api.keys["b_dev"]
+        token = _service(api).access.token(sb.id, TokenPurpose.PORTS)
+        async with _port_client(live_url, host, **_credential_headers(key, token)) as c:
+            alone = [(await c.get("/headers", headers={name: value})).json()
+                     for name, value in (("X-API-KEY", key), ("X-Access-Token", token))]
+            everything = (await c.get("/headers")).json()
+            basic = base64.b64encode(f"x:{key}".encode()).decode()
+            in_basic = (await c.get("/headers", headers={"Authorization": f"Basic {basic}"})).json()
+        # E2B's SDKs name the port by header and send the traffic token: on a public sandbox it still stays out.
+        async with httpx.AsyncClient(base_url=live_url, trust_env=False, timeout=60) as c:
+            e2b = (await c.get("/headers", headers={"E2b-Sandbox-Id": sb.id, "E2b-Sandbox-Port": str(STREAM_PORT),
+                                                     "E2B-Traffic-Access-Token": token})).json()
+    for seen in (*alone, everything, in_basic, e2b):
+        assert key not in json.dumps(seen) and token not in json.dumps(seen)
+        assert "x-api-key" not in seen and "x-access-token" not in seen and "authorization" not in seen
+    _assert_no_credential(everything, key, token)
+
+
+def test_strip_credentials_keeps_the_apps_own_headers() -> None:
+    key = "corral_abcdefgh_" + "A" * 43
+    headers = [(b"x-app", b"mine"), (b"authorization", b"Bearer app-token"), (b"x-api-key", b"app-key"),
+               (b"cookie", b"a=1"), (b"x-leak", key.encode()), (b"x-tok", b"pre-tok123-post")]
+    assert strip_credentials(headers, ["tok123"], keep_authorization=True) == [
+        (b"x-app", b"mine"), (b"authorization", b"Bearer app-token"), (b"cookie", b"a=1")]
+    assert (b"authorization", b"Bearer app-token") not in strip_credentials(headers, [], keep_authorization=False)
+
+
+def _service(api: Api) -> Any:
+    return api.app.state.corral
 
 
 @live

@@ -458,10 +458,18 @@ async def test_an_untrusted_upstream_is_refused_naming_the_option(egress: Any, t
     ({"value": "x", "hosts": ["a.*.example"]}, "wildcard"),
     ({"value": "x", "hosts": ["a.example:0"]}, "bad port"),
     ({"value": "x" * 9000, "hosts": ["a.example"]}, "at most"),
+    ({"value": "x", "hosts": ["*.com"]}, "public suffix"),  # every .com site would get it
+    ({"value": "x", "hosts": ["a.example", "*.CO.UK."]}, "public suffix"),
+    ({"value": "x", "hosts": ["*.github.io"]}, "public suffix"),
 ])
 def test_bad_secrets_are_refused(secret: dict[str, Any], words: str) -> None:
     with pytest.raises(ValueError, match=words):
         SecretRequest.model_validate(secret)
+
+
+def test_wildcards_over_a_domain_of_its_own_are_kept() -> None:
+    hosts = ["*.example.org", "*.api.github.com", "*.mine.github.io", "*.example.co.uk"]
+    assert SecretRequest.model_validate({"value": "x", "hosts": hosts}).hosts == hosts
 
 
 async def test_a_secret_name_clashing_with_env_is_refused(egress: Any) -> None:

@@ -15,7 +15,7 @@ from corral.egress import EgressProxy
 from corral.server import create_app
 
 from .conftest import TEMPLATE, make_engine
-from .test_server_api import BASE, Api, create, error_code, run
+from .test_server_api import BASE, Api, create, error_code, run, unb64
 from .test_server_api import api as api  # the fixture: real engine, temp ControlStore, tenants a and b
 
 pytestmark = [pytest.mark.anyio, pytest.mark.runc]
@@ -185,6 +185,24 @@ async def test_denials_come_back_with_the_result_and_go_on_record(proxied: Api) 
         assert records[-1].tenant_id == proxied.tenants["a"] and records[-1].key_id == proxied.key_ids["a_dev"]
         clean = await run(dev, sb["id"], "true")
         assert clean["egress_denials"] == []
+
+
+async def test_dns_records_say_the_sandbox_reported_them_even_when_forged(proxied: Api) -> None:
+    """Sandbox code can write to the proxy's socket as the agent's DNS stub does: such a record is never taken
+    for the proxy's own (issue 29 item 7)."""
+    forge = ("curl -sS --max-time 10 --unix-socket /.corral/egress/proxy.sock "
+             "'http://corral/_corral/dns?name=forged.example' -o /dev/null -w '%{http_code}'")
+    async with proxied.client("a_dev") as dev:
+        sb = await create(dev, network="internet")
+        out = await run(dev, sb["id"], forge)
+        looked_up = await run(dev, sb["id"], "python3 -c \"import socket; socket.getaddrinfo('real.example', 80)\""
+                                             " ; true")
+    records = await proxied.store.audit.query(action="egress.dns", sandbox=sb["id"])
+    assert unb64(out["stdout_b64"]) == b"204", out  # the socket is reachable from inside: hence the marking
+    assert looked_up["exit_code"] == 0
+    hosts = {r.params["host"]: r.params for r in records}
+    assert {"forged.example", "real.example"} <= set(hosts), hosts
+    assert all(p["reported_by"] == "sandbox" for p in hosts.values())
 
 
 async def test_the_sdk_shows_the_notice(proxied: Api) -> None:

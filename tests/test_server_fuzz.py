@@ -186,6 +186,122 @@ def test_no_5xx_for_any_generated_input(live: Live, operation: Any, mode: Genera
             raise
 
 
+# Magnitudes the schema allows in form (a number, a size string) but no field should take (issue 29 item 6):
+# SQLite's INTEGER overflows past 2**63 - 1, asyncio's timers past about 1e9 years, execve past 128 KiB a string.
+MAGNITUDES: list[Any] = [1e20, -1e20, 2**63, 2**70, -(2**70), 1e300, 1e308, "99999999999999999999T", "1e20"]
+BIG_TEXT = "x" * (10 * 2**20)
+
+
+def _resolve(schema: dict[str, Any]) -> dict[str, Any]:
+    while "$ref" in schema:
+        schema = SCHEMA.raw_schema["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]]
+    return schema
+
+
+def _leaves(schema: dict[str, Any], path: tuple[str, ...] = (), depth: int = 0) -> Iterator[tuple[tuple[str, ...],
+                                                                                               dict[str, Any]]]:
+    """Every field of a body schema (through `$ref`s and `anyOf`), as (path, its schema)."""
+    schema = _resolve(schema)
+    if depth > 4:
+        return
+    for option in schema.get("anyOf", []) + schema.get("oneOf", []):
+        yield from _leaves(option, path, depth + 1)
+    properties = schema.get("properties")
+    if properties:
+        for name, sub in properties.items():
+            yield from _leaves(sub, (*path, name), depth + 1)
+    elif path:
+        yield path, schema
+
+
+def _set(body: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    out = dict(body)
+    if len(path) == 1:
+        out[path[0]] = value
+    else:
+        inner = out.get(path[0])
+        out[path[0]] = _set(inner if isinstance(inner, dict) else {}, path[1:], value)
+    return out
+
+
+def _magnitude_bodies(operation: Any, base: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """`base` with one field at a time set to each magnitude; free-form objects (limits, env, metadata) get every
+    known size key at each magnitude and a 10 MiB value."""
+    body_schema = operation.definition.raw["requestBody"]["content"]["application/json"]["schema"]
+    seen: set[tuple[str, ...]] = set()
+    for path, leaf in _leaves(body_schema):
+        if path in seen:
+            continue
+        seen.add(path)
+        for value in MAGNITUDES:
+            yield _set(base, path, value)
+        if leaf.get("type") == "object" or "additionalProperties" in leaf:
+            for value in MAGNITUDES:
+                yield _set(base, path, {name: value for name in ("memory", "disk", "tmp", "shm", "cpus", "pids",
+                                                                  "open_files")})
+            yield _set(base, path, {"BIG": BIG_TEXT})
+
+
+BODY_OPERATIONS = [pytest.param(op, id=f"{op.method.upper()} {op.path}") for op in OPERATIONS
+                   if "application/json" in (op.definition.raw.get("requestBody") or {}).get("content", {})]
+QUERY_OPERATIONS = [pytest.param(op, id=f"{op.method.upper()} {op.path}") for op in OPERATIONS
+                    if op.path not in ENDLESS and any(p.definition.get("schema", {}).get("type") != "string"
+                                                      or "anyOf" in p.definition.get("schema", {}) for p in op.query)]
+
+
+def _example(operation: Any) -> dict[str, Any]:
+    """One valid body of the operation (schemathesis' positive mode), the base the magnitudes go into."""
+    found: list[dict[str, Any]] = []
+
+    @settings(max_examples=1, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(case=operation.as_strategy(GenerationMode.POSITIVE))
+    def take(case: Any) -> None:
+        if isinstance(case.body, dict):
+            found.append(case.body)
+
+    take()
+    return found[0] if found else {}
+
+
+def _real_path(operation: Any, sandbox_id: str) -> str:
+    path = operation.path.replace("{sandbox_id}", sandbox_id)
+    for name in ("name_or_id", "name", "tenant", "process_id", "snapshot_id", "volume_id", "key_id"):
+        path = path.replace("{" + name + "}", "fuzz" if name == "name_or_id" else "nope")
+    return path
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("operation", BODY_OPERATIONS)
+def test_no_5xx_for_any_magnitude_in_any_body_field(live: Live, operation: Any) -> None:
+    """Every field of every JSON body at magnitudes past what any store, timer or execve takes: 400 (or 413 for
+    a body past the limit), never a 5xx."""
+    key = live.admin_key if operation.path.startswith(ADMIN_PREFIXES) else live.dev_key
+    path = _real_path(operation, live.new_sandbox())
+    found = []
+    bodies = list(_magnitude_bodies(operation, _example(operation)))
+    assert bodies, "the body schema has no fields to try"
+    for body in bodies:
+        r = live.send(operation.method.upper(), path, key, json=body)
+        if r.status_code >= 500:
+            found.append(f"{r.status_code} {operation.method.upper()} {path} {json.dumps(body)[:300]}: {r.text[:300]}")
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("operation", QUERY_OPERATIONS)
+def test_no_5xx_for_any_magnitude_in_any_query_parameter(live: Live, operation: Any) -> None:
+    key = live.admin_key if operation.path.startswith(ADMIN_PREFIXES) else live.dev_key
+    path = _real_path(operation, live.new_sandbox())
+    found = []
+    for parameter in operation.query:
+        for value in MAGNITUDES:
+            r = live.send(operation.method.upper(), path, key, params={parameter.name: str(value)})
+            if r.status_code >= 500:
+                found.append(f"{r.status_code} {operation.method.upper()} {path}?{parameter.name}={value}: "
+                             f"{r.text[:300]}")
+    assert not found, "\n".join(found)
+
+
 HOSTILE_PATHS = st.one_of(
     st.sampled_from([b"", b"%00", b"a%00b", b"..", b"../..", b"../../etc/passwd", b"/..", b"/proc/self/root/..",
                      b"%ED%A0%80", b"%ED%BF%BF", b"%FF%FE", b"%C0%AF", b"%", b"%zz", b"%2e%2e%2f" * 20,
@@ -300,7 +416,8 @@ def route_table() -> set[str]:
 
 
 HOSTILE_VALUES: list[Any] = [
-    None, True, False, -1, 0, 1, 2**31, 2**63, -(2**63), 10**400, 1e308, -1e308, 0.5, "", " ", "\x00", "a\x00b",
+    None, True, False, -1, 0, 1, 2**31, 2**63, -(2**63), 2**70, 10**400, 1e20, -1e20, 1e300, 1e308, -1e308, 0.5,
+    "99999999999999999999T", {"memory": 1e20, "disk": 2**70}, {"BIG": "x" * 200_000}, "", " ", "\x00", "a\x00b",
     "\ud800", "\U0001f600" * 50, "é" * 3000, "../../etc/passwd", "/proc/self/root", "x" * 70_000, "-1", "1e999",
     "²", "NaN", [], [None], [[[[[]]]]], {}, {"": ""}, {"\x00": "\x00"}, {"unknown": {"deeper": [1, 2]}},
 ]

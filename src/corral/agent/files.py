@@ -102,8 +102,33 @@ def _check_readable(real: str, path: str) -> None:
             raise FileError("permission_denied", f"{path} is in {kept}, which the file API never touches")
 
 
+def _check_links(path: str) -> None:
+    """Refuse a path whose resolution goes through a symlink in /proc: `/dev/stdout` leads to `/proc/self/fd/1`,
+    a magic link to what the agent's stdout is (its log on the host), which `realpath` would only show as the
+    text of a host path outside /proc."""
+    resolved, pending, hops = "/", [p for p in path.split("/") if p], 0
+    while pending:
+        name = pending.pop(0)
+        if name in (".", ".."):
+            resolved = resolved if name == "." else (os.path.dirname(resolved) or "/")
+            continue
+        candidate = os.path.join(resolved, name)
+        try:
+            target = os.readlink(candidate)
+        except OSError:  # not a link (or not there): go on below it
+            resolved = candidate
+            continue
+        hops += 1
+        if hops > 40 or (candidate.startswith("/proc/") and not candidate.startswith(READABLE_IN_PROC)):
+            raise FileError("permission_denied", f"{path} leads through {candidate}, which the file API never "
+                            "touches")
+        resolved = "/" if target.startswith("/") else resolved
+        pending = [p for p in target.split("/") if p] + pending
+
+
 def _check_roots(path: str, roots: list[str]) -> None:
     # Resolve symlinks of everything but a missing tail: a link that leads out of the roots is refused.
+    _check_links(path)
     real = os.path.realpath(path)
     _check_readable(real, path)
     for root in roots:
@@ -546,6 +571,7 @@ def op_remove(ch: Channel, req: dict[str, Any]) -> None:
             if req.get("recursive", True):
                 import shutil
 
+                _check_removable(path, st)  # before rmtree: never empty a directory that then stays
                 shutil.rmtree(path)
             else:
                 os.rmdir(path)
@@ -554,6 +580,23 @@ def op_remove(ch: Channel, req: dict[str, Any]) -> None:
     except OSError as exc:
         raise FileError.from_os(exc, path) from exc
     ch.event(event="done")
+
+
+def _check_removable(path: str, st: os.stat_result) -> None:
+    """Refuse, before anything is removed, a directory that could be emptied but not removed itself: a mount
+    point (`/workspace`, a volume), or one whose parent the acting user may not change (a root-owned `/`, another
+    user's entry in a sticky `/tmp`). Its contents are removed by naming them."""
+    parent = os.path.dirname(path) or "/"
+    try:
+        parent_st = os.stat(parent)
+    except OSError as exc:
+        raise FileError.from_os(exc, parent) from exc
+    euid = os.geteuid()
+    sticky_other = bool(parent_st.st_mode & stat.S_ISVTX) and euid not in (0, st.st_uid, parent_st.st_uid)
+    writable = os.access(parent, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids)
+    if os.path.ismount(path) or sticky_other or not writable:
+        raise FileError("permission_denied", f"{path} cannot be removed itself (a mount point, or its parent is "
+                        "not writable by this user); nothing was removed: remove what is inside it instead")
 
 
 def op_rename(ch: Channel, req: dict[str, Any]) -> None:

@@ -190,12 +190,37 @@ def _iso(time: datetime) -> str:
 
 
 def _plain_json(value: dict[str, Any], what: str) -> dict[str, Any]:
-    """The value as it will read back from the database (tuples become lists), so the hash stays valid."""
+    """The value as it will read back from the database (tuples become lists), so the hash stays valid, and
+    bounded (`bounded_params`)."""
     try:
         result: dict[str, Any] = json.loads(canonical_json(value))
     except (TypeError, ValueError) as exc:
         raise InvalidRequestError(f"audit {what} must be JSON data: {exc}") from exc
-    return result
+    return {k: _bounded(v) for k, v in result.items()}
+
+
+_PARAM_TEXT = 1024  # characters of one string kept in a record
+_PARAM_PART = 16 * 1024  # bytes of one list or object kept in a record, as JSON
+
+
+def _bounded(value: Any) -> Any:
+    """`value` as a record keeps it: a string longer than `_PARAM_TEXT`, or a list or object whose JSON is longer
+    than `_PARAM_PART`, becomes its size and digest (`{"bytes", "sha256"}`, with `entries` for containers), so a
+    request with megabytes in it leaves a record of a few hundred bytes that still tells whether two were alike."""
+    if isinstance(value, str):
+        return value if len(value) <= _PARAM_TEXT else _digest(value.encode("utf-8", "surrogatepass"))
+    if isinstance(value, list | dict):
+        raw = canonical_json(value).encode("utf-8", "surrogatepass")
+        if len(raw) > _PARAM_PART:
+            return {**_digest(raw), "entries": len(value)}
+        if isinstance(value, list):
+            return [_bounded(v) for v in value]
+        return {k: _bounded(v) for k, v in value.items()}
+    return value
+
+
+def _digest(raw: bytes) -> dict[str, Any]:
+    return {"bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
 
 
 # -- verification (no I/O: also checks an exported JSONL file) -------------------------------------------

@@ -92,9 +92,12 @@ async def read_request(request: Request) -> dict[str, Any]:
     """The request message: the body of a unary call, or the one envelope of a server stream's request."""
     if request.headers.get("content-encoding", "identity") not in ("identity", ""):
         raise RpcError("unimplemented", "compressed requests are not supported")
-    body = await request.body()
-    if len(body) > _MAX_MESSAGE:
-        raise RpcError("resource_exhausted", f"request message larger than {_MAX_MESSAGE} bytes")
+    buffer = bytearray()
+    async for chunk in request.stream():  # refused at the first chunk past the limit, never held whole
+        buffer += chunk
+        if len(buffer) > _MAX_MESSAGE:
+            raise RpcError("resource_exhausted", f"request message larger than {_MAX_MESSAGE} bytes")
+    body = bytes(buffer)
     content_type = request.headers.get("content-type", "").split(";")[0].strip()
     if content_type == STREAM_TYPE:
         body = _one_envelope(body)

@@ -15,6 +15,7 @@ from typing import Any
 from .._exceptions import NotFoundError
 from .._paths import SandboxPath
 from .._users import SandboxUser
+from ..control import Action
 from ..engine import Entry, WatchEvent
 from ._connect import RpcError
 from ._proto import field, integer, timestamp
@@ -90,7 +91,8 @@ async def remove(call: Call) -> dict[str, Any]:
         await call.service.files.remove(call.principal, call.sandbox_id, _path(call), recursive=True,
                                         user=_user(call))
     except NotFoundError:
-        pass  # envd: removing what is not there is no error
+        # envd: removing what is not there is no error; but a sandbox the caller may not see is not found.
+        await call.service.sandboxes.authorized(call.principal, call.sandbox_id, Action.SANDBOX_FILES_WRITE)
     return {}
 
 

@@ -11,6 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .._bounds import EnvVars, Metadata
+
 __all__ = ["ConnectRequest", "ForkRequest", "NetworkConfig", "NewSandbox", "PauseRequest", "ResumeRequest",
            "SnapshotRequest", "TimeoutRequest", "VolumeMount"]
 
@@ -48,8 +50,8 @@ class NewSandbox(_Body):
     secure: bool | None = None  # Corral always hands out access tokens (see `_auth`)
     allow_internet_access: bool | None = None
     network: NetworkConfig | None = None
-    metadata: dict[str, str] | None = None
-    env_vars: dict[str, str] | None = Field(None, alias="envVars")
+    metadata: Metadata | None = None
+    env_vars: EnvVars | None = Field(None, alias="envVars")
     mcp: dict[str, Any] | None = None  # the SDK starts the MCP gateway itself, with a command
     iam: dict[str, Any] | None = None
     volume_mounts: list[VolumeMount] | None = Field(None, alias="volumeMounts")

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._bounds import env_problem
+from .._exceptions import InvalidRequestError
 from .._users import SandboxUser
 from ._models import PtySize
 
@@ -40,6 +42,12 @@ class ExecOptions:
     pty: PtySize | None = None
     keep_stdin: bool = False
     user: SandboxUser | None = None
+
+    def __post_init__(self) -> None:
+        # Every front end's command reaches here: a variable execve cannot take is a 400 naming it, not a 502.
+        problem = env_problem(self.env)
+        if problem is not None:
+            raise InvalidRequestError(f"env: {problem}", details={"field": "env"})
 
     def request(self, env: dict[str, str] | None, *, follow: bool = True) -> dict[str, Any]:
         """The fields of the agent's `exec` request (not `op`, `token`, `user`: the client's own), over the

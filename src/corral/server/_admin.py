@@ -15,6 +15,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from .._bounds import MAX_INT64
 from ..control import ApiKey, AuditEntry, Role, Tenant
 from ..service import KEEP, AuditFilter
 from ._auth import CurrentPrincipal
@@ -45,8 +46,11 @@ class KeyRequest(BaseModel):
     name: str = ""
 
 
-NonNegativeInt = Annotated[int, Field(ge=0)]
-NonNegativeFloat = Annotated[float, Field(ge=0)]
+
+
+# Quotas are stored in SQLite's 64-bit INTEGER (and REAL): at most 2**63 - 1, named in the 400 past it.
+Count = Annotated[int, Field(ge=0, le=MAX_INT64)]
+Amount = Annotated[float, Field(ge=0, le=float(MAX_INT64))]
 
 
 class QuotasPatch(BaseModel):
@@ -54,19 +58,19 @@ class QuotasPatch(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_sandboxes: NonNegativeInt | None = None
-    max_memory_bytes: NonNegativeInt | None = None
-    max_cpus: NonNegativeFloat | None = None
-    max_sandbox_memory_bytes: NonNegativeInt | None = None
-    max_sandbox_cpus: NonNegativeFloat | None = None
-    max_sandbox_disk_bytes: NonNegativeInt | None = None
-    max_sandbox_timeout: NonNegativeFloat | None = None
-    max_paused: NonNegativeInt | None = None
-    max_paused_seconds: NonNegativeFloat | None = None
-    max_snapshots: NonNegativeInt | None = None
-    max_snapshot_bytes: NonNegativeInt | None = None
-    max_volumes: NonNegativeInt | None = None
-    max_volume_bytes: NonNegativeInt | None = None
+    max_sandboxes: Count | None = None
+    max_memory_bytes: Count | None = None
+    max_cpus: Amount | None = None
+    max_sandbox_memory_bytes: Count | None = None
+    max_sandbox_cpus: Amount | None = None
+    max_sandbox_disk_bytes: Count | None = None
+    max_sandbox_timeout: Amount | None = None
+    max_paused: Count | None = None
+    max_paused_seconds: Amount | None = None
+    max_snapshots: Count | None = None
+    max_snapshot_bytes: Count | None = None
+    max_volumes: Count | None = None
+    max_volume_bytes: Count | None = None
 
 
 class TenantPatch(BaseModel):

@@ -37,6 +37,7 @@ from . import (
     _snapshots,
     _volumes,
 )
+from ._body_limit import BodyLimitMiddleware
 from ._errors import install_error_handlers
 from ._packets import one_packet
 from ._ports import PortsMiddleware
@@ -90,6 +91,8 @@ def create_app(engine: Engine, store: ControlStore, *, on_startup: StartupHook |
     app.add_middleware(PortsMiddleware, service=service)  # before any route: port hosts never reach the API
     # Outermost: E2B's data plane names sandboxes by header (and its ports 49983/49999 by host) before any of it.
     app.add_middleware(E2BMiddleware, service=service, config=e2b or E2BConfig())
+    # Around every front that parses a body whole (not the data plane): a bound before anything is buffered.
+    app.add_middleware(BodyLimitMiddleware, domain=service.ports.domain)
     # Outermost of all: a request for a sandbox another replica runs goes there whole, whichever front it is for.
     app.add_middleware(ReplicaMiddleware, service=service, forwarder=forwarder)
     # Around everything: the request id is given before a request can be forwarded, and the log line measures it all.

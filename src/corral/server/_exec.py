@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from .._bounds import MAX_OUTPUT, Duration, EnvVars
 from ..egress import EgressEvent
 from ..engine import ExecResult
 from ..service import Command, CommandStream
@@ -41,9 +42,9 @@ class CommandBody(BaseModel):
 
     cmd: str | list[str]
     cwd: str | None = None
-    env: dict[str, str] = Field(default_factory=dict)
-    timeout: Annotated[float, Field(gt=0)] | None = None
-    max_output: Annotated[int, Field(gt=0)] | None = None
+    env: EnvVars = Field(default_factory=dict)
+    timeout: Duration | None = None
+    max_output: Annotated[int, Field(gt=0, le=MAX_OUTPUT)] | None = None
     stdin_b64: Base64 | None = None
     user: SandboxUser | None = None
 

@@ -42,8 +42,9 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from websockets.frames import Close
 
 from .._exceptions import AgentError, CorralError
-from ..service import ClientInfo, PortConnection, PortRequest, Service
+from ..service import ClientInfo, PortConnection, PortRequest, Service, TokenPurpose
 from ._errors import error_response
+from ._port_credentials import strip_credentials
 
 __all__ = ["PortsMiddleware", "port_target"]
 
@@ -127,23 +128,26 @@ def _target(scope: Scope) -> bytes:
 
 
 async def _open(svc: Service, scope: Scope, target: tuple[str, int], kind: Literal["http", "websocket"]
-                ) -> PortConnection:
+                ) -> tuple[PortConnection, tuple[str, ...]]:
+    """The connection to the port, and the sandbox's own access tokens (what its app must never be sent)."""
     sandbox_id, port = target
     host = _header(scope, b"host") or ""
     path = _target(scope).decode("latin-1")
     client = ClientInfo(scope["client"][0] if scope.get("client") else None, scope.get("method", "GET"),
                         f"//{host}{path}")
     request = PortRequest(sandbox_id, port, kind, client.method, path)
-    return await svc.ports.open(_bearer(scope), client, request)
+    conn = await svc.ports.open(_bearer(scope), client, request)
+    return conn, tuple(svc.access.token(sandbox_id, purpose) for purpose in TokenPurpose)
 
 
-def _forwarded_headers(scope: Scope, conn: PortConnection, drop: frozenset[bytes]) -> list[tuple[bytes, bytes]]:
+def _forwarded_headers(scope: Scope, conn: PortConnection, tokens: tuple[str, ...], drop: frozenset[bytes]
+                       ) -> list[tuple[bytes, bytes]]:
     """The client's headers as the sandbox gets them: without hop-by-hop ones (and those named in `Connection`),
-    without Corral's key, with `X-Forwarded-*` set."""
+    without any credential of Corral's or E2B's (`_port_credentials`), with `X-Forwarded-*` set."""
     raw: list[tuple[bytes, bytes]] = [(bytes(k).lower(), bytes(v)) for k, v in scope["headers"]]
     named = _named_by_connection(raw)
-    out = [(k, v) for k, v in raw if k not in drop and k not in named and k not in _FORWARDED
-           and (k != b"authorization" or conn.forwards_authorization)]
+    relayed = [(k, v) for k, v in raw if k not in drop and k not in named and k not in _FORWARDED]
+    out = strip_credentials(relayed, tokens, keep_authorization=conn.forwards_authorization)
     chain = [v for k, v in raw if k == b"x-forwarded-for"]
     client = scope.get("client")
     if client:
@@ -208,11 +212,11 @@ def _upstream_errors(port: int) -> Iterator[None]:
 
 async def _forward_http(svc: Service, scope: Scope, receive: Receive, send: Send, target: tuple[str, int]) -> None:
     try:
-        conn = await _open(svc, scope, target, "http")
+        conn, tokens = await _open(svc, scope, target, "http")
     except CorralError as exc:
         await error_response(exc)(scope, receive, send)
         return
-    exchange = _HttpExchange(scope, receive, send, conn, target[1])
+    exchange = _HttpExchange(scope, receive, send, conn, tokens, target[1])
     relay = asyncio.create_task(exchange.relay())
     watch = asyncio.create_task(exchange.watch_disconnect())
     try:
@@ -231,9 +235,10 @@ async def _forward_http(svc: Service, scope: Scope, receive: Receive, send: Send
 class _HttpExchange:
     """One request relayed to the sandbox and its response relayed back."""
 
-    def __init__(self, scope: Scope, receive: Receive, send: Send, conn: PortConnection, port: int) -> None:
+    def __init__(self, scope: Scope, receive: Receive, send: Send, conn: PortConnection, tokens: tuple[str, ...],
+                 port: int) -> None:
         self.scope, self.receive, self.send = scope, receive, send
-        self.conn = conn
+        self.conn, self.tokens = conn, tokens
         self.port = port
         self.body_sent = asyncio.Event()  # from then on `receive` only tells of a disconnect
         self.status: int | None = None  # once the response began
@@ -243,7 +248,7 @@ class _HttpExchange:
         self.received = 0
 
     async def relay(self) -> None:
-        headers = _forwarded_headers(self.scope, self.conn, _HOP_BY_HOP)
+        headers = _forwarded_headers(self.scope, self.conn, self.tokens, _HOP_BY_HOP)
         raw = {k for k, _ in headers}
         chunked = _header(self.scope, b"transfer-encoding") is not None
         if chunked:
@@ -319,13 +324,13 @@ async def _forward_websocket(svc: Service, scope: Scope, receive: Receive, send:
     if (await receive())["type"] != "websocket.connect":
         return
     try:
-        conn = await _open(svc, scope, target, "websocket")
+        conn, tokens = await _open(svc, scope, target, "websocket")
     except CorralError as exc:
         await _deny(scope, send, exc)
         return
     port = target[1]
     try:
-        upstream = await _handshake(scope, conn, port)
+        upstream = await _handshake(scope, conn, tokens, port)
     except InvalidStatus as exc:  # the server in the sandbox refused the handshake: its answer is the answer
         await _deny_as(scope, send, exc.response.status_code, list(exc.response.headers.raw_items()),
                        bytes(exc.response.body or b""))
@@ -341,10 +346,10 @@ async def _forward_websocket(svc: Service, scope: Scope, receive: Receive, send:
     await _relay_websocket(scope, receive, send, conn, upstream, port)
 
 
-async def _handshake(scope: Scope, conn: PortConnection, port: int) -> ClientConnection:
+async def _handshake(scope: Scope, conn: PortConnection, tokens: tuple[str, ...], port: int) -> ClientConnection:
     uri = f"ws://{_header(scope, b'host')}{_target(scope).decode('latin-1')}"
     headers = [(k.decode("latin-1"), v.decode("latin-1"))
-               for k, v in _forwarded_headers(scope, conn, _HOP_BY_HOP | _HANDSHAKE)]
+               for k, v in _forwarded_headers(scope, conn, tokens, _HOP_BY_HOP | _HANDSHAKE)]
     try:
         return await connect(uri, sock=conn.socket, subprotocols=scope.get("subprotocols") or None,
                              additional_headers=headers, user_agent_header=None, compression=None,

@@ -23,6 +23,7 @@ from fastapi import APIRouter, WebSocket
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.websockets import WebSocketDisconnect
 
+from .._bounds import Duration, EnvVars
 from .._exceptions import AuthenticationError, CorralError, InvalidRequestError, ServerError
 from ..control import Principal
 from ..service import ClientInfo, PtyRequest, Service, Terminal
@@ -53,8 +54,8 @@ class StartFrame(BaseModel):
     rows: Size = 24
     cols: Size = 80
     cwd: str | None = None
-    env: dict[str, str] = Field(default_factory=dict)
-    timeout: Annotated[float, Field(gt=0)] | None = None
+    env: EnvVars = Field(default_factory=dict)
+    timeout: Duration | None = None
     user: SandboxUser | None = None
 
     def request(self) -> PtyRequest:

@@ -133,7 +133,11 @@ async def egress_audit_event(store: ControlStore, event: EgressEvent) -> str | N
         sandbox = await store.get_sandbox(event.sandbox_id)
     except NotFoundError:
         sandbox = None
-    params = {"host": event.host, "port": event.port, "method": event.method}
+    params: dict[str, Any] = {"host": event.host, "port": event.port, "method": event.method}
+    if event.kind == "dns":
+        # The looked-up name comes from inside the sandbox (the agent's DNS stub reports it over the same socket
+        # any code there can write to): the record says so, and is never the proxy's own word on a lookup.
+        params["reported_by"] = "sandbox"
     outcome: dict[str, Any] = {"allowed": event.allowed, "rule": event.rule, "bytes_up": event.bytes_up,
                                "bytes_down": event.bytes_down, "duration": round(event.duration, 6)}
     if not event.allowed:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
+from .._bounds import MAX_DURATION, EnvVars, Metadata
 from .._exceptions import (
     ConflictError,
     CorralError,
@@ -91,11 +92,11 @@ class CreateSandbox(BaseModel):
 
     template: str = "default"
     runtime: str = "runc"
-    timeout: float = 300
+    timeout: Annotated[float, Field(gt=0, le=MAX_DURATION)] = 300
     network: str | list[str] = "none"  # docs/egress.md: "none", "internet" or a list of rules
     limits: dict[str, Any] = Field(default_factory=dict)
-    env: dict[str, str] = Field(default_factory=dict)
-    metadata: dict[str, str] = Field(default_factory=dict)
+    env: EnvVars = Field(default_factory=dict)
+    metadata: Metadata = Field(default_factory=dict)
     file_roots: list[str] | None = None  # None: DEFAULT_FILE_ROOTS
     # "pause": paused to disk when the TTL ends; "pause_memory": frozen in place, processes kept (docs/lifecycle.md)
     on_timeout: Literal["kill", "pause", "pause_memory"] = "kill"
@@ -126,8 +127,8 @@ class ForkSandbox(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    timeout: float | None = None
-    metadata: dict[str, str] | None = None
+    timeout: Annotated[float, Field(gt=0, le=MAX_DURATION)] | None = None
+    metadata: Metadata | None = None
     count: Annotated[int, Field(ge=1, le=MAX_FORKS)] | None = None
 
 

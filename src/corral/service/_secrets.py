@@ -22,6 +22,7 @@ from ..egress._keyring import SecretKeyring
 from ..egress._secrets import new_placeholder
 from ..engine import Engine
 from ._audited import Auditor
+from ._public_suffix import is_public_suffix
 
 __all__ = ["MAX_VALUE", "SecretRequest", "StoredSecrets", "audit_secrets", "check_secret_name", "seal_secrets"]
 
@@ -86,11 +87,16 @@ class SecretRequest(BaseModel):
 
 def _host(text: str) -> str:
     """A host as network rules write it (`egress._hosts.Rule`, the same parser), in its canonical form: a name, an
-    IP literal or `*.suffix`, with an optional port (the secret then goes only to that port)."""
+    IP literal or `*.suffix`, with an optional port (the secret then goes only to that port). A wildcard over a
+    public suffix (`*.com`) is refused: the secret would go to every site under it."""
     try:
-        return str(Rule.parse(text, what="secret host"))
+        rule = Rule.parse(text, what="secret host")
     except InvalidRequestError as exc:
         raise ValueError(exc.message) from None
+    if rule.wildcard and is_public_suffix(rule.host):
+        raise ValueError(f"host {text!r}: {rule.host!r} is a public suffix, and the secret would go to every site "
+                         "under it; bind it to the exact hosts, or to '*.' a domain of its own")
+    return str(rule)
 
 
 def _narrower(name: str, hosts: tuple[str, ...], stored: StoredSecret) -> None:
