@@ -207,7 +207,6 @@ OVER_LIMIT = frozenset({
     "egress/_mirror.py",
     "egress/_proxy.py",
     "engine/_agent_client.py",
-    "engine/_engine.py",
     "eval/_report.py",
 })
 

@@ -192,6 +192,7 @@ async def test_a_callers_create_takes_the_room_of_pool_members(test_home: Path) 
         await other.destroy()
 
 
+@pytest.mark.runc  # a pool of real sandboxes
 async def test_a_self_sizing_pool_grows_to_the_burst_it_saw_and_serves_the_next_one_warm(test_home: Path) -> None:
     pools = [WarmPool(SandboxSpec(template=TEMPLATE), auto=AutoSize(rest=1))]
     async with started_engine(test_home, pools=pools) as engine:

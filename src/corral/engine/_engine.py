@@ -22,12 +22,13 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._exceptions import AgentError, CapacityError, ConflictError, CorralError
+from .._exceptions import ConflictError, CorralError
 from .._settings import corral_home
-from ..backends import RESIZABLE_LIMITS, Backend, SandboxUsage, SnapshotArtifact, load_backend
+from ..backends import Backend, SandboxUsage, SnapshotArtifact, load_backend
 from ..templates import TemplateStore
 from ._agent_client import AgentClient, Liveness
 from ._capacity import Capacity, MachineUsage
+from ._claim import member_answers, resized_for
 from ._egress_attach import DenialSource, EgressAttachment
 from ._models import SandboxInfo, SandboxSpec, SandboxState
 from ._pool import PoolStats, WarmPool
@@ -41,9 +42,6 @@ if TYPE_CHECKING:
     from ..egress._keyring import SecretKeyring
 
 logger = logging.getLogger("corral.engine")
-
-_CLAIM_PING_TIMEOUT = 2.0  # a pool member's agent answers a ping in a millisecond; one that does not is dead
-
 
 class Engine:
     """Creates, runs and destroys sandboxes on one backend.
@@ -247,7 +245,7 @@ class Engine:
         created cold under the same id, so a claim never hands out a dead sandbox."""
         sb = self.pool.claimed.pop(sandbox_id)
         try:
-            usable = await self._answers(sb) and await self._resized(sb, spec)
+            usable = await member_answers(sb) and await resized_for(self.runtime, sb, spec)
         except BaseException:  # cancelled: still the caller's to release
             self.pool.claimed[sandbox_id] = sb
             raise
@@ -263,36 +261,6 @@ class Engine:
         logger.info("sandbox.created", extra={"sandbox": sb.id, "template": spec.template,
                                               "runtime": spec.runtime.value, "pooled": True})
         return SandboxSession(self, sb)
-
-    @staticmethod
-    async def _answers(sb: LiveSandbox) -> bool:
-        try:
-            async with asyncio.timeout(_CLAIM_PING_TIMEOUT):
-                await sb.agent.ping()
-        except (AgentError, TimeoutError):
-            logger.warning("pool.member_dead", extra={"sandbox": sb.id})
-            return False
-        return True
-
-    async def _resized(self, sb: LiveSandbox, spec: SandboxSpec) -> bool:
-        """Give a claimed member `spec`'s memory, CPU and pids limits (if they differ); False if the backend
-        refused, or more memory than the member had does not fit the machine: the claim then starts a sandbox cold,
-        which, as every create, takes the room of ready members first (and raises `CapacityError` without)."""
-        resizable = self.runtime.resizable
-        if resizable is None or all(getattr(sb.spec.limits, n) == getattr(spec.limits, n) for n in RESIZABLE_LIMITS):
-            return True
-        if spec.limits.memory > sb.spec.limits.memory:
-            # `adopt` took the member out of the claimed: `usage` has it no more, so it is checked whole.
-            try:
-                self.runtime.check_capacity(spec.limits.memory, await self.backend.capacity())
-            except CapacityError:
-                return False  # started cold instead, in this member's room and other members' if need be
-        try:
-            await resizable.resize(sb.record, spec.limits)
-        except CorralError:
-            logger.exception("pool.resize_failed", extra={"sandbox": sb.id})
-            return False
-        return True
 
     # -- one sandbox ---------------------------------------------------------------------------------------
 
