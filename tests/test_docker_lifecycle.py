@@ -22,6 +22,7 @@ from corral.backends import BackendRecord, Limits, SandboxSpec, SnapshotArtifact
 from corral.backends.docker import DockerBackend, DockerRecord
 from corral.backends.docker._volume import disk_in_use
 from corral.backends.local import _cgroups, _disk
+from corral.engine import ExecOptions
 from corral.templates import Template
 
 from .conftest import TEMPLATE
@@ -106,7 +107,7 @@ async def test_a_snapshot_starts_sandboxes_with_the_same_bytes_and_the_parent_ru
     parent = await lab.create()
     await seed(lab, parent)
     # A writer keeps going through the snapshot: the parent is frozen for the copy only.
-    await lab.agent(parent).start("while :; do echo tick >> /workspace/ticks; sleep 0.01; done")
+    await lab.agent(parent).launch(ExecOptions("while :; do echo tick >> /workspace/ticks; sleep 0.01; done"), None)
     await asyncio.sleep(0.2)
 
     artifact = await lab.snapshot(parent)
@@ -253,7 +254,7 @@ async def test_stop_releases_processes_memory_and_cgroup_and_boot_brings_the_fil
         lab: DockerLab, docker_client: Any) -> None:  # noqa: F811
     record = await lab.create()
     await seed(lab, record)
-    await lab.agent(record).start("sleep 1000")
+    await lab.agent(record).launch(ExecOptions("sleep 1000"), None)
     cgroup = memory_cgroup_dir(record)
     assert record.cgroup and cgroup.is_dir()
     assert _disk.is_mounted(record.dir / "disk")
