@@ -18,6 +18,8 @@ from e2b_code_interpreter import Sandbox as CodeSandbox
 from .e2b_support import Cleanup, E2BServer
 from .e2b_support import cleanup as cleanup  # fixtures
 from .e2b_support import e2b_env as e2b_env
+from .e2b_support import e2b_fake_server as e2b_fake_server
+from .e2b_support import e2b_front as e2b_front
 from .e2b_support import e2b_server as e2b_server
 
 pytestmark = [pytest.mark.runc]

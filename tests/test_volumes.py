@@ -260,6 +260,12 @@ def _volumes_root(api: Api) -> Path:
     return backend.volumes.root
 
 
+def _volume_dirs(api: Api) -> set[str]:
+    """The volumes the shared engine's backend holds now (other tests' too: compare before and after)."""
+    root = _volumes_root(api)
+    return {p.name for p in root.iterdir()} if root.exists() else set()
+
+
 @pytest.fixture
 def name() -> str:
     return f"v-{uuid.uuid4().hex[:8]}"
@@ -395,14 +401,16 @@ async def test_a_bad_name_is_refused(api: Api, live_url: str, bad: str) -> None:
 
 @pytest.mark.parametrize("bad", ["1M", "15M", "2T", "lots", 0, -5, "1.5.5G"])
 async def test_a_bad_size_is_refused(api: Api, live_url: str, name: str, bad: int | str) -> None:
+    before = _volume_dirs(api)
     with pytest.raises(InvalidRequestError, match="size"):
         await AsyncVolume.create(name, bad, **_opts(api, live_url))
     assert await AsyncVolume.list(**_opts(api, live_url)) == []
-    assert not _volumes_root(api).exists() or list(_volumes_root(api).iterdir()) == []
+    assert _volume_dirs(api) == before
 
 
 async def test_bad_mounts_are_refused_and_create_nothing(api: Api, live_url: str, name: str) -> None:
     a = _opts(api, live_url)
+    before = _volume_dirs(api)
     vol = await AsyncVolume.create(name, "16M", **a)
     try:
         with pytest.raises(ConflictError, match="exists already"):
@@ -415,7 +423,7 @@ async def test_bad_mounts_are_refused_and_create_nothing(api: Api, live_url: str
                 await AsyncSandbox.create(TEMPLATE, volumes=mounts, **a)
         assert await AsyncSandbox.list(**a) == []
         assert [v.name for v in await AsyncVolume.list(**a)] == [name]
-        assert [p.name for p in _volumes_root(api).iterdir()] == [vol.id]
+        assert _volume_dirs(api) - before == {vol.id}
         assert mounts_under(_volumes_root(api).parent) == []
     finally:
         await vol.delete()
@@ -449,6 +457,7 @@ async def test_the_admin_sets_volume_quotas(api: Api, live_url: str, name: str) 
         assert r.json()["quotas"]["max_volumes"] == 1 and r.json()["quotas"]["max_volume_bytes"] == 32 * MIB
         assert (await admin.patch("/v1/tenants/a", json={"quotas": {"max_volumes": -1}})).status_code == 400
     a = _opts(api, live_url)
+    before = _volume_dirs(api)
     with pytest.raises(QuotaExceededError, match="max_volume_bytes"):
         await AsyncVolume.create(name, "33M", **a)
     vol = await AsyncVolume.create(name, "32M", **a)
@@ -457,4 +466,4 @@ async def test_the_admin_sets_volume_quotas(api: Api, live_url: str, name: str) 
             await AsyncVolume.create(name + "-2", "16M", **a)
     finally:
         await vol.delete()
-    assert not _volumes_root(api).exists() or list(_volumes_root(api).iterdir()) == []
+    assert _volume_dirs(api) == before
