@@ -84,16 +84,7 @@ class FileOps:
             host.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise os_failure(exc, path) from exc
-        conn.event(event="ready")
-        await conn.drain()
-        data = bytearray()
-        while True:
-            kind, payload = await conn.recv()
-            if kind == protocol.DATA_END:
-                break
-            if kind != protocol.DATA:
-                raise AgentFailure("invalid_request", f"unexpected frame kind {kind} during upload of {path}")
-            data += payload
+        data = await _received(conn, path)
         if req.get("in_place"):
             host.write_bytes(bytes(data))
         else:  # as the real agent: a temporary file renamed into place once every byte arrived
@@ -206,14 +197,7 @@ class FileOps:
     async def op_tar_put(self, conn: Conn, req: dict[str, Any]) -> None:
         path = self._path(req.get("path"), req.get("roots"))
         host = self.fs.host(path)
-        conn.event(event="ready")
-        await conn.drain()
-        data = bytearray()
-        while True:
-            kind, payload = await conn.recv()
-            if kind == protocol.DATA_END:
-                break
-            data += payload
+        data = await _received(conn, path)
         host.mkdir(parents=True, exist_ok=True)
         try:
             with tarfile.open(fileobj=io.BytesIO(bytes(data)), mode="r:") as tar:
@@ -222,3 +206,17 @@ class FileOps:
         except (tarfile.TarError, OSError) as exc:
             raise AgentFailure("invalid_request", f"not a usable tar archive: {exc}") from exc
         conn.event(event="done", entries=len(members))
+
+
+async def _received(conn: Conn, path: str) -> bytearray:
+    """An upload's bytes, after telling the client to send them: DATA frames up to DATA_END, as the agent reads."""
+    conn.event(event="ready")
+    await conn.drain()
+    data = bytearray()
+    while True:
+        kind, payload = await conn.recv()
+        if kind == protocol.DATA_END:
+            return data
+        if kind != protocol.DATA:
+            raise AgentFailure("invalid_request", f"unexpected frame kind {kind} during upload of {path}")
+        data += payload

@@ -65,6 +65,12 @@ class Cli:
         assert r.returncode == 0, (args, r.returncode, r.stderr.decode(errors="replace"))
         return r.stdout
 
+    def developer(self, tenant: str) -> Cli:
+        """A developer of a new `tenant`, made with the CLI itself (this one an admin)."""
+        self.ok("tenants", "create", tenant)
+        out = self.ok("keys", "create", "--tenant", tenant, "--role", "developer")
+        return Cli(self.url, out.decode().splitlines()[-1])
+
     def popen(self, *args: str) -> subprocess.Popen[bytes]:
         env = {k: v for k, v in {**os.environ, **self.env()}.items() if v is not None}
         # Ctrl-C must work in the child even when this suite runs as a background job, whose children inherit
@@ -94,9 +100,7 @@ def admin(server: ServerProcess) -> Cli:
 @pytest.fixture(scope="module")
 def dev(admin: Cli) -> Cli:
     """A developer of tenant `cli`, made with the CLI itself."""
-    admin.ok("tenants", "create", "cli")
-    out = admin.ok("keys", "create", "--tenant", "cli", "--role", "developer")
-    return Cli(admin.url, out.decode().splitlines()[-1])
+    return admin.developer("cli")
 
 
 @pytest.fixture(scope="module")

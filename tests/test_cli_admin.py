@@ -36,9 +36,7 @@ def admin(server: LiveFront) -> Cli:
 @pytest.fixture(scope="module")
 def dev(admin: Cli) -> Cli:
     """A developer of tenant `cli`, made with the CLI itself."""
-    admin.ok("tenants", "create", "cli")
-    out = admin.ok("keys", "create", "--tenant", "cli", "--role", "developer")
-    return Cli(admin.url, out.decode().splitlines()[-1])
+    return admin.developer("cli")
 
 
 # -- tenants and keys ---------------------------------------------------------------------------------------------
