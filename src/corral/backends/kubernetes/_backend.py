@@ -47,8 +47,8 @@ from ..._exceptions import ConflictError, InvalidRequestError, NotFoundError, Ru
 from ..._settings import k8s_backend, k8s_images, replica_id
 from ...templates import Template
 from .._contract import (
-    JSON,
     CHECKPOINTS_LIMITATION,
+    JSON,
     ROOT_LIMITATION,
     AgentAddress,
     BackendCapacity,
