@@ -101,6 +101,8 @@ async def test_a_sandbox_paused_to_disk_is_checkpointed_and_restored_and_stays_p
         await sb.resume()
         assert await run(sb, "cat /workspace/proj/src/main.py") == "print(1)\n"
         await sb.pause()  # in memory: its frozen processes would wake on files changed under them
+        await engine.checkpoint(sb.id, "ckpt-0000000000000002")  # taken frozen as it is, and left frozen
+        assert await engine.backend.frozen(engine.lookup(sb.id).record)
         with pytest.raises(ConflictError, match="resume it, or pause it to disk"):
             await engine.restore_checkpoint(sb.id, ckpt)
         await sb.resume()

@@ -37,7 +37,7 @@ class LocalCheckpoints:
         rec = local_record(record)
         async with self._disk(rec) as (store, upper):
             if _disk.is_mounted(rec.dir / "rootfs"):
-                async with processes_frozen(self.runtimes[rec.runtime], rec.sandbox_id):
+                async with processes_frozen(self.runtimes[rec.runtime], rec):
                     size = await _disk.in_thread(store.capture, upper, rec.uid_base, checkpoint_id)
             else:  # paused to disk: nothing runs, nothing to freeze
                 size = await _disk.in_thread(store.capture, upper, rec.uid_base, checkpoint_id)

@@ -12,7 +12,7 @@ from ..._exceptions import ConflictError, NotFoundError, ServerError
 from ...templates import Template
 from .._contract import BackendRecord, SnapshotArtifact
 from .._spec import Runtime
-from . import _disk
+from . import _cgroups, _disk
 from ._layers import MAX_DEPTH, Layers, check_layers
 from ._record import LocalRecord, local_record
 from ._runtime import OCIRuntime
@@ -21,17 +21,22 @@ __all__ = ["LocalSnapshots", "processes_frozen"]
 
 
 @contextlib.asynccontextmanager
-async def processes_frozen(runtime: OCIRuntime, sandbox_id: str) -> AsyncIterator[None]:
-    """Every process of the sandbox frozen meanwhile (as it was, if frozen already): nothing writes."""
-    state = await runtime.state(sandbox_id)
-    frozen_already = state is not None and state.get("status") == "paused"
+async def processes_frozen(runtime: OCIRuntime, rec: LocalRecord) -> AsyncIterator[None]:
+    """Every process of the sandbox frozen meanwhile (as it was, if frozen already): nothing writes.
+
+    runc's freezer is the cgroup's: whether it is frozen already is one small read of it, not a `runc state`
+    (a Go binary's start-up, ~10 ms); runsc's is its own, so runsc is asked."""
+    frozen_already = _cgroups.frozen(rec.cgroups_path) if rec.runtime == Runtime.RUNC else None
+    if frozen_already is None:
+        state = await runtime.state(rec.sandbox_id)
+        frozen_already = state is not None and state.get("status") == "paused"
     if not frozen_already:
-        await runtime.pause(sandbox_id)
+        await runtime.pause(rec.sandbox_id)
     try:
         yield
     finally:
         if not frozen_already:
-            await asyncio.shield(runtime.resume(sandbox_id))
+            await asyncio.shield(runtime.resume(rec.sandbox_id))
 
 
 class LocalSnapshots:
@@ -71,7 +76,7 @@ class LocalSnapshots:
 
     async def _capture_frozen(self, rec: LocalRecord, upper: Path, snapshot_id: str) -> str:
         """Copy the upper layer with every process of the sandbox frozen: a consistent instant, never torn."""
-        async with processes_frozen(self.runtimes[rec.runtime], rec.sandbox_id):
+        async with processes_frozen(self.runtimes[rec.runtime], rec):
             written = await _disk.in_thread(_disk.written_kbytes, rec.dir / "disk")
             last = self._captured.get(rec.sandbox_id)
             if written is not None and last is not None and last[1] == written:
