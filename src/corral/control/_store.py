@@ -216,6 +216,13 @@ class ControlStore:
             row.required_runtime = runtime
         return tenant_from_row(row)
 
+    async def set_default_checkpoints(self, tenant_id: str, mode: str | None) -> Tenant:
+        """What the tenant's creates that do not say get: "auto" or "manual" checkpoints (None: "manual")."""
+        async with self._db.write() as session:
+            row = await _tenant_row(session, tenant_id)
+            row.default_checkpoints = mode
+        return tenant_from_row(row)
+
     async def set_tenant_disabled(self, tenant_id: str, disabled: bool) -> Tenant:
         """A disabled tenant's keys stop authenticating; its records stay."""
         async with self._db.write() as session:
