@@ -116,12 +116,21 @@ class FakeCheckpointing:
             elif new is None and old is not None:
                 changes.append(PathChange(path, "deleted", None, _size(old), _type(old)))
             elif old is not None and new is not None:
-                if _type(old) != _type(new) or (stat.S_ISREG(new.st_mode) and (
-                        old.st_size != new.st_size or old.st_mtime_ns != new.st_mtime_ns)):
+                if _type(old) != _type(new) or (stat.S_ISREG(new.st_mode) and not self._same(
+                        record, since, until, path, old, new)):
                     changes.append(PathChange(path, "modified", _size(new), _size(old), _type(new)))
                 elif stat.S_IMODE(old.st_mode) != stat.S_IMODE(new.st_mode):
                     changes.append(PathChange(path, "mode", _size(new), _size(old), _type(new)))
         return changes
+
+    def _same(self, record: BackendRecord, since: CheckpointArtifact, until: CheckpointArtifact | None, path: str,
+              old: os.stat_result, new: os.stat_result) -> bool:
+        """Same contents (compared, not by mtime: the fake agent rewrites /etc/passwd as it starts)."""
+        if old.st_size != new.st_size:
+            return False
+        rel = path.strip("/")
+        after = self._fs(record.sandbox_id) if until is None else self._existing(record, until)
+        return (self._existing(record, since) / rel).read_bytes() == (after / rel).read_bytes()
 
     async def checkpoint_read(self, record: BackendRecord, checkpoint: CheckpointArtifact, path: str,
                               limit: int) -> bytes | None:
