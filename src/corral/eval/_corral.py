@@ -157,7 +157,7 @@ class CorralSession:
             if target is None:
                 raise TypeError(f"no checkpoint {step.to!r} was taken before this restore: the task is malformed")
             result = await sb.restore(target, paths=list(step.paths) if step.paths is not None else None)
-            return Outcome("restore", stopped=tuple(p.cmd for p in result.stopped.processes))
+            return Outcome("restore", stopped=tuple(p.cmd for p in result.stopped_processes))
         if isinstance(step, Fingerprint):
             r = await sb.commands.run(fingerprint_argv(step), timeout=120)
             return fingerprinted(step, _exec_outcome(r), self.undo)

@@ -263,7 +263,7 @@ class E2BSession:
         finally:
             await sb.close()
         self._contexts.clear()  # a restore restarts the sandbox's code sessions
-        return Outcome("restore", stopped=tuple(p.cmd for p in result.stopped.processes))
+        return Outcome("restore", stopped=tuple(p.cmd for p in result.stopped_processes))
 
     # -- commands ----------------------------------------------------------------------------------------------
 
