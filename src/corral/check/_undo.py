@@ -48,7 +48,7 @@ async def item_45_destructive_command_undone(ctx: CheckContext) -> str:
                              "proves nothing (was the command refused?)")
         await sb.restore(checkpoint.id)
         after = await _tree(sb)
-        rows = await run_ok(sb, SQLITE_ROWS, timeout=60, what="the database opened after the restore")
+        rows = await sb.commands.run(SQLITE_ROWS, timeout=60)  # judged after the files: they say more
         sandbox_id = sb.id
     if diff := differences(before, after):
         more = f"; and {len(diff) - _SHOWN} more" if len(diff) > _SHOWN else ""
@@ -56,8 +56,9 @@ async def item_45_destructive_command_undone(ctx: CheckContext) -> str:
                          f"as they were: {'; '.join(diff[:_SHOWN])}{more}",
                          fix="upgrade Corral: a restore must put back every file of the checkpoint (bytes, modes, "
                              "owners, links) and remove what was created since (docs/lifecycle.md)")
-    if ROWS_BACK not in rows.stdout:
-        raise ItemFailed(f"the database does not have its rows back after the restore: {clip(rows.stdout)!r}")
+    if rows.exit_code != 0 or ROWS_BACK not in rows.stdout:
+        raise ItemFailed(f"the database does not have its rows back after the restore: exit {rows.exit_code}, "
+                         f"{clip(rows.stdout)!r}, stderr {clip(rows.stderr_bytes)!r}")
     record = await _restore_record(ctx, sandbox_id, checkpoint.id)
     return (f"rm -rf of a project and DROP TABLE undone in sandbox {sandbox_id}: all {len(before)} entries back "
             f"byte for byte, {ROWS} rows in the table; the audit trail names key {record.key_id} ({record.role}) "
