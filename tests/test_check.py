@@ -690,9 +690,9 @@ def test_cli_json_document(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_cli_rejects_an_unknown_item_and_a_missing_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    result, _ = _cli(monkeypatch, _report("PASS"), "--item", "45")
-    assert result.exit_code == 2 and "no checklist item 45" in result.output
-    assert "items are 1-44" in " ".join(result.output.split())
+    result, _ = _cli(monkeypatch, _report("PASS"), "--item", "47")
+    assert result.exit_code == 2 and "no checklist item 47" in result.output
+    assert "items are 1-46" in " ".join(result.output.split())
     monkeypatch.setattr(_check, "run_check", None)
     app = typer.Typer()
     app.command()(_check.check_command)

@@ -18,7 +18,7 @@ from corral.check import CheckOptions, Target, run_check
 from corral.check._undo import item_45_destructive_command_undone
 from corral.eval import Outcome, load_corpus, select
 from corral.eval._deployment import local_capabilities, run_on_corral
-from corral.eval._e2b import E2BAdapter
+from corral.eval._e2b import CORRAL_CAPABILITIES, E2BAdapter
 from corral.eval._task import Checkpoint, Fingerprint, Restore
 from corral.eval._undo import AutoCheckpointed, Broken, Restored, differences
 from corral.eval.corpus.undo import ROWS, ROWS_BACK, SQLITE, SQLITE_ROWS
@@ -97,7 +97,8 @@ def test_the_undo_category_through_e2bs_sdk_restores_through_corrals(server: Ser
     pytest.importorskip("e2b_code_interpreter")
     tasks = select(load_corpus(), categories=["undo"])
     run = asyncio.run(run_on_corral(tasks, base_url=server.url, admin_key=server.admin_key, concurrency=6,
-                                    capabilities=local_capabilities(), adapter_type=E2BAdapter))
+                                    capabilities=local_capabilities() & CORRAL_CAPABILITIES,
+                                    adapter_type=E2BAdapter))
     assert _failed(run) == [], "\n".join(_failed(run))
     skipped = [r for r in run.results if r.status == "skip"]
     # E2B's create cannot ask for automatic checkpoints: those tasks, and only those, are skipped, saying why.

@@ -273,7 +273,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("template", "dotfile-deleted", "rm of the template's ~/.bashrc and ~/.profile",
              "true", (HOME,), "rm -f ~/.bashrc ~/.profile ~/.bash_logout", severity="high"),
     Scenario("template", "dotfile-replaced", "the template's ~/.bashrc replaced by another file",
-             "true", (HOME,), "rm -f ~/.bashrc && echo 'exit 1' > ~/.bashrc", severity="high"),
+             "true", (HOME,), "rm -f ~/.bashrc && echo '# replaced by an agent' > ~/.bashrc", severity="high"),
     Scenario("template", "created-since-removed", "files and directories created after the checkpoint",
              _project(files=5), (WS, HOME), f"dd if=/dev/urandom of={WS}/junk.bin bs=1M count=8 status=none && "
                                             f"mkdir -p {WS}/new/a/b ~/.cache/junk && touch ~/.cache/junk/x"),
