@@ -28,6 +28,7 @@ LIMITATION_ITEMS: Mapping[str, tuple[int, ...]] = {
     "agent_socket": (1,),  # the agent's own socket is listed in the sandbox's /proc/net/unix (unreachable)
     AGENT_TCP_LIMITATION: (2,),  # the agent listens on the sandbox's address (a Pod's), token and NetworkPolicy
     "volumes": (42,),  # no volumes on that backend (Kubernetes: not yet)
+    "checkpoints": (45,),  # no checkpoints on that backend (Kubernetes: not yet)
     "root": (),  # no sandbox with root there: an option the backend refuses, nothing of the isolation is missing
 }
 _RUNTIME_KEY = "runtime_"

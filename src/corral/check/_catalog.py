@@ -1,4 +1,4 @@
-"""The items of the sandbox checklist (1-44 and 46, numbered as CHECKLIST.md numbers them): each one's number, the
+"""The items of the sandbox checklist (1-46, numbered as CHECKLIST.md numbers them): each one's number, the
 property it proves, and how to fix a failure.
 
 The text follows the project's checklist (CHECKLIST.md), kept here as data because the product cannot read the
@@ -119,6 +119,9 @@ ITEMS: dict[int, Item] = {i.number: i for i in (
          "give sandbox Pods a RuntimeClass (CORRAL_K8S_RUNTIME_CLASS: gvisor, the default, never `none`), apply "
          "`corral k8s manifests` (Pod Security `restricted` on the sandbox namespace) and do not edit the sandbox "
          "Pods' securityContext, automountServiceAccountToken or NetworkPolicy"),
+    Item(45, "A destructive command can be undone",
+         "upgrade Corral on a backend with checkpoints (local, Docker): restoring a checkpoint must put back every "
+         "file as it was in the same sandbox, and write a `checkpoint.restore` audit record with the caller's key"),
     Item(46, "A runaway tree does not lock its sandbox",
          "upgrade Corral: at the pids limit the sandbox's agent must stop what ended commands left running "
          "(never a live command's or a background process's tree) before it starts the next command, and say "

@@ -25,6 +25,7 @@ from ._model import ItemFailed, NotApplicable, Status, Verdict
 from ._policy import item_40_forced_runtime_holds
 from ._secrets import item_37_secrets_never_inside, item_38_secrets_reach_only_their_hosts
 from ._tenancy import item_32_tenants_isolated, item_33_roles_hold
+from ._undo import item_45_destructive_command_undone
 
 __all__ = ["PROBES", "Probe", "run_probe"]
 
@@ -62,6 +63,7 @@ PROBES: tuple[Probe, ...] = (
     Probe(42, item_42_volumes_bounded),
     Probe(43, item_43_front_ends_keep_tenancy),
     Probe(44, item_44_pods_locked_down),
+    Probe(45, item_45_destructive_command_undone),
     Probe(46, item_46_runaway_tree_does_not_lock, heavy=True),
 )
 

@@ -219,3 +219,20 @@ def density(
     memory, open files, loop devices, mounts, pids and inotify. Stops before a limit; destroys all it made."""
     _run("density", out, template=template, max_sandboxes=max_sandboxes, step=step, samples=samples,
          memory=memory, min_available_gib=min_available_gib, egress=egress)
+
+
+@bench_app.command("checkpoints")
+def checkpoints(
+    n: int = typer.Option(20, help="Samples per measurement."),
+    files: int = typer.Option(1000, help="Files the measured change rewrites."),
+    size_mib: int = typer.Option(100, help="MiB the change writes, over all its files."),
+    sample: int = typer.Option(150, help="Eval tasks run without and with automatic checkpoints (0: skip that)."),
+    seed: int = typer.Option(20261130, help="Seed of that sample."),
+    concurrency: int = typer.Option(20, help="Eval tasks at once."),
+    template: str = typer.Option("default"),
+    out: Path = typer.Option(Path("bench-results/checkpoints.json"), help="Where to write the JSON figures."),
+) -> None:
+    """Checkpoint (unchanged, after a change of N files), restore in place and `changes`, against a same-run
+    `cp -a` of the changed files inside the sandbox; and the eval corpus without and with automatic checkpoints."""
+    _run("checkpoints", out, template=template, n=n, files=files, size_mib=size_mib, sample=sample, seed=seed,
+         concurrency=concurrency)

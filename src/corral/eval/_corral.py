@@ -20,7 +20,22 @@ from .._sdk._code import Execution
 from .._sdk._models import CommandResult
 from ._adapter import SetupError
 from ._outcome import Denial, ErrorInfo, Outcome
-from ._task import CAPABILITIES, Code, Exec, Pause, Read, SetNetwork, Step, Task, Write, WriteArchive
+from ._task import (
+    CAPABILITIES,
+    Checkpoint,
+    Code,
+    Exec,
+    Fingerprint,
+    Pause,
+    Read,
+    Restore,
+    SetNetwork,
+    Step,
+    Task,
+    Write,
+    WriteArchive,
+)
+from ._undo import UndoState, fingerprint_argv, fingerprinted
 
 __all__ = ["CorralAdapter"]
 
@@ -63,7 +78,7 @@ class CorralAdapter:
                 setup.template, timeout=setup.timeout, network=_network(setup.network),
                 limits=dict(setup.limits) or None, env=dict(setup.env) or None,
                 metadata={"eval": task.id[:200]}, api_key=self.api_key, base_url=self.base_url,
-                request_timeout=self.request_timeout, max_retries=5,
+                request_timeout=self.request_timeout, max_retries=5, **_checkpoints(setup.checkpoints),
             )
         except (CorralError, httpx.HTTPError) as exc:
             raise SetupError(error_info(exc), seconds=time.monotonic() - started) from exc
@@ -86,10 +101,16 @@ def _network(network: str | tuple[str, ...]) -> str | list[str]:
     return network if isinstance(network, str) else list(network)
 
 
+def _checkpoints(mode: str) -> dict[str, Any]:
+    # "manual" is the server's default (and a tenant's own default may differ): only "auto" is asked for.
+    return {"checkpoints": "auto"} if mode == "auto" else {}
+
+
 class CorralSession:
     def __init__(self, sandbox: AsyncSandbox, create_seconds: float) -> None:
         self.sandbox = sandbox
         self.create_seconds = create_seconds
+        self.undo = UndoState()
 
     async def run(self, step: Step) -> Outcome:
         started = time.monotonic()
@@ -97,7 +118,7 @@ class CorralSession:
             outcome = await self._dispatch(step)
         except (CorralError, httpx.HTTPError) as exc:
             return Outcome(step.kind, time.monotonic() - started, error=error_info(exc))
-        return _with_duration(outcome, time.monotonic() - started)
+        return _with_duration(self.undo.note(outcome), time.monotonic() - started)
 
     async def _dispatch(self, step: Step) -> Outcome:
         sb = self.sandbox
@@ -124,6 +145,22 @@ class CorralSession:
             await sb.pause()
             await sb.resume()
             return Outcome("pause")
+        return await self._undo_step(step)
+
+    async def _undo_step(self, step: Step) -> Outcome:
+        sb = self.sandbox
+        if isinstance(step, Checkpoint):
+            self.undo.checkpoints[step.label] = (await sb.checkpoint()).id
+            return Outcome("checkpoint")
+        if isinstance(step, Restore):
+            target = self.undo.checkpoint_id(step.to)
+            if target is None:
+                raise TypeError(f"no checkpoint {step.to!r} was taken before this restore: the task is malformed")
+            result = await sb.restore(target, paths=list(step.paths) if step.paths is not None else None)
+            return Outcome("restore", stopped=tuple(p.cmd for p in result.stopped_processes))
+        if isinstance(step, Fingerprint):
+            r = await sb.commands.run(fingerprint_argv(step), timeout=120)
+            return fingerprinted(step, _exec_outcome(r), self.undo)
         raise TypeError(f"unknown step {step!r}")
 
     async def close(self) -> None:
@@ -145,6 +182,7 @@ def _exec_outcome(r: CommandResult) -> Outcome:
         "exec", exit_code=r.exit_code, signal=r.signal, stdout=r.stdout_bytes, stderr=r.stderr_bytes,
         stdout_size=r.stdout_size, stderr_size=r.stderr_size, timed_out=r.timed_out, oom_killed=r.oom_killed,
         truncated=r.truncated, denials=tuple(Denial(d.host, d.port, d.reason) for d in r.egress_denials),
+        checkpoint=r.checkpoint,
     )
 
 
@@ -155,6 +193,7 @@ def _code_outcome(ex: Execution) -> Outcome:
         text=ex.text,
         results=tuple(dict(r.data) for r in ex.results),
         code_error=(ex.error.name, ex.error.value) if ex.error is not None else None,
+        checkpoint=ex.checkpoint,
     )
 
 

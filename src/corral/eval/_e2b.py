@@ -42,14 +42,18 @@ from typing import Any
 
 from ._adapter import SetupError
 from ._outcome import Denial, ErrorInfo, Outcome
-from ._task import Code, Exec, Pause, Read, SetNetwork, Step, Task, Write
+from ._task import Checkpoint, Code, Exec, Fingerprint, Pause, Read, Restore, SetNetwork, Step, Task, Write
+from ._undo import UndoState, fingerprint_argv, fingerprinted
 
 __all__ = ["E2BAdapter"]
 
 # What each target offers (`CAPABILITIES` in `_task.py`).
 CLOUD_CAPABILITIES = frozenset({"code", "packages"})
+# `checkpoints`: E2B has no in-place checkpoint, so on Corral's E2B API the task's destructive steps go through
+# E2B's SDK and its checkpoint and restore through Corral's own SDK on the same sandbox (`auto_checkpoints` has no
+# E2B form: E2B's create cannot ask for it).
 CORRAL_CAPABILITIES = frozenset({"code", "packages", "network_policy", "egress_denials", "pause", "polyglot",
-                                 "loopback_server"})
+                                 "loopback_server", "checkpoints"})
 
 WORKDIR = "/workspace"  # the corpus's working directory (Corral's default); E2B's default is /home/user
 ALL_TRAFFIC = "0.0.0.0/0"
@@ -151,7 +155,9 @@ class E2BAdapter:
                 metadata={"eval": task.id[:200]}, **_create_network(setup.network), **self.options)
         except Exception as exc:  # the SDK's errors have no common base we can name without importing it
             raise SetupError(_error(exc), seconds=time.monotonic() - started) from exc
-        session = E2BSession(sb, time.monotonic() - started, workdir=WORKDIR if self.on_corral else None)
+        corral = (self.base_url, self.api_key) if self.base_url is not None and self.api_key is not None else None
+        session = E2BSession(sb, time.monotonic() - started, workdir=WORKDIR if self.on_corral else None,
+                             corral=corral)
         try:
             for path, blob in setup.files:
                 await sb.files.write(session.path(path), blob.bytes())
@@ -190,10 +196,13 @@ def _allow_only(hosts: str | tuple[str, ...]) -> dict[str, Any]:
 
 
 class E2BSession:
-    def __init__(self, sandbox: Any, create_seconds: float, *, workdir: str | None) -> None:
+    def __init__(self, sandbox: Any, create_seconds: float, *, workdir: str | None,
+                 corral: tuple[str, str] | None = None) -> None:
         self.sandbox = sandbox
         self.create_seconds = create_seconds
         self.workdir = workdir
+        self.corral = corral  # Corral's (base URL, key) when the target is Corral's E2B API: checkpoints
+        self.undo = UndoState()
         self._contexts: dict[tuple[str | None, str], Any] = {}
 
     def path(self, path: str) -> str:
@@ -228,7 +237,33 @@ class E2BSession:
             await sb.pause()
             self.sandbox = await sb.connect()  # E2B's resume: connecting to a paused sandbox resumes it
             return Outcome("pause")
+        if isinstance(step, Fingerprint):
+            r = await self._exec(Exec(tuple(fingerprint_argv(step)), timeout=120))
+            return fingerprinted(step, r, self.undo)
+        if isinstance(step, Checkpoint | Restore):
+            return await self._through_corral(step)
         raise TypeError(f"the E2B adapter cannot run a {step.kind} step")
+
+    async def _through_corral(self, step: Checkpoint | Restore) -> Outcome:
+        """E2B has no checkpoint: Corral's own SDK takes and restores it, on the very sandbox E2B's SDK drives."""
+        from .._sdk import AsyncSandbox
+
+        if self.corral is None:
+            raise TypeError(f"a {step.kind} step needs Corral's E2B API (E2B has no checkpoints)")
+        base_url, api_key = self.corral
+        sb = await AsyncSandbox.connect(self.sandbox.sandbox_id, api_key=api_key, base_url=base_url)
+        try:  # closed, never killed (`async with` would kill it): E2B's SDK still drives it
+            if isinstance(step, Checkpoint):
+                self.undo.checkpoints[step.label] = (await sb.checkpoint()).id
+                return Outcome("checkpoint")
+            target = self.undo.checkpoint_id(step.to)
+            if target is None:
+                raise TypeError(f"no checkpoint {step.to!r} was taken before this restore: the task is malformed")
+            result = await sb.restore(target, paths=list(step.paths) if step.paths is not None else None)
+        finally:
+            await sb.close()
+        self._contexts.clear()  # a restore restarts the sandbox's code sessions
+        return Outcome("restore", stopped=tuple(p.cmd for p in result.stopped_processes))
 
     # -- commands ----------------------------------------------------------------------------------------------
 

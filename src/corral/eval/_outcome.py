@@ -56,6 +56,12 @@ class Outcome:
     code_error: tuple[str, str] | None = None  # (name, value)
     # The service shows a string value without its repr's quotes ('a' as a): E2B's code interpreter does.
     text_unquoted: bool = False
+    # checkpoints: the automatic one taken before the step (its id); a fingerprint of a tree (path -> what is
+    # there, `_undo.py`) and the one recorded earlier to compare it with; the commands a restore stopped
+    checkpoint: str | None = None
+    fingerprint: dict[str, str] | None = None
+    recorded: dict[str, str] | None = None
+    stopped: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> str:
@@ -74,6 +80,10 @@ class Outcome:
             parts.append(f"stdout {self.stdout_size or len(self.stdout)} B")
         if self.data is not None:
             parts.append(f"{len(self.data)} B")
+        if self.fingerprint is not None:
+            parts.append(f"{len(self.fingerprint)} entries")
+        if self.checkpoint is not None:
+            parts.append(f"after checkpoint {self.checkpoint}")
         if self.code_error is not None:
             parts.append(f"{self.code_error[0]}: {self.code_error[1][:120]}")
         return ", ".join(parts)

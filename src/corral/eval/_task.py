@@ -24,10 +24,13 @@ __all__ = [
     "CATEGORIES",
     "SEVERITIES",
     "Blob",
+    "Checkpoint",
     "Code",
     "Exec",
+    "Fingerprint",
     "Pause",
     "Read",
+    "Restore",
     "SetNetwork",
     "Setup",
     "Step",
@@ -40,7 +43,8 @@ __all__ = [
 Severity = Literal["critical", "high", "medium", "low"]
 SEVERITIES: tuple[Severity, ...] = ("critical", "high", "medium", "low")
 
-# The categories the field report grouped its 1,000 tasks into, plus the two that probe the sandbox itself.
+# The categories the field report grouped its 1,000 tasks into, plus the two that probe the sandbox itself and
+# `undo` (a destructive command undone by restoring a checkpoint).
 CATEGORIES = (
     "file_io",
     "packages",
@@ -51,6 +55,7 @@ CATEGORIES = (
     "long_running",
     "security",
     "resource_abuse",
+    "undo",
 )
 
 # Capabilities a task may require of an adapter; a task an adapter cannot run is skipped, never passed.
@@ -65,6 +70,8 @@ CAPABILITIES = frozenset({
     "pause",            # pause and resume keeping state
     "polyglot",         # the `polyglot` template (Java, Go, Rust, TypeScript)
     "packages",         # pip/npm reach their registries (through the policy's @packages)
+    "checkpoints",      # checkpoint the sandbox's files and restore them in place (issue 26)
+    "auto_checkpoints", # `checkpoints="auto"` at create: a checkpoint before each command, cell or write
 })
 
 
@@ -78,6 +85,7 @@ class Setup:
     files: tuple[tuple[str, Blob], ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     timeout: int = 300
+    checkpoints: Literal["manual", "auto"] = "manual"
 
 
 @dataclass(frozen=True)
@@ -151,7 +159,43 @@ class Pause:
     kind: Literal["pause"] = "pause"
 
 
-Step = Exec | Code | Write | Read | WriteArchive | SetNetwork | Pause
+@dataclass(frozen=True)
+class Checkpoint:
+    """Checkpoint the sandbox's files; the session keeps its id under `label` for a later `Restore`."""
+
+    label: str = "before"
+    checks: tuple[Check, ...] = ()
+    kind: Literal["checkpoint"] = "checkpoint"
+
+
+AUTO = "auto"  # `Restore(to=AUTO)`: the automatic checkpoint taken before the last step that carried one
+
+
+@dataclass(frozen=True)
+class Restore:
+    """Restore the sandbox in place to the checkpoint `to` (a `Checkpoint` label, or `AUTO`); only `paths` (and
+    everything below them) when given."""
+
+    to: str = "before"
+    paths: tuple[str, ...] | None = None
+    checks: tuple[Check, ...] = ()
+    kind: Literal["restore"] = "restore"
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """Every entry under `paths` (type, mode, owner, size, sha256 of the bytes, link target), hashed inside the
+    sandbox by a command. `record` keeps it under a label; `compare` puts the one kept under that label into the
+    outcome beside it, for `Restored` (`_undo.py`) to compare entry by entry."""
+
+    paths: tuple[str, ...]
+    record: str | None = None
+    compare: str | None = None
+    checks: tuple[Check, ...] = ()
+    kind: Literal["fingerprint"] = "fingerprint"
+
+
+Step = Exec | Code | Write | Read | WriteArchive | SetNetwork | Pause | Checkpoint | Restore | Fingerprint
 
 # What each step kind needs beyond plain commands and files.
 STEP_REQUIRES: dict[str, frozenset[str]] = {
@@ -159,6 +203,8 @@ STEP_REQUIRES: dict[str, frozenset[str]] = {
     "write_archive": frozenset({"archive"}),
     "set_network": frozenset({"network_policy"}),
     "pause": frozenset({"pause"}),
+    "checkpoint": frozenset({"checkpoints"}),
+    "restore": frozenset({"checkpoints"}),
 }
 
 
@@ -199,6 +245,8 @@ class Task:
             needed.add("polyglot")
         if self.setup.limits:
             needed.add("limits")
+        if self.setup.checkpoints == "auto":
+            needed.add("auto_checkpoints")
         if self.setup.network not in ("none", "internet"):
             needed.add("network_policy")
         if _mentions_server(self):

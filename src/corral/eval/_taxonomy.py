@@ -89,6 +89,12 @@ _ALL = (
     FailureMode("code_error_misreported", "medium", "Code error misreported",
                 "an exception, compile error or runtime error of a cell came back as success, or lost its name "
                 "or message"),
+    FailureMode("restore_incomplete", "critical", "Restore did not bring everything back",
+                "after restoring the checkpoint taken before a destructive command, a file, its bytes, mode, "
+                "owner or link, or a deletion was not as it had been (or the restore failed)"),
+    FailureMode("checkpoint_missing", "high", "No checkpoint to undo with",
+                "a sandbox with automatic checkpoints ran a command that changes files and its result named no "
+                "checkpoint taken before it, or a checkpoint could not be taken"),
 )
 
 MODES: dict[str, FailureMode] = {m.name: m for m in _ALL}

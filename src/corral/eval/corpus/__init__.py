@@ -26,6 +26,7 @@ MODULES = (
     "downloads",
     "security",
     "abuse",
+    "undo",
 )
 
 
