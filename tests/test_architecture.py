@@ -206,7 +206,6 @@ OVER_LIMIT = frozenset({
     "egress/_http.py",
     "egress/_mirror.py",
     "egress/_proxy.py",
-    "engine/_agent_client.py",
     "eval/_report.py",
 })
 
