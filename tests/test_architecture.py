@@ -200,7 +200,6 @@ OVER_LIMIT = frozenset({
     "agent/files.py",
     "agent/processes.py",
     "backends/docker/_backend.py",
-    "backends/kubernetes/_backend.py",
     "backends/local/_backend.py",
     "control/_store.py",
     "egress/_http.py",
