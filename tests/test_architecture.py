@@ -198,7 +198,6 @@ CORPUS = PACKAGE / "eval" / "corpus"  # the eval corpus is data (tasks written o
 OVER_LIMIT = frozenset({
     "agent/code.py",
     "agent/files.py",
-    "agent/processes.py",
     "backends/docker/_backend.py",
     "backends/local/_backend.py",
     "control/_store.py",

@@ -13,7 +13,8 @@ import corral
 from corral import CorralError, InvalidRequestError, error_from_code
 from corral._exceptions import _all_subclasses
 from corral.agent import archives, files, protocol
-from corral.agent.processes import OutputBuffer, ProcessError, build_argv, build_env
+from corral.agent.output import OutputBuffer
+from corral.agent.process_requests import ProcessError, build_argv, build_env
 from corral.backends.local._bundle import MASKED_PATHS, BundleParams, build_config
 from corral.engine import Limits, SandboxSpec, parse_size
 from corral.engine._session import sandbox_path

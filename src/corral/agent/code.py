@@ -31,7 +31,10 @@ import time
 
 from . import languages, protocol
 from .channel import Channel, Closed
-from .processes import Process, ProcessError, ProcessTable, _close_quietly, _which, decode_status
+from .process import Process, close_quietly, decode_status
+from .process_requests import ProcessError
+from .processes import ProcessTable
+from .spawn import which
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -174,7 +177,7 @@ class Session:
             while data := os.read(self.err_fd, 65536):
                 self.stderr_tail = (self.stderr_tail + data)[-4096:]
         finally:
-            _close_quietly(self.err_fd)
+            close_quietly(self.err_fd)
 
     def send_cell(self, code: str, env: dict[str, str]) -> None:
         frame = protocol.encode_json(protocol.REQUEST, {"code": code, "env": env})
@@ -205,7 +208,7 @@ class Session:
             time.sleep(0.005)
         for fd in (self.out_fd, self.proc.stdin_fd, self.proc._wake_r, self.proc._wake_w):
             if fd is not None:
-                _close_quietly(fd)
+                close_quietly(fd)
         return decode_status(self.proc.status)
 
 
@@ -469,7 +472,7 @@ class Sessions:
         path = str((env or {}).get("PATH") or "") or "/usr/local/bin:/usr/bin:/bin"
         compiler = chain["compile"][0]
         tools = [compiler, *([] if chain["run"][0].startswith("{dir}") else [chain["run"][0]])]
-        missing = next((tool for tool in tools if _which(tool, path) is None), None)
+        missing = next((tool for tool in tools if which(tool, path) is None), None)
         if missing is not None:
             hint = f"; {POLYGLOT_HINT}" if language in POLYGLOT else ""
             raise ProcessError("invalid_request", f"{language} is not available in this sandbox: its template has "
@@ -682,7 +685,7 @@ def _path(env: Any) -> str:
 
 def _missing_tool(language: str, env: Any) -> str | None:
     tools = ("python3", *KERNEL_TOOLS[language])
-    return next((tool for tool in tools if _which(tool, _path(env)) is None), None)
+    return next((tool for tool in tools if which(tool, _path(env)) is None), None)
 
 
 def _check_available(language: str, env: Any) -> None:
@@ -695,7 +698,7 @@ def _check_available(language: str, env: Any) -> None:
 
 def _typescript_module(env: Any) -> str:
     """The TypeScript compiler's module directory, from its `tsc` (`<module>/bin/tsc`, linked from PATH)."""
-    tsc = _which("tsc", _path(env))
+    tsc = which("tsc", _path(env))
     return os.path.dirname(os.path.dirname(os.path.realpath(tsc))) if tsc else ""
 
 

@@ -10,7 +10,10 @@ from _operator import _compare_digest  # what hmac.compare_digest is, without im
 from . import files, heartbeats, protocol, users
 from .channel import Channel, Closed
 from .follow import follow, send_all_kept
-from .processes import SIGKILL, Process, ProcessError, ProcessTable, pty_size, resolve_user
+from .process import Process
+from .process_requests import ProcessError, pty_size, resolve_user
+from .processes import ProcessTable
+from .spawn import SIGKILL
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is slow to import, and the agent's start-up is every sandbox's start-up

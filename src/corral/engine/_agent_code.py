@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..agent import protocol
-from ..agent.processes import DEFAULT_MAX_OUTPUT, OutputBuffer
+from ..agent.output import DEFAULT_MAX_OUTPUT, OutputBuffer
 from ._agent_calls import AgentCalls, OutputCallback, call_output
 from ._code import CodeResult, CodeSession, ResultCallback, RichResult, code_result, code_session, rich_result
 
