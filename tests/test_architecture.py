@@ -201,7 +201,6 @@ OVER_LIMIT = frozenset({
     "control/_store.py",
     "egress/_http.py",
     "egress/_mirror.py",
-    "egress/_proxy.py",
     "eval/_report.py",
 })
 
