@@ -20,14 +20,13 @@ from ._http import (
     BadMessage,
     Head,
     HeadTooLarge,
-    Mover,
-    Stall,
     error_response,
     framing,
     read_head,
     safe_text,
 )
 from ._interception import Interception
+from ._mover import Mover, Stall
 from ._origin import OriginRequests
 from ._policy import EgressPolicy, parse_host_port
 from ._proxied import Attempt, ProxiedSandbox

@@ -15,12 +15,11 @@ from ._http import (
     Framing,
     Head,
     HeadTooLarge,
-    Mover,
     SocketReader,
-    Stall,
     framing,
     parse_status,
 )
+from ._mover import Mover, Stall
 from ._proxied import Attempt
 from ._reasons import Refusal
 

@@ -19,13 +19,12 @@ from ._http import (
     Framing,
     Head,
     HeadTooLarge,
-    Mover,
-    Stall,
     error_response,
     framing,
     read_head,
     safe_text,
 )
+from ._mover import Mover, Stall
 from ._proxied import Attempt
 from ._reasons import Refusal
 from ._rewrite import Rewriter

@@ -14,12 +14,12 @@ from ._connection_base import ConnectionBase
 from ._events import MirrorResponse, PackageMirrorProtocol
 from ._forwarding import client_keeps
 from ._http import (
-    CHUNK,
     HOP_BY_HOP,
     Framing,
     Head,
     safe_text,
 )
+from ._mover import CHUNK
 from ._proxied import Attempt
 from ._reasons import Refusal
 
