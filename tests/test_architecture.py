@@ -199,7 +199,6 @@ OVER_LIMIT = frozenset({
     "backends/docker/_backend.py",
     "backends/local/_backend.py",
     "control/_store.py",
-    "eval/_report.py",
 })
 
 
