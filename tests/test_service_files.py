@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import builtins
 import hashlib
+import itertools
+import os
+import threading
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -520,3 +523,82 @@ async def test_watchers_are_kept_for_the_key_that_made_them_and_each_call_is_rec
         ("files.watcher_events", {"watcher_id": watcher}, {"status": 404, "error": "not_found"}),
     ]
     assert agent.calls[0] == ("watcher_create", "/workspace/out", ROOTS)
+
+
+# -- an upload's size and sha256: hashed beside the event loop, in order, and complete however the upload ends ------
+
+
+def _body(size: int) -> bytes:
+    return bytes(b % 32 for b in os.urandom(size))  # random, without the b"!" the fake agent refuses at
+
+
+def _cut(data: bytes, sizes: Iterable[int]) -> builtins.list[bytes]:
+    """`data` in chunks of the given sizes, round and round."""
+    out: builtins.list[bytes] = []
+    start = 0
+    for size in itertools.cycle(sizes):
+        if start >= len(data):
+            return out
+        out.append(data[start:start + size])
+        start += size
+    raise AssertionError("unreachable")
+
+
+def _threads() -> set[threading.Thread]:
+    return set(threading.enumerate())
+
+
+def _only_pool_threads_since(before: set[threading.Thread]) -> bool:
+    """No thread of the upload's own is left: any new one is a worker of the loop's executor (a bounded pool the
+    hashing shares, started on demand and kept by the loop)."""
+    return all(t.name.startswith("asyncio_") for t in _threads() - before)
+
+
+async def test_the_digest_of_a_large_write_covers_every_byte_across_chunk_boundaries(world: World) -> None:
+    sid, agent = await world.sandbox()
+    data = _body(13 * 2**20 + 7)  # several batches for the thread, and a backlog past its bound (a 5 MiB chunk)
+    parts = _cut(data, [1, 300_001, 2**20 - 1, 5 * 2**20, 17])
+    assert await world.service.files.write(world.principals["dev"], sid, "/workspace/out/a", chunks(parts)) \
+        == len(data)
+    assert agent.files["/workspace/out/a"] == data
+    record = await world.last(sid)
+    assert record["params"]["size"] == len(data)
+    assert record["params"]["sha256"] == hashlib.sha256(data).hexdigest()
+
+
+async def test_a_large_write_failing_mid_way_records_the_digest_of_what_was_sent_and_leaves_nothing(
+        world: World) -> None:
+    sid, _ = await world.sandbox()
+    files, dev = world.service.files, world.principals["dev"]
+    await files.write(dev, sid, "/workspace/out/warm", chunks(_cut(_body(3 * 2**20), [2**18])))  # the pool's threads
+    threads, tasks = _threads(), asyncio.all_tasks()
+    sent = _body(6 * 2**20) + b"!"
+    with pytest.raises(AgentError):
+        await files.write(dev, sid, "/workspace/out/a", chunks(_cut(sent, [2**18])))
+    record = await world.last(sid)
+    assert record["params"]["size"] == len(sent) and record["params"]["sha256"] == hashlib.sha256(sent).hexdigest()
+    assert _only_pool_threads_since(threads) and asyncio.all_tasks() == tasks
+
+
+async def test_a_cancelled_large_write_records_the_digest_of_what_was_sent_and_leaves_nothing(world: World) -> None:
+    sid, _ = await world.sandbox()
+    files, dev = world.service.files, world.principals["dev"]
+    await files.write(dev, sid, "/workspace/out/warm", chunks(_cut(_body(3 * 2**20), [2**18])))
+    threads, tasks = _threads(), asyncio.all_tasks()
+    sent, reached = _body(5 * 2**20 + 3), asyncio.Event()
+
+    async def stalls() -> AsyncIterator[bytes]:
+        for part in _cut(sent, [2**18]):
+            yield part
+        reached.set()
+        await asyncio.Event().wait()  # a client that stops sending
+        yield b"never"
+
+    write = asyncio.create_task(files.write(dev, sid, "/workspace/out/a", stalls()))
+    await asyncio.wait_for(reached.wait(), 30)
+    write.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await write
+    record = await world.last(sid)
+    assert record["params"]["size"] == len(sent) and record["params"]["sha256"] == hashlib.sha256(sent).hexdigest()
+    assert _only_pool_threads_since(threads) and asyncio.all_tasks() == tasks

@@ -56,6 +56,8 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
     import uvicorn
     from uvicorn.config import LOGGING_CONFIG
 
+    from ._reads import HttpProtocol
+
     if log_format not in LOG_FORMATS:
         raise ValueError(f"log format {log_format!r}: choose one of {', '.join(LOG_FORMATS)}")
     if metrics_port is not None and not metrics:
@@ -94,7 +96,7 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
     text = log_format == "text"
     config = uvicorn.Config(app, host=host, port=port, lifespan="on", log_level="info",
                             timeout_keep_alive=KEEP_ALIVE, log_config=LOGGING_CONFIG if text else None,
-                            access_log=text)
+                            access_log=text, http=HttpProtocol)
     main = uvicorn.Server(config)
     if metrics_port is None:
         asyncio.run(main.serve())
