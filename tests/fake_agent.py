@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from corral.agent import protocol
-from corral.agent.processes import OutputBuffer, ProcessError, build_argv, pty_size
+from corral.agent.output import OutputBuffer
+from corral.agent.process_requests import ProcessError, build_argv, pty_size
 
 from .fake_code import FakeCode
 from .fake_files import FileOps
@@ -482,7 +483,7 @@ def _control(proc: _Process, msg: dict[str, Any]) -> None:
 
 
 def _check_closable(proc: _Process) -> None:
-    if proc.terminal is not None:  # the real agent's words (processes.Process.check_stdin_closable)
+    if proc.terminal is not None:  # the real agent's words (process.Process.check_stdin_closable)
         raise AgentFailure("invalid_request", f"process {proc.id} runs in a terminal, whose input cannot be "
                            "closed; send Ctrl-D (the byte 0x04) as input to end it instead")
 

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from corral.agent import languages, protocol
-from corral.agent.code import DEFAULT_CWD, KILL_GRACE, _cell_env, _language, _name
+from corral.agent.code import KILL_GRACE
+from corral.agent.code_requests import DEFAULT_CWD, checked_cell_env, checked_name, language_of
 from corral.agent.kernel import describe_error, format_object
 
 from .fake_shell import Io, Shell
@@ -92,8 +93,8 @@ class FakeCode:
         timeout = req.get("timeout")
         if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):
             raise _failure("invalid_request", "timeout must be a positive number of seconds")
-        cell_env = _cell_env(req.get("cell_env"))
-        context = self._context_to_run(req, _language(req.get("language")))
+        cell_env = checked_cell_env(req.get("cell_env"))
+        context = self._context_to_run(req, language_of(req.get("language")))
         session = self._session(context)
         async with session.busy:
             session.count += 1
@@ -133,13 +134,13 @@ class FakeCode:
         conn.event(event="done", sessions=[c.info() for c in running])
 
     async def op_context_create(self, conn: Conn, req: dict[str, Any]) -> None:
-        language = _language(req.get("language")) or "python"
+        language = language_of(req.get("language")) or "python"
         if language not in languages.SESSION_LANGUAGES:
             raise _failure("invalid_request", f"no code contexts for {language!r}; contexts run "
                                               f"{', '.join(languages.SESSION_LANGUAGES)}")
         _check_available(language)
         name = req.get("context")
-        context = _Context(_name(str(uuid.uuid4()) if name is None else name, "context"), language,
+        context = _Context(checked_name(str(uuid.uuid4()) if name is None else name, "context"), language,
                            self._cwd(req.get("cwd")))
         if context.name in self.contexts:
             raise _failure("conflict", f"a code context {context.name!r} exists already")
@@ -177,7 +178,7 @@ class FakeCode:
 
     def _context_to_run(self, req: dict[str, Any], language: str | None) -> _Context:
         if req.get("context") is not None:
-            name = _name(req["context"], "context")
+            name = checked_name(req["context"], "context")
             context = self.contexts.get(name)
             if context is None:
                 default = languages.DEFAULT_CONTEXTS.get(name)
@@ -190,7 +191,7 @@ class FakeCode:
             if language not in languages.SESSION_LANGUAGES:
                 raise _failure("invalid_request", f"unknown language {language!r} (the fake agent runs "
                                                   f"{', '.join(FAKE_LANGUAGES)})")
-            name = _name(req.get("session") or languages.default_context(language), "session")
+            name = checked_name(req.get("session") or languages.default_context(language), "session")
             if name not in self.contexts:
                 _check_available(language)
             context = self._registered(name, language, req)

@@ -18,7 +18,7 @@ import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from corral.agent.processes import ProcessError
+from corral.agent.process_requests import ProcessError
 from corral.agent.tunnel import _port
 
 if TYPE_CHECKING:

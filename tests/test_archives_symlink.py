@@ -19,7 +19,7 @@ import pytest
 
 from corral import InvalidRequestError, PermissionDeniedError
 from corral.agent import archives
-from corral.agent.files import FileError
+from corral.agent.file_access import FileError
 from corral.engine import SandboxSpec
 
 from .conftest import TEMPLATE

@@ -20,7 +20,7 @@ import pytest
 from corral import AuthenticationError, InvalidRequestError
 from corral._paths import SandboxPath, sandbox_path
 from corral._users import check_user, user_home
-from corral.agent import files, protocol
+from corral.agent import file_access, protocol
 from corral.backends import UnixEndpoint
 from corral.backends import check_user as backends_check_user
 from corral.e2b._user import absolute_path, envd_user
@@ -53,8 +53,8 @@ def test_every_edge_refuses_a_bad_path_with_the_same_error(bad: str) -> None:
             check()
         assert str(refused.value) == reason, edge
     # The agent applies the same rule to what it is sent, with the same reason.
-    with pytest.raises(files.FileError) as agent_refused:
-        files.check_path(bad)
+    with pytest.raises(file_access.FileError) as agent_refused:
+        file_access.check_path(bad)
     assert agent_refused.value.code == "invalid_request" and agent_refused.value.message == reason
 
 
@@ -65,8 +65,8 @@ def test_what_is_no_string_is_refused_naming_the_field(bad: object) -> None:
     with pytest.raises(InvalidRequestError):
         engine_sandbox_path(bad)  # type: ignore[arg-type]
     if bad is not None:
-        with pytest.raises(files.FileError):
-            files.check_path(bad)
+        with pytest.raises(file_access.FileError):
+            file_access.check_path(bad)
     with pytest.raises(InvalidRequestError, match=r"^path is required$"):
         absolute_path(None)
 

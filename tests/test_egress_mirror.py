@@ -21,7 +21,7 @@ from typing import NoReturn
 import httpx
 import pytest
 
-from corral.egress import _mirror
+from corral.egress import _mirror, _mirror_cache
 from corral.egress._events import MirrorResponse, PackageMirrorProtocol
 from corral.egress._mirror import NPM_ABBREVIATED, PYPI_JSON, PackageMirror
 
@@ -388,7 +388,7 @@ async def test_a_failing_disk_costs_the_cache_not_the_download(tmp_path, monkeyp
 
     async with fake_setup(tmp_path, b"z" * 1000, b"z" * 1000) as (_, mirror, front), \
             httpx.AsyncClient(base_url=front.url) as client:
-        monkeypatch.setattr(_mirror, "_create", full)
+        monkeypatch.setattr(_mirror_cache, "create", full)
         assert (await client.get("/npm/pkg")).status_code == 200
         for _ in range(2):
             assert (await client.get("/npm/pkg/-/pkg-1.0.0.tgz")).content == b"z" * 1000

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from corral import NotFoundError
-from corral.egress import EgressEvent, EgressPolicy, EgressProxy, MirrorResponse, _http
+from corral.egress import EgressEvent, EgressPolicy, EgressProxy, MirrorResponse, _mover
 from corral.egress._addresses import host_addresses
 from corral.egress._secrets import SecretBinding, new_placeholder
 
@@ -463,7 +463,7 @@ async def test_bulk_copies_resume_after_a_pause_exact(rig: Rig, upstream: Upstre
 
 async def test_bulk_threads_are_capped_and_the_rest_copy_on_the_loop(rig: Rig, upstream: Upstream,
                                                                       monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(_http, "_BULK_THREADS", threading.BoundedSemaphore(1))
+    monkeypatch.setattr(_mover, "_BULK_THREADS", threading.BoundedSemaphore(1))
     rig.policy("internet", private=[f"127.0.0.1:{upstream.port}"])
     most = 0
 

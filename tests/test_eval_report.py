@@ -10,10 +10,9 @@ from typing import Any
 
 import pytest
 
+from corral.eval._formatting import fmt_rate, oneline
 from corral.eval._report import (
     compare,
-    fmt_rate,
-    oneline,
     percentile,
     render_compare_html,
     render_compare_json,

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from corral import ConflictError, DiskFullError, InvalidRequestError, NotFoundError, PermissionDeniedError
-from corral.agent.files import FileError, Names, replace_metadata
+from corral.agent.file_access import FileError
+from corral.agent.file_entries import Names
+from corral.agent.file_metadata import replace_metadata
 from corral.engine import DEFAULT_FILE_ROOTS
 
 from .conftest import spec

@@ -168,8 +168,8 @@ async def test_root_cannot_reach_the_agent_the_kernel_or_the_host(root_sb: Sandb
 
 async def test_without_the_spawn_helper_the_drop_is_the_same(root_sb: SandboxSession) -> None:
     """Where the host had no C compiler the agent spawns through Python's preexec_fn: the same drop to the user."""
-    script = ("import os, sys; sys.path.insert(0, '/.corral'); from agent import processes, users; "
-              "pid = processes._popen_fallback(['grep', '-E', '^(Uid|Groups|CapPrm|CapEff|CapBnd):', "
+    script = ("import os, sys; sys.path.insert(0, '/.corral'); from agent import spawn, users; "
+              "pid = spawn.popen_fallback(['grep', '-E', '^(Uid|Groups|CapPrm|CapEff|CapBnd):', "
               "'/proc/self/status'], {'PATH': '/usr/bin:/bin'}, '/', (0, 1, 2), tty=False, drop=users.USER); "
               "os.waitpid(pid, 0)")
     r = await root_sb.exec(["python3", "-c", script], user="root")

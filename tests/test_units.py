@@ -12,8 +12,9 @@ import pytest
 import corral
 from corral import CorralError, InvalidRequestError, error_from_code
 from corral._exceptions import _all_subclasses
-from corral.agent import archives, files, protocol
-from corral.agent.processes import OutputBuffer, ProcessError, build_argv, build_env
+from corral.agent import archives, file_access, protocol
+from corral.agent.output import OutputBuffer
+from corral.agent.process_requests import ProcessError, build_argv, build_env
 from corral.backends.local._bundle import MASKED_PATHS, BundleParams, build_config
 from corral.engine import Limits, SandboxSpec, parse_size
 from corral.engine._session import sandbox_path
@@ -73,12 +74,12 @@ def test_argv_and_env_validation():
 
 @pytest.mark.parametrize("bad", ["", "relative", "/a\x00b", "/\udcff", 5])
 def test_agent_path_check(bad):
-    with pytest.raises(files.FileError):
-        files.check_path(bad)
+    with pytest.raises(file_access.FileError):
+        file_access.check_path(bad)
 
 
 def test_agent_path_normalises():
-    assert files.check_path("/workspace/./a//b/../c") == "/workspace/a/c"
+    assert file_access.check_path("/workspace/./a//b/../c") == "/workspace/a/c"
 
 
 def test_engine_path_resolves_relative_to_workspace():
@@ -115,7 +116,7 @@ def _members(*specs: tuple[str, str | None, str | None]) -> list[tarfile.TarInfo
     [("dev", "dev", None)],
 ])
 def test_unsafe_archive_members(specs, tmp_path):
-    with pytest.raises(files.FileError):
+    with pytest.raises(file_access.FileError):
         archives._validate_members(_members(*specs), str(tmp_path))
 
 
@@ -170,7 +171,7 @@ def test_every_error_code_round_trips():
 
 def test_agent_file_error_codes_are_known():
     known = {c.code for c in _all_subclasses(CorralError)}
-    assert set(files.ERRNO_CODES.values()) <= known
+    assert set(file_access.ERRNO_CODES.values()) <= known
 
 
 def test_exports_are_complete():
@@ -205,7 +206,7 @@ def test_bundle_has_every_hardening_item(tmp_path):
 def test_tar_helpers_reject_garbage_archive(tmp_path):
     root = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        with pytest.raises(files.FileError, match="not a valid tar"):
+        with pytest.raises(file_access.FileError, match="not a valid tar"):
             archives._extract_safely(io.BytesIO(b"not a tar at all" * 100), archives._Dirs(root, str(tmp_path)),
                                      str(tmp_path))
     finally:

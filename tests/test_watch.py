@@ -11,7 +11,7 @@ import pytest
 
 from corral import AgentError, InvalidRequestError, NotFoundError, PermissionDeniedError, QuotaExceededError
 from corral.agent import watch as agent_watch
-from corral.agent.files import FileError
+from corral.agent.file_access import FileError
 from corral.agent.watch import MAX_QUEUED, MAX_WATCHES, Watch, Watches
 from corral.engine import Files, SandboxSession, WatchEvent, WatchStream
 

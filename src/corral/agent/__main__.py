@@ -23,7 +23,7 @@ import os
 import sys
 
 from . import network, server
-from .processes import SIGINT, set_dumpable
+from .spawn import SIGINT, set_dumpable
 
 LISTEN_FD = 0  # the host passes a listening Unix socket as our stdin
 

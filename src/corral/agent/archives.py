@@ -16,7 +16,8 @@ import tarfile
 
 from . import protocol
 from .channel import Channel
-from .files import FileError, check_path, receive_into
+from .file_access import FileError, check_path
+from .files import receive_into
 from .users import AGENT_IS_ROOT, ROOT
 
 TYPE_CHECKING = False

@@ -121,3 +121,11 @@ class Channel:
 
     def error(self, code: str, message: str, **details: Any) -> None:
         self.send_json(protocol.ERROR, {"code": code, "message": message, "details": details})
+
+
+def relay(ch: Channel, kind: int, payload: bytes) -> None:
+    """A frame to the host, unless it left (`Closed`): the operation's own loop notices that and stops."""
+    try:
+        ch.send(kind, payload)
+    except Closed:
+        pass

@@ -13,7 +13,7 @@ import select
 
 from . import protocol
 from .channel import Channel, Closed
-from .processes import Process
+from .process import Process
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is slow to import, and the agent's start-up is every sandbox's start-up

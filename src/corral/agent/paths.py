@@ -1,6 +1,6 @@
 """What makes a string a sandbox path at all: the one rule, shared by the agent and the host.
 
-The agent applies it to every path of a request (`files.check_path`, before roots, `..` and symlinks); the host
+The agent applies it to every path of a request (`file_access.check_path`, before roots, `..` and symlinks); the host
 applies the same rule at each edge that receives a path from a user (`corral._paths.sandbox_path`), so that a
 bad path is refused with the field's name before anything reaches a sandbox. Standard library only: this file
 runs inside every sandbox.

@@ -9,8 +9,12 @@ from _operator import _compare_digest  # what hmac.compare_digest is, without im
 
 from . import files, heartbeats, protocol, users
 from .channel import Channel, Closed
+from .file_access import FileError
 from .follow import follow, send_all_kept
-from .processes import SIGKILL, Process, ProcessError, ProcessTable, pty_size, resolve_user
+from .process import Process
+from .process_requests import ProcessError, pty_size, resolve_user
+from .processes import ProcessTable
+from .spawn import SIGKILL
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is slow to import, and the agent's start-up is every sandbox's start-up
@@ -37,14 +41,14 @@ class Agent:
             _act_as(req.get("user"))
             self._beat(ch, req)
             self.dispatch(ch, req)
-        except (files.FileError, ProcessError) as exc:
+        except (FileError, ProcessError) as exc:
             _send_error(ch, exc.code, exc.message)
         except protocol.ProtocolError as exc:
             _send_error(ch, "invalid_request", f"protocol error: {exc}")
         except Closed:
             pass
         except OSError as exc:  # a file operation raced with the sandbox (a swapped symlink, a vanished dir)
-            err = files.FileError.from_os(exc, str(exc.filename or ""))
+            err = FileError.from_os(exc, str(exc.filename or ""))
             _send_error(ch, err.code, err.message)
         except Exception as exc:  # the agent must outlive any one request
             _send_error(ch, "server_error", f"agent failure: {type(exc).__name__}: {exc}")

@@ -22,7 +22,10 @@ import threading
 import time
 
 from . import protocol
-from .processes import REAP_WAIT, Process, ProcessError, ProcessTable, _which, decode_status
+from .process import REAP_WAIT, Process, decode_status
+from .process_requests import ProcessError
+from .processes import ProcessTable
+from .spawn import which
 from .sudo import SOCKET
 from .users import ROOT, USER
 
@@ -130,7 +133,7 @@ def _start(table: ProcessTable, req: dict[str, Any], fds: list[int], uid: int, g
         raise ProcessError("invalid_request", f"unknown user {req.get('user')!r}")
     if not isinstance(cwd, str) or not os.path.isdir(cwd):
         raise ProcessError("invalid_request", f"unable to change to directory {cwd!r}")
-    if "/" not in argv[0] and _which(argv[0], env.get("PATH", "")) is None:
+    if "/" not in argv[0] and which(argv[0], env.get("PATH", "")) is None:
         raise ProcessError("not_found", f"{argv[0]}: command not found")
     env = {**env, "SUDO_UID": str(uid), "SUDO_GID": str(gid), "SUDO_USER": _name(uid),
            "SUDO_COMMAND": " ".join(argv)[:4096]}

@@ -22,7 +22,7 @@ import threading
 
 from . import threads
 from .network import pump, shutdown
-from .processes import ProcessError
+from .process_requests import ProcessError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is slow to import, and the agent's start-up is every sandbox's start-up

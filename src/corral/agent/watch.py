@@ -39,7 +39,8 @@ import time
 
 from . import threads
 from .channel import Channel, Closed
-from .files import FileError, Names, check_path, entry
+from .file_access import FileError, check_path
+from .file_entries import Names, entry
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -17,32 +17,29 @@ Layout under `cache_dir` (names are hashes of the upstream URL, never a client's
 
     index/<sha256(url, variant)>       one JSON header line, then the upstream body as received
     files/<h[:2]>/<h>                  a file's bytes, h = sha256(upstream URL)
+
+The parts: `_mirror_pages.py` (index pages rewritten, their digests, `MirrorError`), `_mirror_cache.py` (the cache
+on disk); here `PackageMirror`: routing, upstream fetches, downloads checked against their digests.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import hashlib
-import html
-import json
 import logging
-import os
 import re
-import secrets
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
 from urllib.parse import quote, unquote, urlsplit
 
 import httpx
 
 from corral.egress._events import MirrorResponse
+from corral.egress._mirror_cache import CachedPage, CacheWriter, ensure_dir, read_page, write_page
+from corral.egress._mirror_pages import Digest, MirrorError, blake2b_from_path, render_project, rewrite_npm_metadata
 
 __all__ = ["MAX_FILE_BYTES", "MAX_INDEX_BYTES", "MirrorError", "PackageMirror"]
 
@@ -58,46 +55,7 @@ _CHUNK = 1 << 16
 _MAX_DIGESTS = 200_000
 _PROJECT = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
 _NPM_PART = re.compile(r"[A-Za-z0-9._~-]+")
-# files.pythonhosted.org stores each file under the BLAKE2b-256 of its content: packages/ab/cd/<60 more hex>/name.
-_PYPI_BLAKE2B_PATH = re.compile(r"packages/([0-9a-f]{2})/([0-9a-f]{2})/([0-9a-f]{60})/[^/]+")
 _FILE_HEADERS = [("Cache-Control", "public, max-age=31536000, immutable")]
-
-
-class MirrorError(Exception):
-    """A request the mirror answers with an error status; `reason` is the HTTP reason phrase and the body."""
-
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
-
-
-class _Hasher(Protocol):
-    def update(self, data: bytes, /) -> None: ...
-    def digest(self) -> bytes: ...
-
-
-@dataclass(frozen=True)
-class Digest:
-    """What a file's bytes must hash to: a hashlib algorithm name ("blake2b" meaning BLAKE2b-256) and the digest."""
-
-    algorithm: str
-    value: bytes
-
-    def hasher(self) -> _Hasher:
-        if self.algorithm == "blake2b":
-            return hashlib.blake2b(digest_size=32)
-        return hashlib.new(self.algorithm)
-
-    def __str__(self) -> str:
-        return f"{self.algorithm}={self.value.hex()}"
-
-
-@dataclass(frozen=True)
-class _Page:
-    body: bytes
-    content_type: str
-    fetched_at: float
 
 
 class PackageMirror:
@@ -117,7 +75,7 @@ class PackageMirror:
                  npm: str = "https://registry.npmjs.org", public_url: str = "http://127.0.0.1:3128") -> None:
         self._root = Path(cache_dir)
         for directory in (self._root, self._root / "index", self._root / "files"):
-            _ensure_dir(directory)
+            ensure_dir(directory)
         self._own_client = client is None
         self._client = client or httpx.AsyncClient(timeout=httpx.Timeout(60, connect=10), follow_redirects=False,
                                                    headers={"User-Agent": "corral-package-mirror"})
@@ -181,13 +139,13 @@ class PackageMirror:
         name = re.sub(r"[-_.]+", "-", project).lower()
         page, state = await self._index(f"{self._pypi}/simple/{name}/", PYPI_JSON, "json")
         as_json = PYPI_JSON in accept  # what pip asks for first; anything else gets PEP 503 HTML
-        body, digests = await asyncio.to_thread(_render_project, page.body, self._files, as_json)
+        body, digests = await asyncio.to_thread(render_project, page.body, self._files, as_json)
         self._remember(digests)
         return _content(body, PYPI_JSON if as_json else "text/html; charset=utf-8", state)
 
     async def _pypi_file(self, method: str, path: str) -> MirrorResponse:
         key = f"pypi:{path}"
-        digest = self._digests.get(key) or _blake2b_from_path(path)
+        digest = self._digests.get(key) or blake2b_from_path(path)
         content_type = "text/plain" if path.endswith(".metadata") else "application/octet-stream"
         return await self._file(method, f"{self._files}/{_quote(path)}", digest, content_type)
 
@@ -216,10 +174,10 @@ class PackageMirror:
 
     # --- index pages ---
 
-    async def _index(self, url: str, accept: str, variant: str) -> tuple[_Page, str]:
+    async def _index(self, url: str, accept: str, variant: str) -> tuple[CachedPage, str]:
         """The page at `url` and how it was served: "hit" (fresh in the cache), "miss" (fetched) or "stale"."""
         where = self._root / "index" / _hash(f"{variant}\n{url}")
-        cached = await asyncio.to_thread(_read_page, where)
+        cached = await asyncio.to_thread(read_page, where)
         if cached is not None and time.time() - cached.fetched_at < self._index_ttl:
             self._count("hits", "bytes_from_cache", len(cached.body))
             return cached, "hit"
@@ -231,11 +189,11 @@ class PackageMirror:
                 raise
             self._count("stale", "bytes_from_cache", len(cached.body))
             return cached, f"stale; upstream: {exc.reason}"
-        await asyncio.to_thread(_write_page, where, page, url)
+        await asyncio.to_thread(write_page, where, page, url)
         self._count("misses", "bytes_from_upstream", len(page.body))
         return page, "miss"
 
-    async def _fetch_page(self, url: str, accept: str) -> _Page:
+    async def _fetch_page(self, url: str, accept: str) -> CachedPage:
         response = await self._open("GET", url, {"Accept": accept})
         try:
             _refuse_declared_size(response, MAX_INDEX_BYTES, url)
@@ -247,7 +205,7 @@ class PackageMirror:
                         raise _too_large(url, MAX_INDEX_BYTES)
         finally:
             await response.aclose()
-        return _Page(bytes(body), response.headers.get("content-type", "application/octet-stream"), time.time())
+        return CachedPage(bytes(body), response.headers.get("content-type", "application/octet-stream"), time.time())
 
     # --- files ---
 
@@ -289,7 +247,7 @@ class PackageMirror:
         """Streams the upstream body to the client and into a private temporary file; the file enters the cache
         only complete and matching `digest`. Concurrent downloads of one file each write their own temporary file,
         and the rename makes whichever finishes last (with identical bytes) the cached one."""
-        sink = _CacheWriter(where)
+        sink = CacheWriter(where)
         hasher = digest.hasher() if digest else None
         size = 0
         held = b""  # the last chunk waits for the digest check: a wrong file must never reach the client whole
@@ -342,121 +300,6 @@ class PackageMirror:
     def _count(self, event: str, side: str, size: int) -> None:
         self._stats[event] += 1
         self._stats[side] += size
-
-
-# --- rewriting (pure; run in a thread because pages reach tens of MB) ---
-
-
-def rewrite_pypi_project(raw: bytes, files_base: str) -> tuple[dict[str, Any], list[tuple[str, Digest]]]:
-    """Parses a PEP 691 project page and points every file on `files_base` at `/pypi/files/...`, returning the
-    page and the (file key, digest) pairs it promises, `.metadata` files included."""
-    data = _json_object(raw, files_base)
-    digests: list[tuple[str, Digest]] = []
-    for entry in data.get("files") or []:
-        url = entry.get("url") if isinstance(entry, dict) else None
-        if not isinstance(url, str) or not url.startswith(files_base + "/"):
-            continue
-        rest = url[len(files_base) + 1:].split("#", 1)[0]
-        entry["url"] = f"/pypi/files/{rest}"
-        key = f"pypi:{unquote(rest)}"
-        if digest := _sha256(entry.get("hashes")):
-            digests.append((key, digest))
-        metadata = entry.get("core-metadata", entry.get("dist-info-metadata"))
-        if digest := _sha256(metadata):
-            digests.append((f"{key}.metadata", digest))
-    return data, digests
-
-
-def _render_project(raw: bytes, files_base: str, as_json: bool) -> tuple[bytes, list[tuple[str, Digest]]]:
-    data, digests = rewrite_pypi_project(raw, files_base)
-    return (json.dumps(data).encode() if as_json else simple_html(data)), digests
-
-
-def simple_html(data: dict[str, Any]) -> bytes:
-    """The PEP 503 page (with PEP 592/658/714 attributes) for a PEP 691 JSON project page."""
-    name = html.escape(str(data.get("name", "")))
-    lines = ['<!DOCTYPE html>\n<html><head><meta name="pypi:repository-version" content="1.1">',
-             f"<title>Links for {name}</title></head><body><h1>Links for {name}</h1>"]
-    for entry in data.get("files") or []:
-        if isinstance(entry, dict) and isinstance(entry.get("url"), str):
-            lines.append(_html_link(entry))
-    lines.append("</body></html>\n")
-    return "\n".join(lines).encode()
-
-
-def _html_link(entry: dict[str, Any]) -> str:
-    href = entry["url"]
-    if digest := _sha256(entry.get("hashes")):
-        href += f"#sha256={digest.value.hex()}"
-    attributes = {"href": href}
-    if isinstance(requires := entry.get("requires-python"), str):
-        attributes["data-requires-python"] = requires
-    metadata = entry.get("core-metadata", entry.get("dist-info-metadata"))
-    if metadata:
-        value = f"sha256={digest.value.hex()}" if (digest := _sha256(metadata)) else "true"
-        attributes["data-dist-info-metadata"] = attributes["data-core-metadata"] = value  # old and new pip
-    if yanked := entry.get("yanked"):
-        attributes["data-yanked"] = yanked if isinstance(yanked, str) else ""
-    text = " ".join(f'{key}="{html.escape(value)}"' for key, value in attributes.items())
-    return f"<a {text}>{html.escape(str(entry.get('filename', '')))}</a><br/>"
-
-
-def rewrite_npm_metadata(raw: bytes, upstream: str, public: str) -> tuple[bytes, list[tuple[str, Digest]]]:
-    """Points each version's `dist.tarball` on `upstream` at `public`/npm/..., returning the page and the
-    (file key, digest) pairs it promises."""
-    data = _json_object(raw, upstream)
-    digests: list[tuple[str, Digest]] = []
-    versions = data.get("versions")
-    for version in versions.values() if isinstance(versions, dict) else []:
-        dist = version.get("dist") if isinstance(version, dict) else None
-        tarball = dist.get("tarball") if isinstance(dist, dict) else None
-        if not isinstance(dist, dict) or not isinstance(tarball, str) or not tarball.startswith(upstream + "/"):
-            continue
-        rest = tarball[len(upstream) + 1:]
-        dist["tarball"] = f"{public}/npm/{rest}"
-        if digest := npm_digest(dist):
-            digests.append((f"npm:{unquote(rest)}", digest))
-    return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode(), digests
-
-
-def npm_digest(dist: dict[str, Any]) -> Digest | None:
-    """The strongest digest in a `dist` object: an SRI `integrity` (sha512 preferred), else the sha1 `shasum`."""
-    found: dict[str, bytes] = {}
-    for item in str(dist.get("integrity") or "").split():
-        algorithm, _, encoded = item.partition("-")
-        with contextlib.suppress(binascii.Error, ValueError):
-            found[algorithm] = base64.b64decode(encoded.split("?", 1)[0], validate=True)
-    for algorithm in ("sha512", "sha384", "sha256"):
-        if algorithm in found:
-            return Digest(algorithm, found[algorithm])
-    shasum = dist.get("shasum")
-    if isinstance(shasum, str) and re.fullmatch(r"[0-9a-fA-F]{40}", shasum):
-        return Digest("sha1", bytes.fromhex(shasum))
-    return None
-
-
-def _sha256(value: object) -> Digest | None:
-    hexdigest = value.get("sha256") if isinstance(value, dict) else None
-    if isinstance(hexdigest, str) and re.fullmatch(r"[0-9a-fA-F]{64}", hexdigest):
-        return Digest("sha256", bytes.fromhex(hexdigest))
-    return None
-
-
-def _blake2b_from_path(path: str) -> Digest | None:
-    match = _PYPI_BLAKE2B_PATH.fullmatch(path)
-    if match is None or path.endswith(".metadata"):  # a .metadata file sits beside its wheel, under the wheel's hash
-        return None
-    return Digest("blake2b", bytes.fromhex("".join(match.groups())))
-
-
-def _json_object(raw: bytes, upstream: str) -> dict[str, Any]:
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise MirrorError(502, f"upstream {urlsplit(upstream).netloc} answered something that is not JSON") from exc
-    if not isinstance(data, dict):
-        raise MirrorError(502, f"upstream {urlsplit(upstream).netloc} answered JSON that is not an object")
-    return data
 
 
 # --- requests and responses ---
@@ -557,93 +400,3 @@ def _refuse_declared_size(response: httpx.Response, limit: int, url: str) -> int
 def _too_large(url: str, limit: int) -> MirrorError:
     return MirrorError(502, f"upstream {urlsplit(url).netloc} sent more than the mirror's {limit >> 20} MiB limit "
                             f"for {url}")
-
-
-# --- the cache on disk ---
-
-
-def _ensure_dir(path: Path) -> None:
-    try:
-        path.mkdir(mode=0o755, parents=True)
-    except FileExistsError:
-        return
-    path.chmod(0o755)  # the mode given to mkdir is cut by the umask
-
-
-def _create(path: Path) -> BinaryIO:
-    """A new file at `path` (never an existing file or a planted symlink), 0644 whatever the umask."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    try:
-        os.fchmod(fd, 0o644)
-        return os.fdopen(fd, "wb")
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-class _CacheWriter:
-    """Writes one download to a temporary file beside its cache entry. A full or failing disk ends caching, never
-    the download: the client still gets its file, the next request tries again."""
-
-    def __init__(self, where: Path) -> None:
-        self._where = where
-        self._tmp = where.with_name(f".{where.name}.{secrets.token_hex(8)}.tmp")
-        self._file: BinaryIO | None = None
-        try:
-            _ensure_dir(where.parent)
-            self._file = _create(self._tmp)
-        except OSError as exc:
-            log.warning("package mirror: not caching %s: %s", where.name, exc)
-
-    def write(self, chunk: bytes) -> None:
-        if self._file is None:
-            return
-        try:
-            self._file.write(chunk)
-        except OSError as exc:
-            log.warning("package mirror: not caching %s: %s", self._where.name, exc)
-            self.abandon()
-
-    async def commit(self) -> None:
-        """Moves the complete file into place; it is flushed to disk first, so a crash leaves no torn entry."""
-        if self._file is None:
-            return
-        try:
-            self._file.flush()
-            await asyncio.to_thread(os.fsync, self._file.fileno())
-            self._file.close()
-            os.replace(self._tmp, self._where)
-        except OSError as exc:
-            log.warning("package mirror: not caching %s: %s", self._where.name, exc)
-        self.abandon()
-
-    def abandon(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        self._tmp.unlink(missing_ok=True)
-
-
-def _read_page(where: Path) -> _Page | None:
-    try:
-        with where.open("rb") as file:
-            header = json.loads(file.readline())
-            return _Page(file.read(), str(header["content_type"]), float(header["fetched_at"]))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        log.warning("package mirror: ignoring unreadable cached page %s: %s", where.name, exc)
-        return None  # fetch it again; the write that follows replaces it
-
-
-def _write_page(where: Path, page: _Page, url: str) -> None:
-    header = {"url": url, "content_type": page.content_type, "fetched_at": page.fetched_at}
-    tmp = where.with_name(f".{where.name}.{secrets.token_hex(8)}.tmp")
-    try:
-        with _create(tmp) as file:
-            file.write(json.dumps(header).encode() + b"\n" + page.body)
-        os.replace(tmp, where)
-    except OSError as exc:  # a full disk costs the cache, not the request
-        log.warning("package mirror: not caching %s: %s", url, exc)
-    finally:
-        tmp.unlink(missing_ok=True)

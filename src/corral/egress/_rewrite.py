@@ -32,7 +32,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from ._http import (
-    CHUNK,
     HOP_BY_HOP,
     MAX_HEAD,
     BadMessage,
@@ -43,6 +42,7 @@ from ._http import (
     parse_response,
     safe_text,
 )
+from ._mover import CHUNK
 from ._reasons import Refusal
 from ._secrets import BODY_MAX, MAX_FORMS, FormsFull, Injection, Produced, Scrubber, SecretBinding, bound
 

@@ -13,7 +13,7 @@ from typing import Any
 from .._output import OutputText
 from ..agent.languages import SESSION_LANGUAGES, default_context
 from ..agent.languages import normalize as normalize_language
-from ..agent.processes import OutputBuffer
+from ..agent.output import OutputBuffer
 
 # java, go, rust, typescript and r need the polyglot template (its toolchains); the others work in the default one.
 LANGUAGES = ("python", "bash", "javascript", "c", "cpp", "java", "go", "rust", "typescript", "r")

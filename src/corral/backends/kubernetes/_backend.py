@@ -24,27 +24,26 @@ sandboxes), with `<sandbox id>:<credential>@` in the proxy URL: the proxy knows 
 never by its IP. The engine puts these variables into every command's environment (`egress_env`, the
 `RemoteEgress` capability of the contract), which is also why a warm Pod, made before its sandbox id was known,
 needs nothing changed to get them.
+
+Beside this module: `_record.py` (`KubernetesRecord`), `_pods.py` (reading a Pod's names, phase, readiness and
+age), `_config.py` (the settings from the environment and the image map).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
-import re
 import secrets
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from ..._exceptions import ConflictError, InvalidRequestError, NotFoundError, RuntimeUnavailableError, ServerError
-from ..._settings import k8s_backend, k8s_images, replica_id
+from ..._exceptions import ConflictError, InvalidRequestError, NotFoundError, RuntimeUnavailableError
+from ..._settings import k8s_backend, replica_id
 from ...templates import Template
 from .._contract import (
     CHECKPOINTS_LIMITATION,
@@ -60,7 +59,19 @@ from .._contract import (
 )
 from .._spec import Limits, SandboxSpec
 from ._api import KubeAPI
+from ._config import flag, load_images, parse_pool
 from ._objects import ClusterSettings, sandbox_objects
+from ._pods import (
+    is_ready,
+    parse_quantity,
+    phase,
+    pod_name,
+    pod_state,
+    pool_key,
+    ready_or_failed,
+    started_seconds_ago,
+)
+from ._record import KubernetesRecord, k8s_record
 from ._tokens import TokenKey
 
 __all__ = ["LIMITATIONS", "KubernetesBackend", "KubernetesRecord"]
@@ -78,8 +89,6 @@ CAPACITY_TTL = 30.0
 POOL_INTERVAL = 2.0  # seconds between looks at the warm pools when nothing asks for a refill
 _POOL_BATCH = 8  # warm Pods made per pool per round: a burst of claims never becomes a burst of creates
 _DEADLINE_GRACE = 60  # seconds past the sandbox's timeout before the kubelet ends the Pod (Corral reaps first)
-_SAFE_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,48}[a-z0-9])?")
-_MIB = 1024**2
 _PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
 
 LIMITATIONS: dict[str, str] = {
@@ -101,39 +110,6 @@ LIMITATIONS: dict[str, str] = {
         "no checkpoints or in-place restore on Kubernetes yet: a Pod's writable layer is the node's container "
         "runtime's, out of the control plane's reach, and a Pod cannot be stopped and started again on it"),
 }
-
-
-@dataclass(frozen=True)
-class KubernetesRecord(BackendRecord):
-    """One sandbox's Pod: its name and uid (a Pod made again under the name is another Pod), its IP (fixed for
-    the Pod's life), its agent's token, and the egress proxy it was given ("" for none)."""
-
-    pod: str
-    uid: str
-    ip: str
-    token: str
-    template: str = ""
-    proxy: str = ""  # host:port of the egress proxy Service
-
-    def to_json(self) -> JSON:
-        return {"backend": "kubernetes", "sandbox_id": self.sandbox_id, "pod": self.pod, "uid": self.uid,
-                "ip": self.ip, "token": self.token, "template": self.template, "proxy": self.proxy}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> KubernetesRecord:
-        """`ValueError` unless `data` is what `to_json` made."""
-        if not isinstance(data, Mapping) or data.get("backend") != "kubernetes":
-            raise ValueError("not a Kubernetes backend record")
-        keys = ("sandbox_id", "pod", "uid", "ip", "token", "template", "proxy")
-        try:
-            fields = {key: data[key] for key in keys}
-        except KeyError as exc:
-            raise ValueError(f"not a Kubernetes backend record: {exc!r} is missing") from None
-        if not all(isinstance(value, str) for value in fields.values()):
-            raise ValueError("not a Kubernetes backend record: every field is a string")
-        if not _SAFE_NAME.fullmatch(fields["pod"]):
-            raise ValueError(f"not a Kubernetes backend record: pod name {fields['pod']!r}")
-        return cls(**fields)
 
 
 class KubernetesBackend:
@@ -170,15 +146,15 @@ class KubernetesBackend:
         if "runtime_class" in env and runtime_class == "gvisor":
             runtime_class = None if env["runtime_class"] == "none" else env["runtime_class"]
         if pool is None and "pool" in env:
-            pool = _parse_pool(env["pool"])
+            pool = parse_pool(env["pool"])
         self.settings = settings or ClusterSettings(
             namespace=namespace or env.get("namespace", "corral-sandboxes"),
             control_namespace=env.get("control_namespace", control_namespace) if control_namespace == "corral"
             else control_namespace,
             runtime_class=runtime_class, agent_port=agent_port,
-            user_namespace=_flag(env.get("user_namespace", "0")) if user_namespace is None else user_namespace)
+            user_namespace=flag(env.get("user_namespace", "0")) if user_namespace is None else user_namespace)
         self.api = KubeAPI(self.settings.namespace, kubeconfig=kubeconfig, context=context)
-        self.images = dict(images) if images is not None else _load_images(self.home)
+        self.images = dict(images) if images is not None else load_images(self.home)
         self.pool_sizes = {name: size for name, size in (pool or {}).items() if size > 0}
         self.instance = instance
         # A replica's objects are its own (docs/replicas.md): its id is the owner unless one is given.
@@ -209,7 +185,7 @@ class KubernetesBackend:
         return await self._create_cold(sandbox_id, spec, template, image)
 
     def agent_address(self, record: BackendRecord) -> AgentAddress:
-        rec = _k8s(record)
+        rec = k8s_record(record)
         return AgentAddress(TCPEndpoint(rec.ip, self.settings.agent_port), rec.token)
 
     def ready_timeout(self, record: BackendRecord) -> float:
@@ -223,7 +199,7 @@ class KubernetesBackend:
         """`RemoteEgress`: the proxy variables of every command, with the sandbox's credential in the URL;
         none when no proxy is known (the NetworkPolicy lets nothing else out). With `packages`, pip's index is
         the proxy's package mirror, asked directly (the proxy is in NO_PROXY), with the same credential."""
-        rec = _k8s(record)
+        rec = k8s_record(record)
         if not rec.proxy:
             return {}
         credential = self._tokens().egress_credential(rec.sandbox_id)  # derived: never stored
@@ -235,11 +211,11 @@ class KubernetesBackend:
         return env
 
     async def diagnostics(self, record: BackendRecord) -> str:
-        rec = _k8s(record)
+        rec = k8s_record(record)
         pod = await self.api.get_pod(rec.pod)
         if pod is None:
             return f"pod {rec.pod} does not exist"
-        return f"pod {rec.pod}: {_pod_state(pod)}"
+        return f"pod {rec.pod}: {pod_state(pod)}"
 
     async def pause(self, record: BackendRecord) -> None:
         raise _unsupported("pause")
@@ -269,12 +245,12 @@ class KubernetesBackend:
         raise _unsupported("volumes", "volumes")
 
     async def destroy(self, record: BackendRecord) -> None:
-        await self._delete_all(_k8s(record).pod)
+        await self._delete_all(k8s_record(record).pod)
 
     async def alive(self, record: BackendRecord) -> bool:
-        rec = _k8s(record)
+        rec = k8s_record(record)
         pod = await self.api.get_pod(rec.pod)
-        return pod is not None and pod["metadata"].get("uid") == rec.uid and _phase(pod) == "Running"
+        return pod is not None and pod["metadata"].get("uid") == rec.uid and phase(pod) == "Running"
 
     async def frozen(self, record: BackendRecord) -> bool:
         return False  # a Pod cannot be frozen (`pause` is refused): nothing to find frozen after a restart
@@ -291,7 +267,7 @@ class KubernetesBackend:
     async def adopt(self, record: BackendRecord) -> None:
         """Nothing to reserve: the Pod is named by the record; a Pod replaced under its name (another uid) is
         not this sandbox, and the engine will find it not alive."""
-        _k8s(record)
+        k8s_record(record)
 
     async def sweep(self, known: set[str]) -> list[str]:
         """Delete the Pods of sandboxes `known` does not name (this replica's, with an `owner`), warm Pods that
@@ -325,14 +301,14 @@ class KubernetesBackend:
             return str(sandbox)
         # Warm Pods wait across restarts, ready for the next engine, unless they ended or no pool wants their
         # image any more (a template pushed again, a pool removed): nothing would ever claim them.
-        if LABEL_POOL in labels and (_phase(pod) in ("Failed", "Succeeded") or labels[LABEL_POOL] not in
+        if LABEL_POOL in labels and (phase(pod) in ("Failed", "Succeeded") or labels[LABEL_POOL] not in
                                      self._pool_keys()):
             await self._delete_all(meta["name"])
             return ""
         return None
 
     def _pool_keys(self) -> set[str]:
-        return {_pool_key(self.images[name]) for name in self.pool_sizes if name in self.images}
+        return {pool_key(self.images[name]) for name in self.pool_sizes if name in self.images}
 
     async def capacity(self) -> BackendCapacity:
         """The nodes' allocatable memory and pods, if the server's account may list nodes (a cluster-wide
@@ -349,8 +325,8 @@ class KubernetesBackend:
         except RuntimeUnavailableError:
             return BackendCapacity()
         allocatable = [(n.get("status") or {}).get("allocatable") or {} for n in nodes]
-        memory = sum(_quantity(a.get("memory", "0")) for a in allocatable)
-        pods = sum(int(_quantity(a.get("pods", "0"))) for a in allocatable)
+        memory = sum(parse_quantity(a.get("memory", "0")) for a in allocatable)
+        pods = sum(int(parse_quantity(a.get("pods", "0"))) for a in allocatable)
         return BackendCapacity(memory_total=int(memory) or None, sandboxes_max=pods or None)
 
     async def close(self) -> None:
@@ -368,8 +344,8 @@ class KubernetesBackend:
         image = self.images.get(template)
         if image is None:
             return []
-        pods = await self.api.list_objects("Pod", f"{self._selector()},{LABEL_POOL}={_pool_key(image)}")
-        return [pod for pod in pods if _is_ready(pod)]
+        pods = await self.api.list_objects("Pod", f"{self._selector()},{LABEL_POOL}={pool_key(image)}")
+        return [pod for pod in pods if is_ready(pod)]
 
     async def fill_pools(self) -> None:
         """One round of refilling every pool (the background task runs it; tests may too)."""
@@ -378,8 +354,8 @@ class KubernetesBackend:
             if image is None:
                 logger.warning("k8s.pool.no_image", extra={"template": template})
                 continue
-            pods = await self.api.list_objects("Pod", f"{self._selector(own=True)},{LABEL_POOL}={_pool_key(image)}")
-            live = [p for p in pods if _phase(p) not in ("Failed", "Succeeded")
+            pods = await self.api.list_objects("Pod", f"{self._selector(own=True)},{LABEL_POOL}={pool_key(image)}")
+            live = [p for p in pods if phase(p) not in ("Failed", "Succeeded")
                     and not p["metadata"].get("deletionTimestamp")]
             for _ in range(min(size - len(live), _POOL_BATCH)):
                 await self._create_warm(template, image)
@@ -410,12 +386,12 @@ class KubernetesBackend:
 
     async def _create_cold(self, sandbox_id: str, spec: SandboxSpec, template: Template,
                            image: str) -> KubernetesRecord:
-        name = _pod_name(sandbox_id)
+        name = pod_name(sandbox_id)
         labels = self._labels(**{LABEL_SANDBOX: sandbox_id})
         deadline = int(spec.timeout) + _DEADLINE_GRACE
         pod, token = await self._make_pod(name, spec, image, labels, sandbox_id, deadline)
         try:
-            pod = await self.api.wait_pod(name, self._ready_timeout, _ready_or_failed)
+            pod = await self.api.wait_pod(name, self._ready_timeout, ready_or_failed)
             return await self._record(sandbox_id, pod, token, template.digest)
         except BaseException:
             with contextlib.suppress(Exception):
@@ -487,7 +463,7 @@ class KubernetesBackend:
 
     async def _create_warm(self, template: str, image: str) -> None:
         name = f"corral-warm-{secrets.token_hex(6)}"
-        labels = self._labels(**{LABEL_POOL: _pool_key(image)})
+        labels = self._labels(**{LABEL_POOL: pool_key(image)})
         await self._make_pod(name, SandboxSpec(template=template), image, labels, "", None)
 
     async def _claim(self, sandbox_id: str, spec: SandboxSpec, template: Template,
@@ -495,10 +471,10 @@ class KubernetesBackend:
         """A warm Pod relabelled as the sandbox's, or None (no pool, none ready, or a spec of another shape)."""
         if template.name not in self.pool_sizes or not _pool_shaped(spec):
             return None
-        candidates = await self.api.list_objects("Pod", f"{self._selector()},{LABEL_POOL}={_pool_key(image)}")
-        for pod in (p for p in candidates if _is_ready(p)):
+        candidates = await self.api.list_objects("Pod", f"{self._selector()},{LABEL_POOL}={pool_key(image)}")
+        for pod in (p for p in candidates if is_ready(p)):
             meta = pod["metadata"]
-            started = _started_seconds_ago(pod)
+            started = started_seconds_ago(pod)
             patch = {"metadata": {"resourceVersion": meta["resourceVersion"],
                                   "labels": {LABEL_POOL: None, LABEL_SANDBOX: sandbox_id,
                                              LABEL_OWNER: self.owner or None}},
@@ -542,117 +518,3 @@ def _pool_shaped(spec: SandboxSpec) -> bool:
     resources, fixed at its creation. Environment and network policy travel with each command and the egress
     proxy, so they do not matter."""
     return spec.limits == Limits() and not spec.volumes and not spec.root
-
-
-def _pod_name(sandbox_id: str) -> str:
-    """`corral-<id>` for ids that are DNS labels already (the engine's `sb-<hex>`), else of a digest."""
-    if _SAFE_NAME.fullmatch(sandbox_id) and len(sandbox_id) <= 40:
-        return f"corral-{sandbox_id}"
-    return f"corral-{hashlib.sha256(sandbox_id.encode()).hexdigest()[:16]}"
-
-
-def _pool_key(image: str) -> str:
-    """A label value naming the image: a warm Pod serves only sandboxes of that very image."""
-    return hashlib.sha256(image.encode()).hexdigest()[:16]
-
-
-def _phase(pod: Mapping[str, Any]) -> str:
-    return str((pod.get("status") or {}).get("phase") or "Pending")
-
-
-def _is_ready(pod: Mapping[str, Any]) -> bool:
-    return (_phase(pod) == "Running" and bool((pod.get("status") or {}).get("podIP"))
-            and not pod["metadata"].get("deletionTimestamp"))
-
-
-def _ready_or_failed(pod: Mapping[str, Any]) -> bool:
-    if _phase(pod) in ("Failed", "Succeeded"):
-        raise ServerError(f"pod {pod['metadata']['name']} ended before it served: {_pod_state(pod)}")
-    return _is_ready(pod)
-
-
-def _pod_state(pod: Mapping[str, Any]) -> str:
-    status = pod.get("status") or {}
-    parts = [f"phase {_phase(pod)}"]
-    if status.get("reason") or status.get("message"):
-        parts.append(f"{status.get('reason') or ''} {status.get('message') or ''}".strip())
-    for container in status.get("containerStatuses") or []:
-        for state, info in (container.get("state") or {}).items():
-            if info and state != "running":
-                parts.append(f"container {container.get('name')} {state}: {info.get('reason') or ''} "
-                             f"{info.get('message') or ''}".strip())
-    return "; ".join(parts)
-
-
-def _started_seconds_ago(pod: Mapping[str, Any]) -> int:
-    """Seconds since the Pod started (`activeDeadlineSeconds` counts from then); 0 if unknown."""
-    started = (pod.get("status") or {}).get("startTime")
-    if not started:
-        return 0
-    try:
-        at = datetime.fromisoformat(str(started).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return 0
-    return max(0, int(time.time() - at) + 1)
-
-
-_SUFFIXES = {"Ki": 1024, "Mi": _MIB, "Gi": 1024**3, "Ti": 1024**4, "k": 1000, "M": 10**6, "G": 10**9, "T": 10**12,
-             "m": 0.001}
-
-
-def _quantity(text: object) -> float:
-    """A Kubernetes quantity ("16Gi", "1500m", "110") as a number; 0 for what is not one."""
-    value = str(text)
-    for suffix, factor in _SUFFIXES.items():
-        if value.endswith(suffix):
-            try:
-                return float(value[: -len(suffix)]) * factor
-            except ValueError:
-                return 0.0
-    try:
-        return float(value)
-    except ValueError:
-        return 0.0
-
-
-def _flag(text: str) -> bool:
-    """`CORRAL_K8S_USER_NAMESPACE`'s value: 1/true/yes or 0/false/no."""
-    value = text.strip().lower()
-    if value not in ("1", "true", "yes", "0", "false", "no"):
-        raise InvalidRequestError(f"CORRAL_K8S_USER_NAMESPACE must be 1 or 0 (true/false), not {text!r}")
-    return value in ("1", "true", "yes")
-
-
-def _parse_pool(text: str) -> dict[str, int]:
-    """`default=2,other=1` (`CORRAL_K8S_POOL`)."""
-    pool: dict[str, int] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        name, _, size = part.partition("=")
-        try:
-            pool[name.strip()] = int(size)
-        except ValueError:
-            raise RuntimeUnavailableError(f"CORRAL_K8S_POOL: {part!r} is not TEMPLATE=SIZE") from None
-    return pool
-
-
-def _load_images(home: Path) -> dict[str, str]:
-    """The template -> image map from `$CORRAL_K8S_IMAGES` (JSON, or a file of it), else the home's file."""
-    text = k8s_images()
-    if text is not None and not text.lstrip().startswith("{"):
-        text = Path(text).read_text()
-    if text is None:
-        path = home / "kubernetes" / "images.json"
-        text = path.read_text() if path.is_file() else "{}"
-    try:
-        found = json.loads(text)
-    except ValueError as exc:
-        raise RuntimeUnavailableError(f"the Kubernetes image map is not JSON: {exc}") from exc
-    if not isinstance(found, dict) or not all(isinstance(v, str) for v in found.values()):
-        raise RuntimeUnavailableError("the Kubernetes image map must be a JSON object of strings")
-    return {str(k): v for k, v in found.items()}
-
-
-def _k8s(record: BackendRecord) -> KubernetesRecord:
-    if not isinstance(record, KubernetesRecord):
-        raise TypeError(f"the Kubernetes backend was given a {type(record).__name__}, not one of its own records")
-    return record
