@@ -72,7 +72,7 @@ def event(obj: dict[str, Any]) -> bytes:
 
 
 OUTCOME = {"session": "default", "language": "python", "error": None, "timed_out": False, "oom_killed": False,
-           "session_restarted": False, "duration": 0.25}
+           "session_restarted": False, "duration": 0.25, "checkpoint": None}
 # What a whole result adds (a stream carried every byte: its end says nothing of kept output).
 KEPT = {"truncated": False, "stdout_size": 6, "stderr_size": 6, "stdout_cut": None, "stderr_cut": None}
 
