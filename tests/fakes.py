@@ -35,6 +35,7 @@ from corral.backends import (
 from corral.templates import Template
 
 from .fake_agent import FakeAgent
+from .fake_checkpoints import FakeCheckpointing
 
 __all__ = ["FakeBackend", "FakeRecord", "FakeTemplates", "World", "fake_record", "idle_usage"]
 
@@ -65,8 +66,9 @@ class World:
     usage: dict[str, SandboxUsage] = field(default_factory=dict)  # what `usage` reports of a running sandbox
 
 
-class FakeBackend:
-    """The contract, in memory. `agent_delay`: seconds before the agent answers (None: never)."""
+class FakeBackend(FakeCheckpointing):
+    """The contract, in memory, with `Checkpointing` over the fake agent's files (tests/fake_checkpoints.py).
+    `agent_delay`: seconds before the agent answers (None: never)."""
 
     name = "fake"
 
@@ -178,6 +180,7 @@ class FakeBackend:
         await self.world_remove(record.sandbox_id)
         self.world.stopped.discard(record.sandbox_id)
         shutil.rmtree(self.world.dir / f"{record.sandbox_id}.fs", ignore_errors=True)
+        self.forget_checkpoints(record.sandbox_id)
 
     async def world_remove(self, sandbox_id: str) -> None:
         self.world.running.discard(sandbox_id)

@@ -201,7 +201,6 @@ OVER_LIMIT = frozenset({
     "agent/processes.py",
     "backends/docker/_backend.py",
     "backends/kubernetes/_backend.py",
-    "backends/local/_backend.py",
     "control/_store.py",
     "egress/_http.py",
     "egress/_mirror.py",

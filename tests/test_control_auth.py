@@ -189,12 +189,14 @@ _SANDBOX_USE = {Action.SANDBOX_CREATE, Action.SANDBOX_READ, Action.SANDBOX_EXEC,
                 Action.SANDBOX_FILES_WRITE, Action.SANDBOX_UPDATE, Action.SANDBOX_KILL}
 _SANDBOX_USE |= {Action.VOLUME_CREATE, Action.VOLUME_READ, Action.VOLUME_DELETE}  # a tenant's storage
 _SANDBOX_USE |= {Action.SECRET_READ}  # a tenant's stored secrets: names and hosts, to make sandboxes with them
+_SANDBOX_USE |= {Action.CHECKPOINT_READ, Action.CHECKPOINT_WRITE}  # issue 26: checkpoints, restore, changes
 EXPECTED: dict[Role, set[Action]] = {
     Role.ADMIN: set(Action),
     Role.OPERATOR: _SANDBOX_USE | {Action.SANDBOX_KILL_ALL, Action.AUDIT_READ, Action.TENANT_EGRESS,
                                    Action.SECRET_WRITE},  # only operators store values
     Role.DEVELOPER: set(_SANDBOX_USE),
-    Role.AUDITOR: {Action.AUDIT_READ, Action.EVAL_READ},  # eval reports: the server's own runs
+    # eval reports: the server's own runs; checkpoints and what changed, never a restore (issue 26)
+    Role.AUDITOR: {Action.AUDIT_READ, Action.EVAL_READ, Action.CHECKPOINT_READ},
 }
 
 

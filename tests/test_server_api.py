@@ -513,7 +513,7 @@ async def test_large_file_round_trip(api: Api) -> None:
         base = f"/v1/sandboxes/{sb['id']}/files"
         r = await c.put(base, params={"path": "/workspace/big.bin"}, content=chunks())
         assert r.status_code == 200, r.text
-        assert r.json() == {"path": "/workspace/big.bin", "size": len(data)}
+        assert r.json() == {"path": "/workspace/big.bin", "size": len(data), "checkpoint": None}
         r = await c.get(base, params={"path": "big.bin"})
         assert r.status_code == 200 and r.headers["content-type"] == "application/octet-stream"
         assert hashlib.sha256(r.content).hexdigest() == hashlib.sha256(data).hexdigest()
@@ -537,8 +537,8 @@ async def test_file_operations(api: Api) -> None:
     async with api.client("a_dev") as c:
         sb = await create(c)
         base = f"/v1/sandboxes/{sb['id']}/files"
-        assert (await c.post(f"{base}/mkdir", json={"path": "d/e"})).json() == {"created": True}
-        assert (await c.post(f"{base}/mkdir", json={"path": "d/e"})).json() == {"created": False}
+        assert (await c.post(f"{base}/mkdir", json={"path": "d/e"})).json() == {"created": True, "checkpoint": None}
+        assert (await c.post(f"{base}/mkdir", json={"path": "d/e"})).json() == {"created": False, "checkpoint": None}
         await c.put(base, params={"path": "d/e/f.txt", "mode": "384"}, content=b"hello")
         entries = (await c.get(f"{base}/list", params={"path": "d/e"})).json()["entries"]
         assert [(e["name"], e["path"], e["type"], e["size"], e["mode"] & 0o777) for e in entries] == \

@@ -168,7 +168,7 @@ async def test_json_result_has_every_field_and_exact_bytes(api: Api) -> None:
         "results": [{"is_main_result": False, "data": FIGURE.data},
                     {"is_main_result": True, "data": {"text/plain": "2"}}],
         "stdout_b64": b64(BINARY_OUT), "stderr_b64": b64(BINARY_ERR), "error": None, "timed_out": False,
-        "oom_killed": False, "session_restarted": False, "duration": 0.25,
+        "oom_killed": False, "session_restarted": False, "duration": 0.25, "checkpoint": None,
         "truncated": False, "stdout_size": len(BINARY_OUT), "stderr_size": len(BINARY_ERR), "stdout_cut": None,
         "stderr_cut": None,
     }
@@ -214,7 +214,7 @@ async def test_stream_is_ndjson_in_the_order_produced(api: Api) -> None:
     assert events[4]["result"] == {"is_main_result": True, "data": {"text/plain": "2"}}
     assert events[-1] == {"event": "end", "session": "s", "language": "python", "stdout_b64": "", "stderr_b64": "",
                           "error": None, "timed_out": True, "oom_killed": False, "session_restarted": True,
-                          "duration": 2.0}
+                          "duration": 2.0, "checkpoint": None}
 
 
 async def test_stream_end_carries_what_the_callbacks_did_not(api: Api) -> None:

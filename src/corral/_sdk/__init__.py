@@ -16,6 +16,7 @@ from ._admin import (
     NewKey,
     TenantInfo,
 )
+from ._checkpoints import Change, Changes, Checkpoint, RestoreResult, StoppedProcess
 from ._code import AsyncCodeInterpreter, CodeInterpreter, CodeSessionInfo, Execution, ExecutionError, Result
 from ._commands import AsyncCommands, Commands
 from ._config import DEFAULT_REQUEST_TIMEOUT, ConnectionConfig
@@ -45,6 +46,9 @@ __all__ = [
     "AuditProblem",
     "AuditRecord",
     "AuditVerification",
+    "Change",
+    "Changes",
+    "Checkpoint",
     "CodeInterpreter",
     "CodeSessionInfo",
     "CommandHandle",
@@ -63,12 +67,14 @@ __all__ = [
     "Pty",
     "PtySession",
     "ReclaimedTree",
+    "RestoreResult",
     "Result",
     "Sandbox",
     "SandboxInfo",
     "SandboxMetric",
     "Secret",
     "Snapshot",
+    "StoppedProcess",
     "TenantInfo",
     "Volume",
 ]

@@ -153,6 +153,7 @@ class Execution(OutputText):
     stderr_size: int = 0
     stdout_cut: int | None = None
     stderr_cut: int | None = None
+    checkpoint: str | None = None  # the automatic checkpoint taken before the cell (`checkpoints="auto"`)
 
     @property
     def main_result(self) -> Result | None:
@@ -190,6 +191,7 @@ class Execution(OutputText):
             oom_killed=bool(body.get("oom_killed")),
             session_restarted=bool(body.get("session_restarted")),
             duration=float(body.get("duration") or 0.0),
+            checkpoint=body.get("checkpoint") if isinstance(body.get("checkpoint"), str) else None,
         )
 
 

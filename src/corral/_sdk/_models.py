@@ -94,6 +94,7 @@ class CommandResult(OutputText):
     duration: float = 0.0
     egress_denials: tuple[EgressDenial, ...] = ()
     reclaimed: tuple[ReclaimedTree, ...] = ()
+    checkpoint: str | None = None  # the automatic checkpoint taken before it (`checkpoints="auto"`), else None
 
     @property
     def notice(self) -> str:
@@ -129,6 +130,7 @@ class CommandResult(OutputText):
             egress_denials=tuple(EgressDenial.from_wire(d) for d in data.get("egress_denials") or ()
                                  if isinstance(d, dict)),
             reclaimed=reclaimed_from_wire(data.get("reclaimed")),
+            checkpoint=_opt_str(data.get("checkpoint")),
         )
 
 
@@ -151,6 +153,7 @@ class Entry:
     permissions: str | None = None  # as `ls -l` shows them, e.g. "-rw-r--r--"
     target: str | None = None  # a symlink's text
     metadata: dict[str, str] | None = field(default=None, hash=False)  # its user.e2b.* xattrs, prefix stripped
+    checkpoint: str | None = None  # `files.write`'s: the automatic checkpoint taken before it (`checkpoints="auto"`)
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> Entry:
@@ -170,6 +173,7 @@ class Entry:
             permissions=_opt_str(data.get("permissions")),
             target=_opt_str(data.get("target")),
             metadata={str(k): str(v) for k, v in metadata.items()} if isinstance(metadata, dict) else None,
+            checkpoint=_opt_str(data.get("checkpoint")),
         )
 
 
@@ -192,6 +196,7 @@ class SandboxInfo:
     auto_resume: bool = False  # paused, the next request that reaches it resumes it (docs/lifecycle.md)
     ttl_left: float | None = None  # paused to disk: the seconds of life it gets back when it resumes
     root: bool = False  # created with root inside (docs/security.md)
+    checkpoints: str = "manual"  # "auto": a checkpoint before each change to its files (docs/lifecycle.md)
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> SandboxInfo:
@@ -213,6 +218,7 @@ class SandboxInfo:
             auto_resume=bool(data.get("auto_resume")),
             ttl_left=float(data["ttl_left"]) if isinstance(data.get("ttl_left"), int | float) else None,
             root=bool(data.get("root")),
+            checkpoints=str(data.get("checkpoints") or "manual"),
         )
 
 

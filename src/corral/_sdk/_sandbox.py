@@ -16,9 +16,11 @@ from typing import Any, Self, overload
 import httpx
 
 from .._exceptions import InvalidRequestError, NotFoundError, SandboxTimeoutError, ServerError
+from ._checkpoints import AsyncCheckpointing, Checkpointing
 from ._code import AsyncCodeInterpreter, CodeInterpreter, Execution, ResultCallback
 from ._commands import AsyncCommands, Commands
 from ._config import DEFAULT_MAX_RETRIES, DEFAULT_REQUEST_TIMEOUT, ConnectionConfig
+from ._create import create_body as _create_body
 from ._files import AsyncFiles, Files
 from ._models import SandboxInfo, SandboxMetric
 from ._processes import OutputCallback
@@ -27,54 +29,6 @@ from ._snapshots import AsyncSnapshot, Snapshot
 from ._transport import AsyncClient, SyncClient, json_dict, sandbox_path
 
 __all__ = ["AsyncSandbox", "Sandbox"]
-
-
-def _create_body(
-    template: str,
-    timeout: float,
-    network: str | Sequence[str],
-    limits: Mapping[str, Any] | None,
-    env: Mapping[str, str] | None,
-    metadata: Mapping[str, str] | None,
-    file_roots: Sequence[str] | None = None,
-    runtime: str | None = None,
-    *,
-    on_timeout: str = "kill",
-    auto_resume: bool = False,
-    volumes: Mapping[str, str] | None = None,
-    public_ports: bool = False,
-    root: bool = False,
-    secrets: Mapping[str, Mapping[str, Any]] | None = None,
-) -> dict[str, Any]:
-    if isinstance(file_roots, str):
-        raise TypeError("file_roots is a list of directories, not one string")
-    if timeout is None:  # the type says so too; checked here because the server would only say "null"
-        raise InvalidRequestError("timeout must be a number of seconds: every sandbox has a time to live "
-                                  "(at most 7 days; extend it later with set_timeout())")
-    body = {
-        "template": template,
-        "timeout": timeout,
-        "network": network if isinstance(network, str) else builtins.list(network),
-        "limits": dict(limits or {}),
-        "env": dict(env or {}),
-        "metadata": dict(metadata or {}),
-    }
-    if runtime is not None:
-        body["runtime"] = runtime
-    # Sent only when asked for, so that a server older than these options still takes the plain create.
-    if on_timeout != "kill":
-        body["on_timeout"] = on_timeout
-    if auto_resume:
-        body["auto_resume"] = True
-    if volumes:
-        body["volumes"] = dict(volumes)
-    if public_ports:
-        body["public_ports"] = True
-    if root:
-        body["root"] = True
-    if secrets:
-        body["secrets"] = {name: dict(secret) for name, secret in secrets.items()}
-    return body if file_roots is None else {**body, "file_roots": builtins.list(file_roots)}
 
 
 def _pause_body(memory: bool) -> dict[str, Any]:
@@ -173,7 +127,7 @@ class _SandboxBase:
         return f"{type(self).__name__}(id={self.id!r}, template={self._info.template!r})"
 
 
-class Sandbox(_SandboxBase):
+class Sandbox(_SandboxBase, Checkpointing):
     """A sandbox on a Corral server. Make one with `Sandbox.create()` or `Sandbox.connect()`.
 
     Used as a context manager, leaving the block kills the sandbox.
@@ -205,6 +159,8 @@ class Sandbox(_SandboxBase):
         public_ports: bool = False,
         root: bool = False,
         secrets: Mapping[str, Mapping[str, Any]] | None = None,
+        checkpoints: str | None = None,
+        checkpoint_keep: int | None = None,
         api_key: str | None = None,
         base_url: str | None = None,
         request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
@@ -221,7 +177,8 @@ class Sandbox(_SandboxBase):
         backend refuses it: `InvalidRequestError`);
         `secrets` (`{"GITHUB_TOKEN": {"value": "...", "hosts": ["api.github.com"]}}`) never enter the sandbox:
         `$GITHUB_TOKEN` inside is a placeholder the egress proxy replaces in requests to those hosts only
-        (docs/secrets.md; `"body": True` also in request bodies);
+        (docs/secrets.md; `"body": True` also in request bodies); `checkpoints="auto"` takes a checkpoint before
+        each command, code cell and file change, keeping the last `checkpoint_keep` (20) (docs/lifecycle.md);
         `runtime` is the OCI runtime, `"runc"` or `"runsc"` (gVisor), None: the server's default (`runc`);
         `api_key`/`base_url` default to `$CORRAL_API_KEY`/`$CORRAL_URL`; a 429 or 503 answer (quota, full
         machine: nothing was created) is retried up to `max_retries` times after the server's `Retry-After` (when
@@ -232,7 +189,8 @@ class Sandbox(_SandboxBase):
         try:
             body = _create_body(template, timeout, network, limits, env, metadata, file_roots, runtime,
                                 on_timeout=on_timeout, auto_resume=auto_resume, volumes=volumes,
-                                public_ports=public_ports, root=root, secrets=secrets)
+                                public_ports=public_ports, root=root, secrets=secrets, checkpoints=checkpoints,
+                                checkpoint_keep=checkpoint_keep)
             info = SandboxInfo.from_wire(client.request("POST", "/v1/sandboxes", json=body))
         except BaseException:
             client.close()
@@ -399,7 +357,7 @@ class Sandbox(_SandboxBase):
             self.kill()
 
 
-class AsyncSandbox(_SandboxBase):
+class AsyncSandbox(_SandboxBase, AsyncCheckpointing):
     """`Sandbox`, awaited: `async with await AsyncSandbox.create() as sb: await sb.commands.run("ls")`."""
 
     def __init__(self, info: SandboxInfo, client: AsyncClient) -> None:
@@ -428,6 +386,8 @@ class AsyncSandbox(_SandboxBase):
         public_ports: bool = False,
         root: bool = False,
         secrets: Mapping[str, Mapping[str, Any]] | None = None,
+        checkpoints: str | None = None,
+        checkpoint_keep: int | None = None,
         api_key: str | None = None,
         base_url: str | None = None,
         request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
@@ -440,7 +400,8 @@ class AsyncSandbox(_SandboxBase):
         try:
             body = _create_body(template, timeout, network, limits, env, metadata, file_roots, runtime,
                                 on_timeout=on_timeout, auto_resume=auto_resume, volumes=volumes,
-                                public_ports=public_ports, root=root, secrets=secrets)
+                                public_ports=public_ports, root=root, secrets=secrets, checkpoints=checkpoints,
+                                checkpoint_keep=checkpoint_keep)
             info = SandboxInfo.from_wire(await client.request("POST", "/v1/sandboxes", json=body))
         except BaseException:
             await client.close()

@@ -6,13 +6,18 @@ so that choosing one never imports another's dependencies.
 
 from ._contract import (
     BACKEND_NAMES,
+    CHANGE_KINDS,
+    CHECKPOINTS_LIMITATION,
     RESIZABLE_LIMITS,
     AgentAddress,
     Backend,
     BackendCapacity,
     BackendRecord,
+    CheckpointArtifact,
+    Checkpointing,
     DeclaresLimitations,
     Endpoint,
+    PathChange,
     RemoteEgress,
     Resizable,
     SandboxUsage,
@@ -23,6 +28,7 @@ from ._contract import (
     backend_runtimes,
     load_backend,
     runtime_limitation,
+    supports_checkpoints,
     supports_root,
 )
 from ._spec import (
@@ -40,6 +46,8 @@ from ._spec import (
 
 __all__ = [
     "BACKEND_NAMES",
+    "CHANGE_KINDS",
+    "CHECKPOINTS_LIMITATION",
     "DEFAULT_FILE_ROOTS",
     "RESIZABLE_LIMITS",
     "ROOT_FILE_ROOTS",
@@ -48,9 +56,12 @@ __all__ = [
     "Backend",
     "BackendCapacity",
     "BackendRecord",
+    "CheckpointArtifact",
+    "Checkpointing",
     "DeclaresLimitations",
     "Endpoint",
     "Limits",
+    "PathChange",
     "RemoteEgress",
     "Resizable",
     "Runtime",
@@ -66,6 +77,7 @@ __all__ = [
     "load_backend",
     "parse_size",
     "runtime_limitation",
+    "supports_checkpoints",
     "supports_root",
     "user_home",
 ]

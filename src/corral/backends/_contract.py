@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 from .._exceptions import RuntimeUnavailableError
 from ..templates import Template
@@ -32,13 +32,18 @@ from ._spec import Limits, Runtime, SandboxSpec
 
 __all__ = [
     "BACKEND_NAMES",
+    "CHANGE_KINDS",
+    "CHECKPOINTS_LIMITATION",
     "ROOT_LIMITATION",
     "AgentAddress",
     "Backend",
     "BackendCapacity",
     "BackendRecord",
+    "CheckpointArtifact",
+    "Checkpointing",
     "DeclaresLimitations",
     "Endpoint",
+    "PathChange",
     "RemoteEgress",
     "SandboxUsage",
     "SnapshotArtifact",
@@ -48,6 +53,7 @@ __all__ = [
     "backend_runtimes",
     "load_backend",
     "runtime_limitation",
+    "supports_checkpoints",
     "supports_root",
 ]
 
@@ -119,6 +125,93 @@ class SnapshotArtifact:
                        size_bytes=int(data["size_bytes"]), data=dict(data["data"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a snapshot artifact: {exc!r}") from None
+
+
+@dataclass(frozen=True)
+class CheckpointArtifact:
+    """What a backend keeps of a checkpoint (docs/lifecycle.md, "Checkpoints"): a sandbox's writable filesystem
+    at one instant, to be put back in place in that same sandbox (`Checkpointing.restore_checkpoint`).
+
+    `checkpoint_id` is the caller's (`ckpt-<16 hex>`); `size_bytes` the bytes of objects this checkpoint added
+    (what changed since the one before it, not the whole disk); `data` the backend's own, JSON, kept by the caller
+    and given back to every other `Checkpointing` call.
+    """
+
+    checkpoint_id: str
+    size_bytes: int
+    data: JSON
+
+    def to_json(self) -> JSON:
+        return {"checkpoint_id": self.checkpoint_id, "size_bytes": self.size_bytes, "data": self.data}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> CheckpointArtifact:
+        try:
+            return cls(checkpoint_id=str(data["checkpoint_id"]), size_bytes=int(data["size_bytes"]),
+                       data=dict(data["data"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a checkpoint artifact: {exc!r}") from None
+
+
+ChangeKind = Literal["added", "modified", "deleted", "mode"]
+EntryType = Literal["file", "dir", "symlink", "other"]
+CHANGE_KINDS: tuple[ChangeKind, ...] = get_args(ChangeKind)
+
+
+@dataclass(frozen=True)
+class PathChange:
+    """One path that differs between two states of a sandbox's filesystem (`Checkpointing.checkpoint_changes`).
+
+    `kind` "mode": only its mode or owner changed (its contents did not). Sizes are bytes of a regular file's
+    contents (a symlink's: its target's length; 0 for a directory); `size` None when deleted, `old_size` None when
+    added. `type` is what the path is now (what it was, for a deleted one).
+    """
+
+    path: str  # absolute, as the sandbox sees it ("/workspace/a.txt")
+    kind: ChangeKind
+    size: int | None
+    old_size: int | None
+    type: EntryType
+
+    def to_json(self) -> JSON:
+        return {"path": self.path, "kind": self.kind, "size": self.size, "old_size": self.old_size,
+                "type": self.type}
+
+
+@runtime_checkable
+class Checkpointing(Protocol):
+    """Optional beside `Backend`: checkpoints of a sandbox's writable filesystem, restored in place.
+
+    Errors: `CapacityError` when a checkpoint does not fit (the sandbox's disk, or the backend's room for
+    them), `NotFoundError` for a checkpoint the backend no longer has, `ConflictError` for a state that forbids
+    the call (a restore of a sandbox that runs). A backend that cannot declares the `checkpoints` limitation.
+    """
+
+    async def checkpoint(self, record: BackendRecord, checkpoint_id: str) -> CheckpointArtifact:
+        """Keep the sandbox's writable filesystem as it is now, its processes frozen for it (never torn); a
+        sandbox paused to disk stays so. Costs what changed since its last checkpoint or restore."""
+
+    async def restore_checkpoint(self, record: BackendRecord, checkpoint: CheckpointArtifact,
+                                 paths: Sequence[str] | None = None) -> None:
+        """Put the filesystem back as it was at `checkpoint` (contents, modes, owners, symlinks; deletions undone,
+        files made since removed). The sandbox is stopped (`stop`: nothing of its overlay is mounted). `paths`:
+        absolute sandbox paths, checked already; each is restored with everything below it, the rest untouched
+        (a path absent at the checkpoint is removed)."""
+
+    async def checkpoint_changes(self, record: BackendRecord, since: CheckpointArtifact,
+                                 until: CheckpointArtifact | None = None) -> list[PathChange]:
+        """What differs between `since` and `until` (None: the filesystem now), sorted by path."""
+
+    async def checkpoint_read(self, record: BackendRecord, checkpoint: CheckpointArtifact, path: str,
+                              limit: int) -> bytes | None:
+        """Up to `limit` bytes of the regular file at `path` as it was at `checkpoint` (the template's file where
+        the sandbox had not changed it); None where there was none, or not a regular file."""
+
+    async def delete_checkpoint(self, record: BackendRecord, checkpoint: CheckpointArtifact) -> None:
+        """Forget a checkpoint and free what no other one uses. Idempotent."""
+
+    async def checkpoints_size(self, record: BackendRecord) -> int:
+        """Bytes all the sandbox's checkpoints hold now."""
 
 
 @dataclass(frozen=True)
@@ -309,6 +402,14 @@ def supports_root(backend: object) -> bool:
     """Whether `backend` can create sandboxes with root inside (`SandboxSpec.root`): those with a user namespace
     per sandbox, so that its root is an unprivileged host uid. A backend that cannot declares the limitation."""
     return ROOT_LIMITATION not in backend_limitations(backend)
+
+
+CHECKPOINTS_LIMITATION = "checkpoints"  # the key of a backend that cannot checkpoint and restore in place
+
+
+def supports_checkpoints(backend: object) -> bool:
+    """Whether `backend` implements `Checkpointing` and declares no `checkpoints` limitation."""
+    return isinstance(backend, Checkpointing) and CHECKPOINTS_LIMITATION not in backend_limitations(backend)
 
 
 def runtime_limitation(runtime: Runtime) -> str:

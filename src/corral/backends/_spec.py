@@ -31,6 +31,8 @@ ROOT_FILE_ROOTS = (*DEFAULT_FILE_ROOTS, "/root")  # the defaults of a sandbox cr
 # otherwise be driven through the API into places its own processes only reach with care.
 _FORBIDDEN_ROOTS = ("/proc", "/sys", "/dev", "/.corral")
 _MAX_FILE_ROOTS = 16
+DEFAULT_CHECKPOINT_KEEP = 20  # automatic checkpoints kept per sandbox (issue 26)
+MAX_CHECKPOINT_KEEP = 1000
 _MAX_VOLUMES = 8
 MAX_SECRETS = 32
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -191,6 +193,12 @@ class SandboxSpec(BaseModel):
     root: bool = False
     # Secrets (docs/secrets.md): placeholders in the sandbox's environment, values only at the egress proxy.
     secrets: tuple[SealedSecret, ...] = ()
+    # Checkpoints (docs/lifecycle.md): "auto" takes one before each command, code cell, file change and archive
+    # upload, keeping the last `checkpoint_keep` automatic ones within `checkpoint_bytes` (None: a quarter of
+    # the disk). The service takes them; records from before the fields read as "manual".
+    checkpoints: Literal["auto", "manual"] = "manual"
+    checkpoint_keep: Annotated[int, Field(ge=1, le=MAX_CHECKPOINT_KEEP)] = DEFAULT_CHECKPOINT_KEEP
+    checkpoint_bytes: Annotated[int, Field(ge=0)] | None = None
 
     @model_validator(mode="after")
     def _network(self) -> SandboxSpec:

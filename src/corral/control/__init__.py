@@ -34,6 +34,7 @@ from ._auditkeys import (
     read_key_file,
     rotate_audit_key_file,
 )
+from ._checkpoints import CheckpointRecord
 from ._db import default_url
 from ._denials import AUTH_DENIED, AuthDenials, Denial
 from ._grants import PrivateGrants
@@ -84,6 +85,7 @@ __all__ = [
     "ChainChecker",
     "ChainHead",
     "ChainProblem",
+    "CheckpointRecord",
     "ControlStore",
     "Denial",
     "NewApiKey",

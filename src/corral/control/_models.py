@@ -82,6 +82,8 @@ class TenantRow(Base):
     max_volume_bytes: Mapped[int | None] = mapped_column(BigInteger)  # total size of the tenant's volumes
     # "runsc": every sandbox of the tenant runs on gVisor whatever its callers ask (docs/security.md); NULL: any.
     required_runtime: Mapped[str | None] = mapped_column(String(16))
+    # "auto": its sandboxes take automatic checkpoints unless a create says otherwise (docs/lifecycle.md)
+    default_checkpoints: Mapped[str | None] = mapped_column(String(8))
 
 
 class TenantEgressRow(Base):
@@ -311,6 +313,7 @@ class Tenant:
     disabled: bool
     quotas: Quotas
     required_runtime: str | None = None  # "runsc": its sandboxes run on gVisor whatever is asked (docs/security.md)
+    default_checkpoints: str | None = None  # "auto" | "manual" for creates that do not say (None: "manual")
 
 
 @dataclass(frozen=True)
@@ -450,7 +453,7 @@ def tenant_from_row(row: TenantRow) -> Tenant:
         max_volume_bytes=row.max_volume_bytes,
     )
     return Tenant(id=row.id, name=row.name, created_at=row.created_at, disabled=row.disabled, quotas=quotas,
-                  required_runtime=row.required_runtime)
+                  required_runtime=row.required_runtime, default_checkpoints=row.default_checkpoints)
 
 
 def key_from_row(row: ApiKeyRow) -> ApiKey:

@@ -37,6 +37,9 @@ class Action(StrEnum):
     SANDBOX_FILES_WRITE = "sandbox.files.write"
     SANDBOX_UPDATE = "sandbox.update"  # set_timeout, pause, resume
     SANDBOX_KILL = "sandbox.kill"
+    # A sandbox's checkpoints (docs/lifecycle.md): auditors see them and what changed; restoring changes files.
+    CHECKPOINT_READ = "checkpoint.read"  # list, get, changes
+    CHECKPOINT_WRITE = "checkpoint.write"  # create, delete, restore
     SANDBOX_KILL_ALL = "sandbox.kill_all"  # the kill switch: every sandbox of a tenant or of one key
     AUDIT_READ = "audit.read"  # query, export, tail, verify
     EVAL_READ = "eval.read"  # the evaluation runs the server keeps, and their reports (docs/eval.md)
@@ -70,6 +73,8 @@ PERMISSIONS: Mapping[Action, frozenset[Role]] = MappingProxyType({
     Action.SANDBOX_UPDATE: _SANDBOX_USERS,
     Action.SANDBOX_KILL: _SANDBOX_USERS,
     Action.SANDBOX_KILL_ALL: frozenset({_A, _O}),
+    Action.CHECKPOINT_READ: frozenset({_A, _O, _D, _U}),
+    Action.CHECKPOINT_WRITE: _SANDBOX_USERS,
     Action.AUDIT_READ: frozenset({_A, _O, _U}),
     Action.EVAL_READ: frozenset({_A, _U}),
     Action.VOLUME_CREATE: _SANDBOX_USERS,

@@ -37,6 +37,7 @@ from ..backends._spec import SandboxSpec
 from ._audit import AuditLog
 from ._auditkeys import AuditKeyring, load_audit_keys
 from ._cache import MISSING, TTLCache
+from ._checkpoints import CheckpointStore, live_checkpoint_bytes, mark_sandbox_deleted
 from ._db import Database, default_url
 from ._denials import AuthDenials
 from ._grants import PrivateGrants, granted_destinations
@@ -134,6 +135,7 @@ class ControlStore:
         self.cache_ttl = ttl  # how late another replica's change may be seen here (module docstring)
         self.replicas = ReplicaRegistry(self._db, self._now, self._sandboxes)  # docs/replicas.md
         self.grants = PrivateGrants(self._db, self._now)  # private destinations admins granted (docs/egress.md)
+        self.checkpoints = CheckpointStore(self._db, self._now, _check_checkpoint_bytes)  # docs/lifecycle.md
         # Quota check and insert must not interleave between two creates of this process; other processes
         # are held off by the write transaction (and, on PostgreSQL, the tenant row lock).
         self._create_lock = asyncio.Lock()
@@ -212,6 +214,13 @@ class ControlStore:
         async with self._db.write() as session:
             row = await _tenant_row(session, tenant_id)
             row.required_runtime = runtime
+        return tenant_from_row(row)
+
+    async def set_default_checkpoints(self, tenant_id: str, mode: str | None) -> Tenant:
+        """What the tenant's creates that do not say get: "auto" or "manual" checkpoints (None: "manual")."""
+        async with self._db.write() as session:
+            row = await _tenant_row(session, tenant_id)
+            row.default_checkpoints = mode
         return tenant_from_row(row)
 
     async def set_tenant_disabled(self, tenant_id: str, disabled: bool) -> Tenant:
@@ -519,6 +528,7 @@ class ControlStore:
                 if row.destroyed_at is None:
                     row.destroyed_at = self._now()
                     row.state = (SandboxStatus.FAILED if failed else SandboxStatus.DESTROYED).value
+                    await mark_sandbox_deleted(session, sandbox_id, row.destroyed_at)  # they went with its disk
         finally:
             self._sandboxes.invalidate(sandbox_id)
         return sandbox_from_row(row)
@@ -945,6 +955,8 @@ async def _check_snapshot_totals(session: AsyncSession, tenant: TenantRow, size:
                                     .where(*live))).one()
     count, used = int(totals[0]), int(totals[1])
     _check_limit(tenant, "max_snapshots", tenant.max_snapshots, count + 1, "snapshots", current=count)
+    if tenant.max_snapshot_bytes is not None:  # the tenant's checkpoints count against the same bytes
+        used += await live_checkpoint_bytes(session, tenant.id)
     if exclusive:
         if tenant.max_snapshot_bytes is not None and used >= tenant.max_snapshot_bytes:
             _check_limit(tenant, "max_snapshot_bytes", tenant.max_snapshot_bytes, used + 1,
@@ -952,6 +964,17 @@ async def _check_snapshot_totals(session: AsyncSession, tenant: TenantRow, size:
         return
     _check_limit(tenant, "max_snapshot_bytes", tenant.max_snapshot_bytes, used + size, "total snapshot size",
                  current=used, unit=" bytes")
+
+
+async def _check_checkpoint_bytes(session: AsyncSession, tenant: TenantRow, size: int) -> None:
+    """A checkpoint of `size` more bytes within the tenant's `max_snapshot_bytes` (snapshots and checkpoints)."""
+    if tenant.max_snapshot_bytes is None:
+        return
+    live = (SnapshotRow.tenant_id == tenant.id, SnapshotRow.deleted_at.is_(None))
+    used = int(await session.scalar(select(func.coalesce(func.sum(SnapshotRow.size_bytes), 0)).where(*live)) or 0)
+    used += await live_checkpoint_bytes(session, tenant.id)
+    _check_limit(tenant, "max_snapshot_bytes", tenant.max_snapshot_bytes, used + size,
+                 "total snapshot and checkpoint size", current=used, unit=" bytes")
 
 
 def _query_conditions(query: SandboxQuery) -> list[ColumnElement[bool]]:

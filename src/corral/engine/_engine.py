@@ -28,6 +28,7 @@ from ..backends import Backend, SandboxUsage, SnapshotArtifact, load_backend
 from ..templates import TemplateStore
 from ._agent_client import AgentClient, Liveness
 from ._capacity import Capacity, MachineUsage
+from ._checkpoints import Checkpoints, EngineCheckpoints
 from ._claim import member_answers, resized_for
 from ._egress_attach import DenialSource, EgressAttachment
 from ._models import SandboxInfo, SandboxSpec, SandboxState
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("corral.engine")
 
-class Engine:
+class Engine(EngineCheckpoints):
     """Creates, runs and destroys sandboxes on one backend.
 
     ```python
@@ -82,6 +83,7 @@ class Engine:
                                attachment=self.attachment, liveness=liveness or liveness_from_settings(),
                                pools=pools)
         self.pool = self.runtime.pools
+        self.checkpointing = Checkpoints(self.runtime)
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
         self._lock_fd: int | None = None

@@ -236,15 +236,15 @@ class Runtime:
             if sb.state != SandboxState.PAUSED:
                 raise ConflictError(f"sandbox {sandbox_id} is not paused")
             if sb.paused_to_disk:
-                await self._boot(sb)
+                await self.boot(sb)
                 return
             await self.backend.resume(sb.record)
             sb.agent.thaw()
             sb.state = SandboxState.RUNNING
 
-    async def _boot(self, sb: LiveSandbox) -> None:
-        """Start a sandbox paused to disk again: capacity first (it takes memory again), then the backend, the
-        agent, egress, its /tmp."""
+    async def boot(self, sb: LiveSandbox) -> None:
+        """Under the sandbox's lock: start a sandbox paused to disk again: capacity first (it takes memory
+        again), then the backend, the agent, egress, its /tmp."""
         self.check_capacity(sb.spec.limits.memory, await self.backend.capacity())
         self.creating[sb.id] = sb.spec.limits.memory
         try:

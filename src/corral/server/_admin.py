@@ -79,6 +79,7 @@ class TenantPatch(BaseModel):
     quotas: QuotasPatch | None = None
     disabled: bool | None = None
     required_runtime: str | None = None  # left out: unchanged; null: no requirement; "runsc": gVisor only
+    default_checkpoints: str | None = None  # left out: unchanged; "auto" | "manual" | null (manual)
 
 
 def _iso(time: datetime | None) -> str | None:
@@ -87,7 +88,8 @@ def _iso(time: datetime | None) -> str | None:
 
 def tenant_json(tenant: Tenant) -> dict[str, Any]:
     return {"id": tenant.id, "name": tenant.name, "created_at": tenant.created_at.astimezone(UTC).isoformat(),
-            "disabled": tenant.disabled, "quotas": asdict(tenant.quotas), "required_runtime": tenant.required_runtime}
+            "disabled": tenant.disabled, "quotas": asdict(tenant.quotas), "required_runtime": tenant.required_runtime,
+            "default_checkpoints": tenant.default_checkpoints}
 
 
 def key_json(key: ApiKey, tenant_name: str | None) -> dict[str, Any]:
@@ -113,8 +115,9 @@ async def update_tenant(name_or_id: str, body: TenantPatch, request: Request,
                         principal: CurrentPrincipal) -> dict[str, Any]:
     quotas = body.quotas.model_dump(exclude_unset=True) if body.quotas is not None else None
     runtime = body.required_runtime if "required_runtime" in body.model_fields_set else KEEP
+    checkpoints = body.default_checkpoints if "default_checkpoints" in body.model_fields_set else KEEP
     tenant = await service(request).tenants.update(principal, name_or_id, quotas=quotas, disabled=body.disabled,
-                                                   required_runtime=runtime,
+                                                   required_runtime=runtime, default_checkpoints=checkpoints,
                                                    params=body.model_dump(mode="json", exclude_unset=True))
     return tenant_json(tenant)
 

@@ -22,6 +22,7 @@ from ..mcp import MCPFront
 from ..service import DEFAULT_DOMAIN, ReplicaConfig, Service, StartupHook
 from . import (
     _admin,
+    _checkpoints,
     _code,
     _egress,
     _eval,
@@ -103,7 +104,7 @@ def create_app(engine: Engine, store: ControlStore, *, on_startup: StartupHook |
         return {"ok": True}
 
     app.router.routes.append(Route("/mcp", mcp))  # an ASGI app, not an endpoint: MCP's transport owns the methods
-    for module in (_sandboxes, _snapshots, _egress, _exec, _code, _files, _admin, _killswitch, _processes,
+    for module in (_sandboxes, _snapshots, _checkpoints, _egress, _exec, _code, _files, _admin, _killswitch, _processes,
                    _pty, _info, _volumes, _secrets, _eval):
         app.include_router(module.router)
     if metrics:

@@ -27,6 +27,7 @@ from .._negotiation import quality
 from ..engine import CodeResult, CodeSession, RichResult
 from ..service import Cell, CodeStream
 from ._auth import CurrentPrincipal
+from ._checkpoints import checkpoint_taken
 from ._context import service
 from ._exec import Base64
 from ._ndjson import NDJSON, Framing, Producer, Sink, b64, line, ndjson_response
@@ -86,7 +87,8 @@ def _outcome_json(result: CodeResult, *, kept: bool) -> dict[str, Any]:
     output it kept."""
     body = {"session": result.session, "language": result.language, "error": error_json(result),
             "timed_out": result.timed_out, "oom_killed": result.oom_killed,
-            "session_restarted": result.session_restarted, "duration": result.duration}
+            "session_restarted": result.session_restarted, "duration": result.duration,
+            "checkpoint": checkpoint_taken()}  # the automatic one taken before the cell (docs/api.md)
     if kept:
         body |= {"truncated": result.truncated, "stdout_size": result.stdout_size,
                  "stderr_size": result.stderr_size, "stdout_cut": result.stdout_cut, "stderr_cut": result.stderr_cut}

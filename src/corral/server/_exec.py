@@ -15,6 +15,7 @@ from ..egress import EgressEvent
 from ..engine import ExecResult
 from ..service import Command, CommandStream
 from ._auth import CurrentPrincipal
+from ._checkpoints import checkpoint_taken
 from ._context import SandboxUser, service
 from ._ndjson import Producer, Sink, b64, line, ndjson_response
 from ._routing import AuditedRoute
@@ -95,7 +96,8 @@ async def exec_command(sandbox_id: str, body: ExecRequest, request: Request,
     if not body.stream:
         # Encoded here: the fields are JSON types already, and FastAPI's jsonable_encoder walk of a returned dict
         # (the same bytes in the end) cost a tenth of the round trip of a short command.
-        return JSONResponse(result_json(await commands.run(principal, sandbox_id, body.command())))
+        result = await commands.run(principal, sandbox_id, body.command())
+        return JSONResponse({**result_json(result), "checkpoint": checkpoint_taken()})
     stream = await commands.stream(principal, sandbox_id, body.command())
     return ndjson_response(_events(stream), stream.close)
 
@@ -104,6 +106,6 @@ def _events(stream: CommandStream) -> Producer:
     """Output as it comes, then `exit`; a client that leaves cancels the command: its tree is killed."""
     async def produce(sink: Sink) -> bytes:
         result = await stream.run(sink.stdout, sink.stderr)
-        return line({"event": "exit", **result_json(result, streamed=True)})
+        return line({"event": "exit", **result_json(result, streamed=True), "checkpoint": checkpoint_taken()})
 
     return produce

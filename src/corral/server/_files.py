@@ -17,6 +17,7 @@ from .._exceptions import InvalidRequestError
 from .._paths import SandboxPath
 from ..engine import Entry
 from ._auth import CurrentPrincipal
+from ._checkpoints import CHECKPOINT_HEADER, checkpoint_taken
 from ._context import SandboxUser, request_path, sandbox_path, service
 from ._routing import AuditedRoute
 
@@ -91,7 +92,7 @@ async def write_file(sandbox_id: str, request: Request, principal: CurrentPrinci
                      mode: Annotated[int, Query(ge=0, le=0o7777)] = 0o644, user: User = None) -> dict[str, Any]:
     path = _query_path(request)
     size = await service(request).files.write(principal, sandbox_id, path, request.stream(), mode=mode, user=user)
-    return {"path": path, "size": size}
+    return {"path": path, "size": size, "checkpoint": checkpoint_taken()}
 
 
 @router.put("/{sandbox_id}/archive")
@@ -99,7 +100,7 @@ async def upload_archive(sandbox_id: str, request: Request, principal: CurrentPr
                          user: User = None) -> dict[str, Any]:
     entries = await service(request).files.write_archive(principal, sandbox_id, _query_path(request),
                                                          request.stream(), user=user)
-    return {"entries": entries}
+    return {"entries": entries, "checkpoint": checkpoint_taken()}
 
 
 @router.delete("/{sandbox_id}/files", status_code=204)
@@ -107,7 +108,7 @@ async def remove(sandbox_id: str, request: Request, principal: CurrentPrincipal,
                  recursive: bool = True, user: User = None) -> Response:
     await service(request).files.remove(principal, sandbox_id, _query_path(request), recursive=recursive,
                                         user=user)
-    return Response(status_code=204)
+    return _no_content()
 
 
 @router.get("/{sandbox_id}/files/list")
@@ -131,12 +132,19 @@ async def exists(sandbox_id: str, request: Request, principal: CurrentPrincipal,
 async def make_dir(sandbox_id: str, body: MkdirRequest, request: Request,
                    principal: CurrentPrincipal) -> dict[str, Any]:
     path = _body_path(body.path, "path")
-    return {"created": await service(request).files.make_dir(principal, sandbox_id, path, parents=body.parents,
-                                                             user=body.user)}
+    created = await service(request).files.make_dir(principal, sandbox_id, path, parents=body.parents,
+                                                    user=body.user)
+    return {"created": created, "checkpoint": checkpoint_taken()}
 
 
 @router.post("/{sandbox_id}/files/rename", status_code=204)
 async def rename(sandbox_id: str, body: RenameRequest, request: Request, principal: CurrentPrincipal) -> Response:
     src, dst = _body_path(body.src, "src"), _body_path(body.dst, "dst")
     await service(request).files.rename(principal, sandbox_id, src, dst, overwrite=body.overwrite, user=body.user)
-    return Response(status_code=204)
+    return _no_content()
+
+
+def _no_content() -> Response:
+    """204; the automatic checkpoint taken before the change, if any, in `Corral-Checkpoint` (there is no body)."""
+    taken = checkpoint_taken()
+    return Response(status_code=204, headers={CHECKPOINT_HEADER: taken} if taken else None)

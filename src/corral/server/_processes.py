@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr
 from ..engine import ProcessInfo
 from ..service import AttachStream
 from ._auth import CurrentPrincipal
+from ._checkpoints import checkpoint_taken
 from ._context import service
 from ._exec import CommandBody, result_json
 from ._ndjson import Producer, Sink, line, ndjson_response
@@ -58,7 +59,7 @@ def process_json(info: ProcessInfo) -> dict[str, Any]:
 async def start_process(sandbox_id: str, body: StartRequest, request: Request,
                         principal: CurrentPrincipal) -> dict[str, Any]:
     info = await service(request).processes.start(principal, sandbox_id, body.command(), keep_stdin=body.stdin)
-    return process_json(info)
+    return {**process_json(info), "checkpoint": checkpoint_taken()}
 
 
 @router.get("/{sandbox_id}/processes")

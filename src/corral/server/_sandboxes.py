@@ -67,6 +67,8 @@ def sandbox_json(record: SandboxRecord) -> dict[str, Any]:
         "volumes": dict(spec.volumes),
         "public_ports": spec.public_ports,
         "root": spec.root,
+        "checkpoints": spec.checkpoints,  # "auto": one before each change to files (docs/lifecycle.md)
+        "checkpoint_keep": spec.checkpoint_keep,
         "replica": record.owner,  # the replica whose backend runs it (docs/replicas.md)
         "reason": record.reason,  # why it is lost or failed, when its replica stopped answering
     }

@@ -5,6 +5,8 @@ from ._accounts import KEEP, REQUIRED_RUNTIMES, Keys, Tenants
 from ._audit import AuditFilter, AuditTrail
 from ._audited import Audited, Auditor
 from ._callers import REQUEST_INVALID, Callers, ClientInfo
+from ._changes import Change, Changes
+from ._checkpoints import CHECKPOINT_ID, CheckpointEngine, CheckpointOptions, Checkpoints, RestoreResult, Stopped
 from ._code import Cell, Code, CodeStream, ResultCallback
 from ._commands import Command, Commands, CommandStream, StartCallback, exec_outcome
 from ._egress_directory import EgressDirectory
@@ -13,7 +15,7 @@ from ._files import Files
 from ._grants import ControlPlane, PrivateGrants
 from ._info import Caller, Info, ServerInfo
 from ._metrics import MetricsSampler, SandboxMetric
-from ._on_sandbox import Authorize, OnSandbox, SandboxGate, Sessions
+from ._on_sandbox import Authorize, BeforeChange, OnSandbox, SandboxGate, Sessions
 from ._outcome import RETRY_AFTER_DETAIL, STATUS_BY_CODE, outcome_of, status_for
 from ._ports import DEFAULT_DOMAIN, PORT_ACTION, PortConnection, PortRequest, Ports, check_domain
 from ._processes import AttachStream, Processes, parse_signal
@@ -29,6 +31,7 @@ from ._templates import Templates
 from ._volumes import VolumeDetail, Volumes
 
 __all__ = [
+    "CHECKPOINT_ID",
     "DEFAULT_DOMAIN",
     "DEFAULT_REPLICA_TTL",
     "KEEP",
@@ -45,9 +48,15 @@ __all__ = [
     "Audited",
     "Auditor",
     "Authorize",
+    "BeforeChange",
     "Caller",
     "Callers",
     "Cell",
+    "Change",
+    "Changes",
+    "CheckpointEngine",
+    "CheckpointOptions",
+    "Checkpoints",
     "ClientInfo",
     "Code",
     "CodeStream",
@@ -78,6 +87,7 @@ __all__ = [
     "Replica",
     "ReplicaConfig",
     "RequestInfo",
+    "RestoreResult",
     "ResultCallback",
     "SandboxAccess",
     "SandboxGate",
@@ -90,6 +100,7 @@ __all__ = [
     "Snapshots",
     "StartCallback",
     "StartupHook",
+    "Stopped",
     "Streamed",
     "Telemetry",
     "Templates",

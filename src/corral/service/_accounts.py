@@ -55,10 +55,11 @@ class Tenants:
 
     async def update(self, principal: Principal, name_or_id: str, *, quotas: dict[str, Any] | None = None,
                      disabled: bool | None = None, required_runtime: str | Keep | None = KEEP,
-                     params: dict[str, Any] | None = None) -> Tenant:
+                     default_checkpoints: str | Keep | None = KEEP, params: dict[str, Any] | None = None) -> Tenant:
         """Change some quotas (a key left out keeps its value; None removes the limit), disable it, and/or set the
-        runtime all its sandboxes must run on (`KEEP`: unchanged; None: no requirement). All checked first:
-        a bad value changes nothing."""
+        runtime all its sandboxes must run on (`KEEP`: unchanged; None: no requirement), and/or the checkpoints its
+        creates get when they do not say ("auto", "manual"; None: "manual"). All checked first: a bad value
+        changes nothing."""
         async with self._audited(principal, "tenant.update", name_or_id[:256], params=params) as audit:
             authorize(principal, Action.TENANT_UPDATE)
             tenant = await self.find(name_or_id)
@@ -70,12 +71,17 @@ class Tenants:
             if not isinstance(required_runtime, Keep):
                 wanted = _required_runtime(required_runtime)
                 audit.outcome["required_runtime"] = {"old": tenant.required_runtime, "new": wanted}
+            if not isinstance(default_checkpoints, Keep) and default_checkpoints not in (None, "auto", "manual"):
+                raise InvalidRequestError(f"default_checkpoints {default_checkpoints!r} is not valid: use 'auto', "
+                                          "'manual' or null", details={"default_checkpoints": default_checkpoints})
             if quotas is not None:
                 tenant = await self._store.set_quotas(tenant.id, dataclasses.replace(tenant.quotas, **quotas))
             if disabled is not None:
                 tenant = await self._store.set_tenant_disabled(tenant.id, disabled)
             if not isinstance(required_runtime, Keep):
                 tenant = await self._store.set_required_runtime(tenant.id, wanted)
+            if not isinstance(default_checkpoints, Keep):
+                tenant = await self._store.set_default_checkpoints(tenant.id, default_checkpoints)
             return tenant
 
     async def visible(self, principal: Principal, name_or_id: str, action: Action) -> Tenant:

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..control import Action, Principal
+from ..control import Action, Principal, SandboxRecord
 from ..engine import CodeResult, CodeSession, RichResult
 from ._audited import Audited
 from ._streamed import OutputCallback, Streamed, refusals
@@ -88,7 +88,7 @@ class Code:
 
     async def run(self, principal: Principal, sandbox_id: str, cell: Cell) -> CodeResult:
         async with self._audited(principal, sandbox_id, cell, stream=False) as audit:
-            await self._authorized(principal, sandbox_id)
+            await self._changing(principal, await self._authorized(principal, sandbox_id), cell, audit)
             result = await _run_code(self._on.sessions, sandbox_id, cell)
             audit.outcome.update(_outcome(result))
         return result
@@ -97,8 +97,9 @@ class Code:
         """The cell begun: authorized, on a sandbox the engine has (a lost one is an error here, before any
         output, not a stream that breaks)."""
         async with refusals(self._audited(principal, sandbox_id, cell, stream=True)) as audit:
-            await self._authorized(principal, sandbox_id)
+            record = await self._authorized(principal, sandbox_id)
             self._on.sessions.info(sandbox_id)
+            await self._changing(principal, record, cell, audit)
         return CodeStream(self._on.sessions, audit, sandbox_id, cell)
 
     async def create_context(self, principal: Principal, sandbox_id: str, language: str = "python",
@@ -147,9 +148,14 @@ class Code:
             await self._authorized(principal, sandbox_id)
             await self._on.sessions.get(sandbox_id).close_code(session)
 
-    async def _authorized(self, principal: Principal, sandbox_id: str) -> None:
+    async def _authorized(self, principal: Principal, sandbox_id: str) -> SandboxRecord:
         # Ownership first: another tenant's sandbox is a 404 before anything about its sessions is looked at.
-        await self._on.authorize(principal, sandbox_id, Action.SANDBOX_EXEC)
+        return await self._on.authorize(principal, sandbox_id, Action.SANDBOX_EXEC)
+
+    async def _changing(self, principal: Principal, record: SandboxRecord, cell: Cell, audit: Audited) -> None:
+        """Before a cell runs: an automatic checkpoint, if the sandbox takes them."""
+        language = f"context {cell.context}" if cell.context is not None else cell.language
+        await self._on.changing(principal, record, f"code cell ({language})", audit)
 
     def _audited(self, principal: Principal, sandbox_id: str, cell: Cell, *, stream: bool) -> Audited:
         return self._on.audited(principal, "code.run", sandbox_id, params={**cell.audit_params(), "stream": stream})

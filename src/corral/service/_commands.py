@@ -9,6 +9,7 @@ leaves stops following, and the process goes on, to be found with `service.proce
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,10 @@ StartCallback = Callable[[str, int], Awaitable[None]]  # (Corral's process id, i
 class Command(ExecOptions):
     """A command as the service runs and audits it: the engine's `ExecOptions` (what to run and how; built once by
     the front end that received the request), and its audit record's parameters."""
+
+    def command_line(self) -> str:
+        """The command as one line (what an automatic checkpoint before it records)."""
+        return self.cmd if isinstance(self.cmd, str) else shlex.join(self.cmd)
 
     def audit_params(self) -> dict[str, Any]:
         params = {"cmd": self.cmd, "cwd": self.cwd, "env_names": sorted(self.env), "timeout": self.timeout,
@@ -72,7 +77,8 @@ class Commands:
 
     async def run(self, principal: Principal, sandbox_id: str, command: Command) -> ExecResult:
         async with self._audited(principal, sandbox_id, command, stream=False) as audit:
-            await self._on.authorize(principal, sandbox_id, Action.SANDBOX_EXEC)
+            record = await self._on.authorize(principal, sandbox_id, Action.SANDBOX_EXEC)
+            await self._on.changing(principal, record, command.command_line(), audit)
             result = await _exec(self._on.sessions, sandbox_id, command, audit)
             audit.outcome.update(exec_outcome(result))
         return result
@@ -81,8 +87,9 @@ class Commands:
         """The command begun: authorized, on a sandbox the engine has (a lost one is an error here, before
         any output, not a stream that breaks)."""
         async with refusals(self._audited(principal, sandbox_id, command, stream=True)) as audit:
-            await self._on.authorize(principal, sandbox_id, Action.SANDBOX_EXEC)
+            record = await self._on.authorize(principal, sandbox_id, Action.SANDBOX_EXEC)
             self._on.sessions.info(sandbox_id)
+            await self._on.changing(principal, record, command.command_line(), audit)
         return CommandStream(self._on.sessions, audit, sandbox_id, command)
 
     def _audited(self, principal: Principal, sandbox_id: str, command: Command, *, stream: bool) -> Audited:

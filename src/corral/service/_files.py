@@ -76,7 +76,8 @@ class Files:
         if metadata:
             params["metadata_keys"] = sorted(metadata)
         async with self._on.audited(principal, "files.write", sandbox_id, params=_with_user(params, user)) as audit:
-            files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_WRITE, user)
+            files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_WRITE, user,
+                                      change=(audit, f"write {path}"))
             try:
                 return await files.write(path, digest.wrap(data), mode=mode, in_place=in_place, metadata=metadata)
             finally:
@@ -88,7 +89,8 @@ class Files:
         digest = _Digest()
         async with self._on.audited(principal, "archive.write", sandbox_id,
                                     params=_with_user({"path": path}, user)) as audit:
-            files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_WRITE, user)
+            files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_WRITE, user,
+                                      change=(audit, f"upload archive into {path}"))
             try:
                 entries = await files.upload_tar(path, digest.wrap(data))
             finally:
@@ -122,15 +124,19 @@ class Files:
     async def make_dir(self, principal: Principal, sandbox_id: str, path: str, *, parents: bool = True,
                        user: str | None = None) -> bool:
         """Create the directory; False if it was there already."""
-        async with self._on.audited(principal, "files.mkdir", sandbox_id, params=_with_user({"path": path}, user)):
-            files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_WRITE, user)
+        async with self._on.audited(principal, "files.mkdir", sandbox_id,
+                                    params=_with_user({"path": path}, user)) as audit:
+            files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_WRITE, user,
+                                      change=(audit, f"make_dir {path}"))
             return await files.make_dir(path, parents=parents)
 
     async def remove(self, principal: Principal, sandbox_id: str, path: str, *, recursive: bool = True,
                      user: str | None = None) -> None:
         async with self._on.audited(principal, "files.remove", sandbox_id,
-                                    params=_with_user({"recursive": recursive, "path": path}, user), status=204):
-            files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_WRITE, user)
+                                    params=_with_user({"recursive": recursive, "path": path}, user),
+                                    status=204) as audit:
+            files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_WRITE, user,
+                                      change=(audit, f"remove {path}"))
             await files.remove(path, recursive=recursive)
 
     async def rename(self, principal: Principal, sandbox_id: str, src: str, dst: str, *,
@@ -141,8 +147,9 @@ class Files:
         if parents:
             params["parents"] = True
         async with self._on.audited(principal, "files.rename", sandbox_id, params=_with_user(params, user),
-                                    status=204):
-            files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_WRITE, user)
+                                    status=204) as audit:
+            files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_WRITE, user,
+                                      change=(audit, f"rename {src} {dst}"))
             return await files.rename(src, dst, overwrite=overwrite, parents=parents)
 
     # -- watching directories ----------------------------------------------------------------------------------
@@ -193,12 +200,15 @@ class Files:
             files = await self._files(principal, sandbox_id, Action.SANDBOX_FILES_READ)
             await files.remove_watcher(watcher_id, owner=principal.key_id)
 
-    async def _files(self, principal: Principal, sandbox_id: str, action: Action,
-                     user: str | None = None) -> SandboxFiles:
+    async def _files(self, principal: Principal, sandbox_id: str, action: Action, user: str | None = None, *,
+                     change: tuple[Audited, str] | None = None) -> SandboxFiles:
         """The engine's file API of the sandbox, with the roots its record allows (if `principal` may), acting as
-        `user` (checked before anything is asked of the sandbox)."""
+        `user` (checked before anything is asked of the sandbox). `change`: the operation about to change files
+        and what it is (an automatic checkpoint precedes it)."""
         check_user(user)
         record = await self._on.authorize(principal, sandbox_id, action)
+        if change is not None:
+            await self._on.changing(principal, record, change[1], change[0])
         return self._on.sessions.get(record.id).files_for(roots=file_roots(record), user=user)
 
 

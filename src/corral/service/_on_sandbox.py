@@ -1,5 +1,6 @@
 """What the areas that act on one running sandbox (commands, code, files, processes, PTY) need, and no more:
-the authorize step, the sandbox's session, and the auditor.
+the authorize step, the sandbox's session, the auditor, and the hook before a change to its files (automatic
+checkpoints, `service/_checkpoints.py`).
 
 `Authorize` is the step every operation on a sandbox takes first: the sandbox's record if the caller may do
 the action on it (another tenant's is as unknown as a missing one), refused with the reason if another replica
@@ -14,10 +15,10 @@ from typing import Protocol
 
 from ..control import Action, ControlStore, Principal, SandboxRecord
 from ..engine import SandboxInfo, SandboxSession
-from ._audited import Auditor
+from ._audited import Audited, Auditor
 from ._replicas import Replica
 
-__all__ = ["Authorize", "OnSandbox", "SandboxGate", "Sessions"]
+__all__ = ["Authorize", "BeforeChange", "OnSandbox", "SandboxGate", "Sessions"]
 
 
 class Authorize(Protocol):
@@ -30,6 +31,14 @@ class Sessions(Protocol):
     def get(self, sandbox_id: str) -> SandboxSession: ...
 
     def info(self, sandbox_id: str) -> SandboxInfo: ...
+
+
+class BeforeChange(Protocol):
+    """The hook before an operation that can change the sandbox's files (`Checkpoints.before_change`): an
+    automatic checkpoint where the sandbox asked for them; its id, or None."""
+
+    async def __call__(self, principal: Principal, record: SandboxRecord, command: str,
+                       audit: Audited) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -52,3 +61,11 @@ class OnSandbox:
     authorize: Authorize
     sessions: Sessions
     audited: Auditor
+    before_change: BeforeChange | None = None  # None: no automatic checkpoints (an area built alone)
+
+    async def changing(self, principal: Principal, record: SandboxRecord, command: str,
+                       audit: Audited) -> str | None:
+        """Call before an operation that can change files, once it is authorized (`before_change`)."""
+        if self.before_change is None or record.spec.checkpoints != "auto":
+            return None
+        return await self.before_change(principal, record, command, audit)

@@ -88,7 +88,7 @@ class Processes:
         keep_stdin = keep_stdin or command.keep_stdin
         params = {**command.audit_params(), "stdin": keep_stdin}
         async with self._on.audited(principal, "process.start", sandbox_id, params=params, status=201) as audit:
-            processes = await self._processes(principal, sandbox_id)
+            processes = await self._processes(principal, sandbox_id, audit, command.command_line())
             info = await processes.launch(replace(command, keep_stdin=keep_stdin))
             audit.outcome.update({"process": info.id, "pid": info.pid})
         return replace(info, running=True, started_at=datetime.now(UTC).timestamp())
@@ -166,9 +166,13 @@ class Processes:
             await processes.get(ref)
         return AttachStream(audit, processes, ref, timeout, replay=replay)
 
-    async def _processes(self, principal: Principal, sandbox_id: str) -> EngineProcesses:
+    async def _processes(self, principal: Principal, sandbox_id: str, audit: Audited | None = None,
+                         starting: str | None = None) -> EngineProcesses:
+        """`starting`: the command line of a process about to start (an automatic checkpoint precedes it)."""
         # Ownership first: another tenant's sandbox is a 404 before anything about its processes is looked at.
-        await self._on.authorize(principal, sandbox_id, Action.SANDBOX_EXEC)
+        record = await self._on.authorize(principal, sandbox_id, Action.SANDBOX_EXEC)
+        if starting is not None and audit is not None:
+            await self._on.changing(principal, record, starting, audit)
         return self._on.sessions.get(sandbox_id).processes
 
 

@@ -45,6 +45,8 @@ class RequestInfo:
     action: str | None = None
     target: str | None = None
     error: str | None = None
+    # The automatic checkpoint taken before the operation (`Checkpoints.before_change`): what the result names.
+    checkpoint: str | None = None
 
     @property
     def sandbox_id(self) -> str | None:

@@ -52,6 +52,7 @@ from ..control import (
 )
 from ..egress import EgressPolicy
 from ..engine import Adoption
+from ._checkpoints import CheckpointOptions, checkpoint_mode
 from ._cursor import decode_cursor, encode_cursor
 from ._metrics import SandboxMetric
 from ._outcome import RETRY_AFTER_DETAIL
@@ -85,7 +86,7 @@ _RETRY_AFTER_MAX = 300
 _PARALLEL_DESTROYS = 8  # runc deletes are mostly waiting on the kernel; a few at once is faster
 
 
-class CreateSandbox(BaseModel):
+class CreateSandbox(CheckpointOptions):
     """What a tenant asks for; every front end builds one (the REST API takes it as its body as it is)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -203,6 +204,8 @@ class Sandboxes:
             volumes = await self._volumes.resolve(principal, request.volumes) if request.volumes else {}
             stored = await self._secrets.for_sandbox(principal, request.secrets) if request.secrets else {}
             tenant, egress = await self._store.tenant_settings(principal.tenant_id)
+            request = request.model_copy(update={"checkpoints": checkpoint_mode(
+                request.checkpoints, tenant.default_checkpoints, self._engine.checkpoints_supported)})
             spec = self._spec(request, egress, volumes, template_known=source is not None, stored=stored)
             spec = await self._required_runtime(principal, spec, audit.outcome, tenant)
             claimed = self._engine.claim(spec) if source is None else None
@@ -298,7 +301,7 @@ class Sandboxes:
                                network_private=tuple(egress.private), on_timeout=request.on_timeout,
                                auto_resume=request.auto_resume,
                                volumes=volumes, public_ports=request.public_ports, root=request.root,
-                               secrets=self._sealed(request, stored or {}))
+                               secrets=self._sealed(request, stored or {}), **request.checkpoint_spec())
         except pydantic.ValidationError as exc:
             problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'spec'}: {e['msg']}"
                                  for e in exc.errors())

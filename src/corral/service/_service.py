@@ -29,6 +29,7 @@ from ._audit import AuditTrail
 from ._audited import Auditor
 from ._auto_resume import AutoResume, Waking
 from ._callers import REQUEST_INVALID, Callers, ClientInfo
+from ._checkpoints import Checkpoints
 from ._code import Code
 from ._commands import Commands
 from ._egress import LiveEgress, TenantEgressSettings
@@ -74,7 +75,10 @@ class Service:
         # Paused `auto_resume` sandboxes are woken by the requests that reach into them (docs/lifecycle.md).
         self.auto_resume = AutoResume(store, lambda record: self.sandboxes.resume_record(record))
         authorize = Waking(SandboxGate(store, self.replica), self.auto_resume)
-        on_sandbox = OnSandbox(authorize, engine, audited)
+        # Checkpoints of a sandbox in place (docs/lifecycle.md); the automatic ones are taken by the areas that
+        # change files, through the hook they are given here.
+        self.checkpoints = Checkpoints(store, engine, audited, authorize)
+        on_sandbox = OnSandbox(authorize, engine, audited, before_change=self.checkpoints.before_change)
         self.access = SandboxAccess(store, engine, self.replica, self.callers)  # tokens that stand for the key
         self.snapshots = Snapshots(store, engine, audited, authorize)
         self.volumes = Volumes(store, engine, audited)  # docs/volumes.md

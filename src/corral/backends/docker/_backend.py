@@ -80,6 +80,7 @@ from ..local._bundle import SANDBOX_UID
 from ..local._system import free_disk, meminfo
 from ..local._usage import sandbox_usage
 from ._api import DEFAULT_BASE_URL, START_HINT, DockerAPI
+from ._checkpoints import DockerCheckpoints
 from ._container import ContainerParams, container_config, volume_path_problem
 from ._image import Images
 from ._snapshot import allocated, copy_image, flush_filesystem, frozen_filesystem, grow_image, mark_clean
@@ -158,7 +159,7 @@ class DockerRecord(BackendRecord):
                    image=fields["image"], template=fields["template"])
 
 
-class DockerBackend:
+class DockerBackend(DockerCheckpoints):
     """Sandboxes as hardened Docker containers on this machine's daemon; see docs/backends.md.
 
     **Parameters:**
@@ -356,6 +357,7 @@ class DockerBackend:
         if leftover:
             raise ServerError(f"sandbox {rec.sandbox_id}: mounts still present after destroy: {leftover}")
         await asyncio.to_thread(shutil.rmtree, rec.dir, True)
+        await self.drop_checkpoints(rec.sandbox_id)
         self._snapshot_locks.pop(rec.sandbox_id, None)
 
     async def alive(self, record: BackendRecord) -> bool:

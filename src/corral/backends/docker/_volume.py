@@ -26,7 +26,8 @@ from pathlib import Path
 
 from ..._exceptions import ServerError
 from ..local import _disk
-from ..local._backend import RESOLV_CONF, DiskImagesHolder
+from ..local._backend import DiskImagesHolder
+from ..local._upper import RESOLV_CONF
 from ._container import WRITABLE
 
 __all__ = ["disk_in_use", "mount_disk", "prepare_disk", "release_disk", "unmount_disk", "write_resolv_conf"]

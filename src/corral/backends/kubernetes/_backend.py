@@ -47,6 +47,7 @@ from ..._exceptions import ConflictError, InvalidRequestError, NotFoundError, Ru
 from ..._settings import k8s_backend, k8s_images, replica_id
 from ...templates import Template
 from .._contract import (
+    CHECKPOINTS_LIMITATION,
     JSON,
     ROOT_LIMITATION,
     AgentAddress,
@@ -96,6 +97,9 @@ LIMITATIONS: dict[str, str] = {
         "agent's uid, can read its own token, which opens only its own agent"),
     "snapshots": "no snapshots, pause or pause to disk on Kubernetes yet: a Pod's filesystem is not kept",
     "volumes": "no volumes on Kubernetes yet (they would be PersistentVolumeClaims)",
+    CHECKPOINTS_LIMITATION: (
+        "no checkpoints or in-place restore on Kubernetes yet: a Pod's writable layer is the node's container "
+        "runtime's, out of the control plane's reach, and a Pod cannot be stopped and started again on it"),
 }
 
 

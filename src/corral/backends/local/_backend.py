@@ -40,17 +40,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import json
 import logging
 import os
 import secrets
 import shutil
 import socket
-import stat
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -74,9 +72,14 @@ from .._volumes import HostVolumes, prepare_mountpoints
 from . import _cgroups, _disk, _preflight
 from ._agent_files import agent_layers, install_agent, root_layer
 from ._bundle import AGENT_RUN_DIR, CPU_PERIOD, ID_RANGE, SANDBOX_UID, BundleParams, build_config, cpu_quota
-from ._layers import MAX_DEPTH, Layers, check_layers, mount_views
+from ._checkpoints import LocalCheckpoints
+from ._host import listening, tail, take_socket
+from ._layers import Layers, mount_views
+from ._record import LocalRecord, local_record
 from ._runtime import OCIRuntime
+from ._snapshots import LocalSnapshots
 from ._system import check_open_files, free_disk, meminfo, raise_open_files_limit
+from ._upper import prepare_upper
 from ._usage import sandbox_usage
 
 logger = logging.getLogger("corral.backends.local")
@@ -95,44 +98,7 @@ EGRESS_TMPFS_SIZE = 1024 * 1024  # room to rewrite the bundle (old and new side 
 EGRESS_TMPFS_INODES = 8
 
 
-@dataclass(frozen=True)
-class LocalRecord(BackendRecord):
-    """One local sandbox: its directory, runtime, uid range (slot), agent token and cgroup."""
-
-    dir: Path
-    runtime: Runtime
-    slot: int  # -1: none allocated yet
-    uid_base: int  # host uid of the sandbox's root
-    token: str
-    cgroups_path: str
-    template: str = ""  # the template's digest and root: what `boot` mounts again ("": made before `boot` was)
-    template_rootfs: str = ""
-    layers: tuple[str, ...] = ()  # started from a snapshot: its layers, newest first (`_layers`)
-
-    def to_json(self) -> JSON:
-        return {"sandbox_id": self.sandbox_id, "dir": str(self.dir), "runtime": self.runtime.value,
-                "slot": self.slot, "uid_base": self.uid_base, "token": self.token,
-                "cgroups_path": self.cgroups_path, "template": self.template,
-                "template_rootfs": self.template_rootfs, "layers": list(self.layers)}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> LocalRecord:
-        """`ValueError` unless `data` is what `to_json` made."""
-        try:
-            record = cls(sandbox_id=_typed(data, "sandbox_id", str), dir=Path(_typed(data, "dir", str)),
-                         runtime=Runtime(data["runtime"]), slot=_typed(data, "slot", int),
-                         uid_base=_typed(data, "uid_base", int), token=_typed(data, "token", str),
-                         cgroups_path=_typed(data, "cgroups_path", str),
-                         template=str(data.get("template", "")), template_rootfs=str(data.get("template_rootfs", "")),
-                         layers=check_layers(data.get("layers", [])))
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"not a local backend record: {exc!r}") from None
-        if not record.cgroups_path.startswith("/") or ".." in record.cgroups_path.split("/"):
-            raise ValueError(f"not a local backend record: cgroups path {record.cgroups_path!r}")
-        return record
-
-
-class LocalBackend:
+class LocalBackend(LocalSnapshots, LocalCheckpoints):
     """Sandboxes as OCI bundles on this host (runc, or runsc for gVisor); see docs/backends.md.
 
     **Parameters:**
@@ -159,9 +125,7 @@ class LocalBackend:
         self._checked: dict[Runtime, float] = {}  # runtime -> when the preflight check last passed
         self._agent_dir: Path | None = None
         self._agent_lock = asyncio.Lock()
-        # sandbox id -> (layer, KiB written to its disk when that layer was copied): a snapshot of a sandbox
-        # whose disk has not been written since takes the same layer again instead of a copy (forks of one state).
-        self._captured: dict[str, tuple[str, int]] = {}
+        self._captured: dict[str, tuple[str, int]] = {}  # see `LocalSnapshots`
 
     # -- the contract ------------------------------------------------------------------------------
 
@@ -199,28 +163,28 @@ class LocalBackend:
         return record
 
     def agent_address(self, record: BackendRecord) -> AgentAddress:
-        rec = _local(record)
+        rec = local_record(record)
         return AgentAddress(UnixEndpoint(str(rec.dir / "agent.sock")), rec.token)
 
     def ready_timeout(self, record: BackendRecord) -> float:
-        return AGENT_READY_TIMEOUT[_local(record).runtime]
+        return AGENT_READY_TIMEOUT[local_record(record).runtime]
 
     def egress_endpoint(self, record: BackendRecord) -> UnixEndpoint:
-        return UnixEndpoint(str(_local(record).dir / "egress" / "proxy.sock"))
+        return UnixEndpoint(str(local_record(record).dir / "egress" / "proxy.sock"))
 
     async def diagnostics(self, record: BackendRecord) -> str:
-        return _tail(_local(record).dir / "agent.log")  # inline: reads at most the last few KiB
+        return tail(local_record(record).dir / "agent.log")  # inline: reads at most the last few KiB
 
     async def pause(self, record: BackendRecord) -> None:
-        rec = _local(record)
+        rec = local_record(record)
         await self.runtimes[rec.runtime].pause(rec.sandbox_id)
 
     async def resume(self, record: BackendRecord) -> None:
-        rec = _local(record)
+        rec = local_record(record)
         await self.runtimes[rec.runtime].resume(rec.sandbox_id)
 
     async def stop(self, record: BackendRecord) -> None:
-        rec = _local(record)
+        rec = local_record(record)
         await self._take_down(rec)
         # What `_start` makes afresh: a stale socket file would make the next bind fail.
         (rec.dir / "agent.sock").unlink(missing_ok=True)
@@ -228,7 +192,7 @@ class LocalBackend:
         logger.info("sandbox.stopped", extra={"sandbox": rec.sandbox_id})
 
     async def boot(self, record: BackendRecord, spec: SandboxSpec) -> LocalRecord:
-        rec = _local(record)
+        rec = local_record(record)
         if not rec.template_rootfs:
             raise ConflictError(f"sandbox {rec.sandbox_id} was made by an older Corral and cannot be booted again")
         if not Path(rec.template_rootfs).is_dir():
@@ -244,54 +208,6 @@ class LocalBackend:
             raise
         return rec
 
-    async def snapshot(self, record: BackendRecord, snapshot_id: str) -> SnapshotArtifact:
-        rec = _local(record)
-        if len(rec.layers) + 1 > MAX_DEPTH:
-            raise ConflictError(f"sandbox {rec.sandbox_id} already stands on {len(rec.layers)} snapshot layers; "
-                                f"a snapshot of it would have more than {MAX_DEPTH}")
-        if not rec.template:
-            raise ConflictError(f"sandbox {rec.sandbox_id} was made by an older Corral and cannot be snapshotted")
-        upper = rec.dir / "disk" / "upper"
-        if _disk.is_mounted(rec.dir / "disk"):
-            layer = await self._capture_frozen(rec, upper, snapshot_id)
-        else:  # paused to disk: nothing runs, nothing to freeze
-            await _disk.mount_image(rec.dir / "disk.img", rec.dir / "disk")
-            try:
-                layer = await self.layers.capture(upper, rec.uid_base, snapshot_id)
-            finally:
-                await _disk.unmount_all([rec.dir / "disk"])
-        try:
-            for below in rec.layers:
-                self.layers.add_ref(below, snapshot_id)
-        except BaseException:
-            await self.delete_snapshot(SnapshotArtifact(snapshot_id, rec.template, 0,
-                                                        {"layers": [layer, *rec.layers]}))
-            raise
-        return SnapshotArtifact(snapshot_id=snapshot_id, template=rec.template, size_bytes=self.layers.size(layer),
-                                data={"layers": [layer, *rec.layers]})
-
-    async def _capture_frozen(self, rec: LocalRecord, upper: Path, snapshot_id: str) -> str:
-        """Copy the upper layer with every process of the sandbox frozen: a consistent instant, never torn."""
-        runtime = self.runtimes[rec.runtime]
-        state = await runtime.state(rec.sandbox_id)
-        frozen_already = state is not None and state.get("status") == "paused"
-        if not frozen_already:
-            await runtime.pause(rec.sandbox_id)
-        try:
-            written = await _disk.in_thread(_disk.written_kbytes, rec.dir / "disk")
-            last = self._captured.get(rec.sandbox_id)
-            if written is not None and last is not None and last[1] == written:
-                with contextlib.suppress(NotFoundError):  # gone with its last holder: copy again
-                    self.layers.add_ref(last[0], snapshot_id)
-                    return last[0]
-            layer = await self.layers.capture(upper, rec.uid_base, snapshot_id)
-            if written is not None:
-                await self._remember_capture(rec.sandbox_id, layer, written)
-            return layer
-        finally:
-            if not frozen_already:
-                await asyncio.shield(runtime.resume(rec.sandbox_id))
-
     async def create_volume(self, volume_id: str, size: int) -> None:
         await self.volumes.create(volume_id, size)
 
@@ -301,21 +217,8 @@ class LocalBackend:
     async def volume_used(self, volume_id: str) -> int:
         return await self.volumes.used(volume_id)
 
-    async def _remember_capture(self, sandbox_id: str, layer: str, written: int) -> None:
-        """The sandbox holds its latest layer while it lives, so that the next snapshot of an unchanged disk
-        (ten forks of one state) takes it again even if every snapshot and child of it is gone by then."""
-        self.layers.add_ref(layer, sandbox_id)
-        previous = self._captured.get(sandbox_id)
-        self._captured[sandbox_id] = (layer, written)
-        if previous is not None and previous[0] != layer:
-            await self.layers.drop_ref(previous[0], sandbox_id)
-
-    async def delete_snapshot(self, snapshot: SnapshotArtifact) -> None:
-        for layer in check_layers(snapshot.data.get("layers", [])):
-            await self.layers.drop_ref(layer, snapshot.snapshot_id)
-
     async def destroy(self, record: BackendRecord) -> None:
-        rec = _local(record)
+        rec = local_record(record)
         await self._take_down(rec)
         leftover = _disk.mounts_under(rec.dir)
         if leftover:
@@ -350,20 +253,20 @@ class LocalBackend:
         _cgroups.remove(rec.cgroups_path)
 
     async def alive(self, record: BackendRecord) -> bool:
-        rec = _local(record)
+        rec = local_record(record)
         if rec.runtime == Runtime.RUNC and (known := _init_alive(rec)) is not None:
             return known
         state = await self.runtimes[rec.runtime].state(rec.sandbox_id)
         return state is not None and state.get("status") in ("running", "paused")
 
     async def frozen(self, record: BackendRecord) -> bool:
-        rec = _local(record)
+        rec = local_record(record)
         state = await self.runtimes[rec.runtime].state(rec.sandbox_id)
         return state is not None and state.get("status") == "paused"
 
     async def resize(self, record: BackendRecord, limits: Limits) -> None:
         """`Resizable`: the cgroup's memory (no swap), CPU quota and pids limits, written in place."""
-        rec = _local(record)
+        rec = local_record(record)
         try:
             _cgroups.resize(rec.cgroups_path, memory=limits.memory, cpu_quota=cpu_quota(limits.cpus),
                             cpu_period=CPU_PERIOD, pids=limits.pids, swap=_cgroups.swap_accounting())
@@ -371,10 +274,10 @@ class LocalBackend:
             raise ServerError(f"resizing sandbox {rec.sandbox_id} failed: {exc}") from exc
 
     async def oom_kills(self, record: BackendRecord) -> int:
-        return _cgroups.oom_kills(_local(record).cgroups_path)
+        return _cgroups.oom_kills(local_record(record).cgroups_path)
 
     async def usage(self, record: BackendRecord) -> SandboxUsage | None:
-        rec = _local(record)
+        rec = local_record(record)
         return sandbox_usage(rec.cgroups_path, rec.dir / "disk")  # inline: a few cgroup files and a statvfs
 
     def restore(self, data: JSON) -> LocalRecord:
@@ -388,12 +291,12 @@ class LocalBackend:
     async def adopt(self, record: BackendRecord) -> None:
         """Its uid range stays reserved. A runsc sandbox made before its agent's socket was moved out of the
         sandbox's reach (its `run/agent.sock`) gets that done now: `agent_address` names the moved one."""
-        rec = _local(record)
+        rec = local_record(record)
         self._slots.add(rec.slot)
         bound = rec.dir / "run" / "agent.sock"
         if rec.runtime == Runtime.RUNSC and os.path.lexists(bound) and not os.path.lexists(rec.dir / "agent.sock"):
             try:
-                _take_socket(bound, rec.dir / "agent.sock")
+                take_socket(bound, rec.dir / "agent.sock")
             except (OSError, ServerError) as exc:  # its agent is unreachable then; the engine still starts
                 logger.warning("sandbox.agent_socket_not_taken", extra={"sandbox": rec.sandbox_id, "error": str(exc)})
 
@@ -429,7 +332,7 @@ class LocalBackend:
 
     async def memory_usage(self, record: BackendRecord) -> int:
         """Bytes the sandbox's cgroup charges now (the benchmarks report it)."""
-        return _cgroups.memory_usage(_local(record).cgroups_path)
+        return _cgroups.memory_usage(local_record(record).cgroups_path)
 
     # -- building a sandbox ------------------------------------------------------------------------
 
@@ -441,23 +344,12 @@ class LocalBackend:
         _preflight.check(runtime.value, self.home)
         self._checked[runtime] = time.monotonic()
 
-    def _source_layers(self, source: SnapshotArtifact | None, template: Template) -> tuple[str, ...]:
-        if source is None:
-            return ()
-        if source.template != template.digest:
-            raise ConflictError(f"snapshot {source.snapshot_id} was taken on template {source.template[:12]}, "
-                                f"not {template.digest[:12]}")
-        try:
-            return check_layers(source.data.get("layers"))
-        except ValueError as exc:
-            raise ServerError(f"snapshot {source.snapshot_id} is not one of this backend's: {exc}") from None
-
     async def _build_root(self, record: LocalRecord, spec: SandboxSpec) -> None:
         """Mount the disk (made already), the snapshot layers and the overlay root on them."""
         sbdir = record.dir
         await _disk.mount_image(sbdir / "disk.img", sbdir / "disk")
         upper, work = sbdir / "disk" / "upper", sbdir / "disk" / "work"
-        _prepare_upper(upper, work, record.uid_base)
+        prepare_upper(upper, work, record.uid_base)
         prepare_mountpoints(upper, spec.volumes, record.uid_base,
                             lower=Path(record.template_rootfs) if record.template_rootfs else None)
         (sbdir / "layers").mkdir(mode=0o700, exist_ok=True)
@@ -537,7 +429,7 @@ class LocalBackend:
         start = time.monotonic()
         timeout = AGENT_READY_TIMEOUT[record.runtime]
         next_alive = start + ALIVE_POLL
-        while not _listening(bound):
+        while not listening(bound):
             now = time.monotonic()
             stopped = now >= next_alive and not await self.alive(record)
             if stopped or now - start > timeout:
@@ -547,7 +439,7 @@ class LocalBackend:
             if now >= next_alive:
                 next_alive = now + ALIVE_POLL
             await asyncio.sleep(SOCKET_POLL)
-        _take_socket(bound, record.dir / "agent.sock")
+        take_socket(bound, record.dir / "agent.sock")
 
     async def _agent_source(self) -> Path:
         """The agent's files, installed once per process in a thread (copies and a C compile)."""
@@ -645,19 +537,6 @@ def _layer_views(sbdir: Path) -> list[Path]:
         return []
 
 
-def _local(record: BackendRecord) -> LocalRecord:
-    if not isinstance(record, LocalRecord):
-        raise TypeError(f"the local backend was given a {type(record).__name__}, not one of its own records")
-    return record
-
-
-def _typed(data: Mapping[str, Any], key: str, kind: type[Any]) -> Any:
-    value = data[key]
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise TypeError(f"{key} is a {type(value).__name__}, not a {kind.__name__}")
-    return value
-
-
 def _read_json(path: Path) -> JSON:
     data = json.loads(path.read_text())
     if not isinstance(data, dict):
@@ -702,149 +581,9 @@ def _stale_slot(path: Path) -> bool:
     return bool(owner) and not Path(owner).exists()
 
 
-RESOLV_CONF = """\
-# Corral: names resolve through the egress proxy only (HTTP_PROXY=http://127.0.0.1:3128); direct DNS is refused.
-nameserver 127.0.0.1
-options timeout:1 attempts:1
-"""
-
-
-def _prepare_upper(upper: Path, work: Path, uid_base: int) -> None:
-    """Create, from the host, what the container's root cannot: its writable dirs and mount points.
-
-    Template files belong to host root, which the sandbox's user namespace does not map (they show up as
-    `nobody`); so the sandbox's own directories are made here, owned by the right ids of its range.
-
-    At a boot after a pause to disk, `upper` holds whatever the sandbox left there, and a sandbox with root may
-    have put a symlink (to a host path, say) where one of these directories was: nothing below `upper` is ever
-    followed. Each directory is opened from its parent's descriptor with O_NOFOLLOW, and an entry in its place
-    that is not a directory (a symlink, a file, a whiteout) is removed and the directory made again.
-    """
-    root_id, user_id = uid_base, uid_base + SANDBOX_UID
-    for path, uid, mode in ((upper, root_id, 0o755), (work, 0, 0o700)):  # the disk's own: the sandbox never names them
-        path.mkdir(exist_ok=True)
-        os.chown(path, uid, uid)
-        os.chmod(path, mode)
-    top = os.open(upper, _DIR_NOFOLLOW)
-    try:
-        for rel, uid, mode in (
-            ("home", root_id, 0o755),
-            ("home/user", user_id, 0o750),
-            ("workspace", user_id, 0o755),
-            ("tmp", root_id, 0o1777),
-            (".corral", root_id, 0o755),
-            (".corral/agent", root_id, 0o755),
-            (".corral/egress", root_id, 0o755),
-            ("etc", root_id, 0o755),
-        ):
-            os.close(_own_dir(top, rel, uid, mode))
-        etc = _own_dir(top, "etc", root_id, 0o755)
-        try:
-            _write_resolv_conf(etc, root_id)
-        finally:
-            os.close(etc)
-    finally:
-        os.close(top)
-
-
-_DIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def _own_dir(top: int, rel: str, uid: int, mode: int) -> int:
-    """The directory `rel` below `top` as a descriptor (the caller closes it), made where missing and owned by
-    `uid`, `mode`; its parents must exist already. Nothing is followed: see `_prepare_upper`."""
-    parent = os.dup(top)
-    try:
-        *parents, name = rel.split("/")
-        for part in parents:
-            child = os.open(part, _DIR_NOFOLLOW, dir_fd=parent)
-            os.close(parent)
-            parent = child
-        fd = _open_or_replace_dir(parent, name)
-    finally:
-        os.close(parent)
-    os.fchown(fd, uid, uid)
-    os.fchmod(fd, mode)
-    return fd
-
-
-def _open_or_replace_dir(parent: int, name: str) -> int:
-    try:
-        os.mkdir(name, 0o700, dir_fd=parent)
-    except FileExistsError:
-        pass
-    try:
-        return os.open(name, _DIR_NOFOLLOW, dir_fd=parent)
-    except OSError as exc:
-        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
-            raise
-    os.unlink(name, dir_fd=parent)  # a symlink, file or whiteout where the directory must be: never followed
-    os.mkdir(name, 0o700, dir_fd=parent)
-    return os.open(name, _DIR_NOFOLLOW, dir_fd=parent)
-
-
-def _write_resolv_conf(etc: int, root_id: int) -> None:
-    """No resolver is reachable: the agent answers on 127.0.0.1:53 and refuses at once (docs/egress.md)."""
-    try:
-        os.unlink("resolv.conf", dir_fd=etc)  # a symlink is removed, not followed
-    except FileNotFoundError:
-        pass
-    except IsADirectoryError:
-        shutil.rmtree("resolv.conf", dir_fd=etc)
-    fd = os.open("resolv.conf", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
-                 dir_fd=etc)
-    try:
-        os.write(fd, RESOLV_CONF.encode())
-        os.fchown(fd, root_id, root_id)
-        os.fchmod(fd, 0o644)
-    finally:
-        os.close(fd)
-
-
 def _mount_own_dirs(agent_files: Path, agent: Path, egress: Path, user_id: int) -> None:
     """The sandbox's `agent/` and `egress/` (see the module's docstring), in one thread."""
     _disk.mount_readonly_layers(agent_layers(agent_files), agent)
     _disk.mount_tmpfs(egress, size=EGRESS_TMPFS_SIZE, inodes=EGRESS_TMPFS_INODES, mode=0o700, owner=user_id)
 
 
-def _listening(path: Path) -> bool:
-    """Whether a socket at `path` accepts connections (a non-blocking connect, closed at once: the agent takes a
-    connection that sends nothing as a client that left)."""
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.setblocking(False)
-    try:
-        probe.connect(str(path))
-    except BlockingIOError:
-        return True  # listening, its backlog full for the moment
-    except OSError:
-        return False  # not there yet (ENOENT), or bound but not listening (ECONNREFUSED)
-    finally:
-        probe.close()
-    return True
-
-
-def _take_socket(bound: Path, dest: Path) -> None:
-    """Move the socket the agent bound in `run/` (writable by the sandbox, which sees it at /.corral/run) to
-    `dest` in the sandbox's root-only directory, root's and 0600. It stays bound and listening: a Unix socket is
-    reached through its inode, whatever its name. Then `run/` becomes root's, empty and 0555, so the sandbox can
-    write nothing there (it stays mounted: it is on the host's disk, outside the sandbox's quota) and cannot plant
-    a socket of its own where the engine would connect. The same as the Docker backend does with its `run/`."""
-    os.rename(bound, dest)
-    if not stat.S_ISSOCK(os.lstat(dest).st_mode):  # the agent alone ran so far; anything else is not ours
-        dest.unlink()
-        raise ServerError(f"{bound} is not the agent's socket")
-    os.chown(dest, 0, 0, follow_symlinks=False)
-    os.chmod(dest, 0o600)
-    run_dir = bound.parent
-    os.chown(run_dir, 0, 0)
-    os.chmod(run_dir, 0o555)  # noqa: S103 - read-only to the sandbox: it stays mounted there
-
-
-def _tail(path: Path, limit: int = 1500) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - limit))
-            text = f.read().decode(errors="replace").strip()
-    except OSError:
-        return "(no agent log)"
-    return text or "(agent log empty)"

@@ -45,6 +45,18 @@ def cgroup_dirs(cgroups_path: str) -> list[Path]:
                                               "devices", "blkio", "systemd", "unified")]
 
 
+def frozen(cgroups_path: str) -> bool | None:
+    """Whether the cgroup's freezer holds it frozen (or freezing), read from its one file; None when the file
+    cannot tell (no such cgroup, no freezer: ask the runtime)."""
+    rel = cgroups_path.lstrip("/")
+    try:
+        if is_v2():
+            return (CGROUP_ROOT / rel / "cgroup.freeze").read_text().strip() == "1"
+        return (CGROUP_ROOT / "freezer" / rel / "freezer.state").read_text().strip() in ("FROZEN", "FREEZING")
+    except OSError:
+        return None
+
+
 def resize(cgroups_path: str, *, memory: int, cpu_quota: int, cpu_period: int, pids: int, swap: bool) -> None:
     """Set the cgroup's memory limit (and memory+swap to the same, `swap`: no swap at all, as the bundle does),
     CPU quota and pids limit. Raises OSError if the kernel refuses (e.g. a limit under what is used already)."""
