@@ -8,6 +8,8 @@ the fake sandbox's files), and against a real `corral serve` with runc sandboxes
 
 from __future__ import annotations
 
+import shutil
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,13 +18,13 @@ from typing import Any
 import httpx
 import pytest
 
-from corral import NotFoundError, Sandbox
+from corral import Admin, NotFoundError, Sandbox
+from corral.server import ServerProcess
 
-from .conftest import DEV_ROOTFS, TEMPLATE
+from .conftest import DEV_ROOTFS, TEMPLATE, TEMPLATE_HOME, TEST_HOME
 from .live_front import threaded_front
 from .test_dashboard import CHROMIUM, screenshot, sign_in
-from .test_dashboard import browser as browser  # the fixtures: Chromium, a page, the real server
-from .test_dashboard import deployment as deployment
+from .test_dashboard import browser as browser  # the fixtures: Chromium, and a page
 from .test_dashboard import page as page
 
 pytestmark = [
@@ -45,11 +47,33 @@ class Front:
 @pytest.fixture(scope="module", params=["fake", REAL])
 def front(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
     if request.param == "real":
-        real = request.getfixturevalue("deployment")
-        yield Front(real.server.url, real.dev_key, real.auditor_key)
+        yield from _real_front()
         return
     with threaded_front(tmp_path_factory.mktemp("dashboard-checkpoints")) as served:
         yield Front(served.url, served.keys["a_dev"], served.keys["a_aud"])
+
+
+def _real_front() -> Iterator[Front]:
+    """A `corral serve` of its own (runc sandboxes). Stopped from a thread of its own: this module's browser may
+    have started after it, and Playwright's event loop (in this thread) is then still running."""
+    home = TEST_HOME / "dashboard-checkpoints"
+    shutil.rmtree(home, ignore_errors=True)
+    server = ServerProcess(home, template_home=TEMPLATE_HOME)
+    server.start()
+    try:
+        with Admin(api_key=server.admin_key, base_url=server.url) as admin:
+            admin.tenants.create("acme")
+            dev = admin.keys.create("acme", "developer").key
+            auditor = admin.keys.create("acme", "auditor").key
+        yield Front(server.url, dev, auditor)
+    finally:
+        def down() -> None:
+            server.stop()
+            server.destroy_leftovers()
+
+        cleanup = threading.Thread(target=down)
+        cleanup.start()
+        cleanup.join()
 
 
 @pytest.fixture(scope="module")
