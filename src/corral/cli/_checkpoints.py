@@ -23,7 +23,7 @@ from ._common import ApiKeyOption, JsonOption, UrlOption, client, note, print_js
 __all__ = ["changes", "checkpoint", "checkpoints", "delete_checkpoint", "restore"]
 
 SandboxArg = typer.Argument(..., help="Sandbox id.")
-CheckpointArg = typer.Argument(..., help="A checkpoint's id (ckpt-...) or name.")
+CheckpointArg = typer.Argument(..., metavar="checkpoint", help="A checkpoint's id (ckpt-...) or name.")
 
 
 @contextlib.contextmanager
@@ -105,7 +105,7 @@ def restore(
     url: UrlOption = None,
     api_key: ApiKeyOption = None,
 ) -> None:
-    """Put the sandbox's files back as they were at CHECKPOINT, in place (same id, limits, network, secrets,
+    """Put the sandbox's files back as they were at the checkpoint, in place (same id, limits, network, secrets,
     volumes). Its running processes, code sessions and terminals are stopped first: this prints which."""
     done = _call(url, api_key, "POST", sandbox_path(sandbox_id, "/restore"), "a restore",
                  json={"checkpoint": checkpoint_ref, "paths": path or None})
