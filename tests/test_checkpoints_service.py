@@ -398,3 +398,15 @@ async def test_manual_sandboxes_take_none_and_the_tenant_default_applies(setup: 
         await s.service.tenants.update(s.who["admin"], "a", default_checkpoints="always")
     assert bad.value.details == {"default_checkpoints": "always"}
     assert (await s.store.get_tenant(s.tenants["a"])).default_checkpoints == "auto"
+
+
+async def test_automatic_ones_stay_within_checkpoint_bytes(setup: Setup) -> None:
+    s, dev = setup, setup.who["dev"]
+    sid = await s.sandbox(checkpoints="auto", checkpoint_bytes=1500)
+    await _write(s, sid, "/workspace/data", b"x" * 1000)
+    taken = []
+    for _ in range(3):  # each automatic one holds the 1000 bytes (the fake's size: every file's bytes)
+        with request_scope("r") as info:
+            await s.service.commands.run(dev, sid, Command("true"))
+        taken.append(info.checkpoint)
+    assert [c.id for c in await s.service.checkpoints.list(dev, sid) if c.automatic] == [taken[-1]]

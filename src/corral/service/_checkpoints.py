@@ -226,7 +226,7 @@ class Checkpoints:
                                  created_at=datetime.now(UTC), size_bytes=artifact.size_bytes, command=command,
                                  automatic=automatic, artifact=artifact.to_json())
         await self._record(principal, record, taken, artifact, existing, evicted)
-        await self._within_budget(record, taken, evicted)
+        await self._within_budget(record, taken, existing, evicted)
         if evicted:
             outcome["evicted"] = evicted
         return taken
@@ -259,9 +259,9 @@ class Checkpoints:
             raise
 
     async def _within_budget(self, record: SandboxRecord, taken: CheckpointRecord,
-                             evicted: builtins.list[str]) -> None:
+                             existing: builtins.list[CheckpointRecord], evicted: builtins.list[str]) -> None:
         """At most `checkpoint_budget` bytes of automatic checkpoints: the oldest go (never the one just taken)."""
-        autos = [c for c in await self._store.checkpoints.list(record.tenant_id, record.id) if c.automatic]
+        autos = [c for c in [taken, *existing] if c.automatic and c.id not in evicted]  # newest first
         total, budget = sum(c.size_bytes for c in autos), checkpoint_budget(record)
         for old in reversed(autos):
             if total <= budget or old.id == taken.id:
