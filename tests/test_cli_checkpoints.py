@@ -104,6 +104,12 @@ def test_create_with_automatic_checkpoints(dev: Cli) -> None:
         assert "auto" in table and "/workspace/data.csv" in table
         changed = json.loads(dev.ok("sandbox", "changes", sid, "--since", auto["id"], "--json"))
         assert [(c["path"], c["kind"]) for c in changed["changes"]] == [("/workspace/data.csv", "added")]
+        ran = dev.run("exec", sid, "--", "rm", "/workspace/data.csv")
+        assert ran.returncode == 0 and ran.stdout == b""  # stdout stays the command's
+        newest = json.loads(dev.ok("sandbox", "checkpoints", sid, "--json"))[0]
+        assert newest["command"] == "rm /workspace/data.csv"
+        assert ran.stderr.decode() == (f"corral: checkpoint {newest['id']} was taken before this command (undo it: "
+                                       f"corral sandbox restore {sid} {newest['id']})\n")
     finally:
         dev.run("sandbox", "kill", sid)
     one_error_line(dev.run("sandbox", "create", "--template", TEMPLATE, "--checkpoints", "always"),
