@@ -47,7 +47,7 @@ import shutil
 import stat
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -83,6 +83,8 @@ from ._api import DEFAULT_BASE_URL, START_HINT, DockerAPI
 from ._checkpoints import DockerCheckpoints
 from ._container import ContainerParams, container_config, volume_path_problem
 from ._image import Images
+from ._record import DockerRecord
+from ._record import docker_record as _docker
 from ._snapshot import allocated, copy_image, flush_filesystem, frozen_filesystem, grow_image, mark_clean
 from ._volume import mount_disk, prepare_disk, release_disk, unmount_disk, write_resolv_conf
 
@@ -120,43 +122,6 @@ LIMITATIONS: dict[str, str] = {
         "be root of the host running the Docker daemon, kept in only by its capabilities and seccomp; use the "
         "local backend (runc or runsc), where a sandbox's root is an unprivileged host uid"),
 }
-
-
-@dataclass(frozen=True)
-class DockerRecord(BackendRecord):
-    """One Docker sandbox: its container (by name; the id once made), its directory and its agent token, and
-    what `boot` and `snapshot` need: the template's image and digest."""
-
-    name: str
-    dir: Path
-    token: str
-    container_id: str = ""
-    cgroup: str = ""  # the memory cgroup of the container, relative to the hierarchy ("" until it runs)
-    image: str = ""  # the template's image (`image_ref`); "" in records made before sandboxes could boot again
-    template: str = ""  # the template's digest
-
-    def to_json(self) -> JSON:
-        return {"backend": "docker", "sandbox_id": self.sandbox_id, "name": self.name, "dir": str(self.dir),
-                "token": self.token, "container_id": self.container_id, "cgroup": self.cgroup,
-                "image": self.image, "template": self.template}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> DockerRecord:
-        """`ValueError` unless `data` is what `to_json` made."""
-        if not isinstance(data, Mapping) or data.get("backend") != "docker":
-            raise ValueError("not a Docker backend record")
-        try:
-            fields = {key: data[key] for key in ("sandbox_id", "name", "dir", "token", "container_id", "cgroup")}
-        except KeyError as exc:
-            raise ValueError(f"not a Docker backend record: {exc!r} is missing") from None
-        fields |= {key: data.get(key, "") for key in ("image", "template")}  # absent from older records
-        if not all(isinstance(value, str) for value in fields.values()):
-            raise ValueError("not a Docker backend record: every field is a string")
-        if fields["cgroup"] and (not fields["cgroup"].startswith("/") or ".." in fields["cgroup"].split("/")):
-            raise ValueError(f"not a Docker backend record: cgroup {fields['cgroup']!r}")
-        return cls(sandbox_id=fields["sandbox_id"], name=fields["name"], dir=Path(fields["dir"]),
-                   token=fields["token"], container_id=fields["container_id"], cgroup=fields["cgroup"],
-                   image=fields["image"], template=fields["template"])
 
 
 class DockerBackend(DockerCheckpoints):
@@ -645,11 +610,6 @@ def _copy_frozen(image: Path, disk: Path, dest: Path) -> None:
     with frozen_filesystem(disk):
         copy_image(image, dest)
 
-
-def _docker(record: BackendRecord) -> DockerRecord:
-    if not isinstance(record, DockerRecord):
-        raise TypeError(f"the Docker backend was given a {type(record).__name__}, not one of its own records")
-    return record
 
 
 def _host_problems() -> list[str]:

@@ -17,7 +17,6 @@ import contextlib
 import shutil
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..._exceptions import ConflictError
 from .._checkpoints import CheckpointStore
@@ -25,10 +24,8 @@ from .._contract import BackendRecord, CheckpointArtifact, PathChange
 from ..local import _disk
 from ._api import DockerAPI
 from ._container import WRITABLE
+from ._record import docker_record as _rec
 from ._volume import release_disk
-
-if TYPE_CHECKING:
-    from ._backend import DockerRecord
 
 __all__ = ["DockerCheckpoints", "disk_path", "sandbox_path"]
 
@@ -152,11 +149,3 @@ class DockerCheckpoints:
 
 def _moved(change: PathChange, path: str) -> PathChange:
     return PathChange(path=path, kind=change.kind, size=change.size, old_size=change.old_size, type=change.type)
-
-
-def _rec(record: BackendRecord) -> DockerRecord:
-    from ._backend import DockerRecord  # here: the backend's module imports this one
-
-    if not isinstance(record, DockerRecord):
-        raise TypeError(f"the Docker backend was given a {type(record).__name__}, not one of its own records")
-    return record
