@@ -57,6 +57,8 @@ def test_the_walk_finds_every_group_and_nested_command() -> None:
     assert ("serve",) in PATHS and ("version",) in PATHS
     assert ("sandbox", "create") in PATHS and ("secret", "put") in PATHS
     assert len(PATHS) > 40
+    undo = {("sandbox", name) for name in ("checkpoint", "checkpoints", "restore", "changes", "delete-checkpoint")}
+    assert undo <= set(PATHS), undo - set(PATHS)
 
 
 @pytest.mark.parametrize("path", PATHS, ids=lambda p: " ".join(p) or "corral")

@@ -37,7 +37,8 @@ TRANSPORTS = ["http", "stdio"]
 CORRAL_MCP = [sys.executable, "-c", "from corral.cli import main; main()", "mcp"]
 WRONG_KEY = "corral_wrongkey_" + "A" * 43  # well-formed, and no key of the server's
 TOOL_NAMES = {"create_sandbox", "list_sandboxes", "kill_sandbox", "run_command", "run_code", "write_file",
-              "read_file", "list_files"}
+              "read_file", "list_files", "checkpoint", "list_checkpoints", "restore", "list_changes",
+              "delete_checkpoint"}
 
 
 @dataclass
@@ -137,7 +138,8 @@ async def test_the_tools_are_listed_with_schemas_and_descriptions(mcp_server: MC
         assert tool.input_schema["type"] == "object" and tool.input_schema.get("additionalProperties") is False
     run = listed["run_command"].input_schema
     assert set(run["required"]) == {"sandbox_id", "command"} and "timeout" in run["properties"]
-    assert set(listed["create_sandbox"].input_schema["properties"]) == {"template", "network", "timeout"}
+    assert set(listed["create_sandbox"].input_schema["properties"]) == {"template", "network", "timeout",
+                                                                        "checkpoints"}
     assert listed["read_file"].input_schema["properties"]["encoding"]["enum"] == ["text", "base64"]
 
 

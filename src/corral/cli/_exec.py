@@ -78,4 +78,7 @@ def exec_command(
             on_stdout=_writer(sys.stdout.buffer), on_stderr=_writer(sys.stderr.buffer), user=user)
     finally:
         http.close()
+    if result.checkpoint is not None:  # a sandbox with automatic checkpoints: how to undo what this did
+        note(f"corral: checkpoint {result.checkpoint} was taken before this command (undo it: corral sandbox "
+             f"restore {sandbox_id} {result.checkpoint})")
     raise typer.Exit(exit_code(result, timeout))

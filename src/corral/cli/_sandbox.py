@@ -1,5 +1,6 @@
 """`corral sandbox create|ls|kill|pause|resume|fork|snapshot|network|host`: sandboxes on a Corral server, through
-its API (`corral exec`, `corral cp` use them)."""
+its API (`corral exec`, `corral cp` use them); and the checkpoint commands of `_checkpoints.py`
+(`checkpoint|checkpoints|restore|changes|delete-checkpoint`), registered here."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from rich.table import Table
 from .._exceptions import CorralError
 from .._sdk import Sandbox, SandboxInfo
 from .._sdk._transport import sandbox_path
+from . import _checkpoints
 from ._common import (
     ApiKeyOption,
     JsonOption,
@@ -64,6 +66,10 @@ def create(
                                      "file operation, code cell or port request reaches it."),
     root: bool = typer.Option(False, "--root", help="Root inside the sandbox: `corral exec --user root`, `sudo` "
                               "(root is an unprivileged host uid; not on the Docker backend)."),
+    checkpoints: str | None = typer.Option(None, "--checkpoints", help="auto: take a checkpoint before each "
+                                           "command, code cell and file change, to undo it with `corral sandbox "
+                                           "restore` (the last 20 kept); manual: only `corral sandbox checkpoint` "
+                                           "(default: the tenant's setting, else manual)."),
     as_json: JsonOption = False,
     url: UrlOption = None,
     api_key: ApiKeyOption = None,
@@ -73,7 +79,7 @@ def create(
                         limits=_limits(memory, cpus, pids, disk), env=pairs(env, "--env"),
                         metadata=pairs(metadata, "--metadata"), public_ports=public_ports, on_timeout=on_timeout,
                         auto_resume=auto_resume, volumes=pairs(volume, "--volume"), root=root,
-                        api_key=api_key,
+                        checkpoints=checkpoints, api_key=api_key,
                         base_url=url)
     sb.close()  # the connection only: leaving `with` (or kill()) would destroy the sandbox
     if as_json:
@@ -264,3 +270,9 @@ def snapshot(
         print_json({k: v for k, v in dataclasses.asdict(snap).items() if not k.startswith("_")})
     else:
         typer.echo(snap.id)
+
+
+for _name, _command in (("checkpoint", _checkpoints.checkpoint), ("checkpoints", _checkpoints.checkpoints),
+                        ("restore", _checkpoints.restore), ("changes", _checkpoints.changes),
+                        ("delete-checkpoint", _checkpoints.delete_checkpoint)):
+    sandbox_app.command(_name)(_command)

@@ -8,8 +8,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
-__all__ = ["CreateArgs", "FileArgs", "KillArgs", "ListArgs", "ListFilesArgs", "NoArgs", "ReadArgs", "RunCodeArgs",
-           "RunCommandArgs", "WriteArgs"]
+__all__ = ["CheckpointArgs", "CheckpointRefArgs", "CreateArgs", "FileArgs", "KillArgs", "ListArgs",
+           "ListChangesArgs", "ListFilesArgs", "NoArgs", "ReadArgs", "RestoreArgs", "RunCodeArgs", "RunCommandArgs",
+           "WriteArgs"]
 
 MAX_SANDBOX_TIMEOUT = 7 * 24 * 3600  # the REST API's ceiling for a sandbox's time to live
 MAX_CALL_TIMEOUT = 3600  # a command or cell longer than an hour belongs in the background, not in one tool call
@@ -20,6 +21,11 @@ SandboxId = Annotated[StrictStr, Field(min_length=1, max_length=128,
 Path = Annotated[StrictStr, Field(min_length=1, max_length=4096,
                                   description="A path inside the sandbox; a relative one is under /workspace.")]
 Encoding = Literal["text", "base64"]
+CheckpointRef = Annotated[StrictStr, Field(min_length=1, max_length=128,
+                                           description="A checkpoint's id (\"ckpt-...\", as checkpoint, "
+                                                       "list_checkpoints or an automatic checkpoint's result gave "
+                                                       "it) or its name.")]
+MAX_RESTORE_PATHS = 64  # paths of one restore: more is a restore of the whole sandbox
 
 
 class _Args(BaseModel):
@@ -40,6 +46,11 @@ class CreateArgs(_Args):
                             "([\"pypi.org\", \"*.pythonhosted.org\"]).")
     timeout: float = Field(300, gt=0, le=MAX_SANDBOX_TIMEOUT,
                            description="Seconds the sandbox lives; it is destroyed with all its files after that.")
+    checkpoints: Literal["auto", "manual"] | None = Field(
+        None, description="\"auto\": a checkpoint is taken before every run_command, run_code and write_file, and "
+                          "each result carries its id (\"checkpoint\"), so any step can be undone with restore; "
+                          "\"manual\": only the checkpoints you take with the checkpoint tool. Default: the "
+                          "tenant's setting (else manual).")
 
 
 class ListArgs(NoArgs):
@@ -91,3 +102,31 @@ class ListFilesArgs(_Args):
     sandbox_id: SandboxId
     path: Path = "/workspace"
     depth: int = Field(1, ge=1, le=5, description="1: the directory's own entries; more: that many levels down.")
+
+
+class CheckpointArgs(_Args):
+    sandbox_id: SandboxId
+    name: StrictStr | None = Field(None, min_length=1, max_length=128,
+                                   description="A name to find it by later (unique in the sandbox; letters, "
+                                               "digits, '.', '_', '-'). A named checkpoint is never removed to "
+                                               "make room, only by delete_checkpoint.")
+
+
+class CheckpointRefArgs(_Args):
+    sandbox_id: SandboxId
+    checkpoint: CheckpointRef
+
+
+class RestoreArgs(CheckpointRefArgs):
+    paths: list[Path] | None = Field(None, min_length=1, max_length=MAX_RESTORE_PATHS,
+                                     description="Restore only these paths (each with everything below it) and "
+                                                 "leave every other file as it is now; a path that did not exist "
+                                                 "at the checkpoint is removed. Default: every file.")
+
+
+class ListChangesArgs(_Args):
+    sandbox_id: SandboxId
+    since: CheckpointRef
+    until: CheckpointRef | None = Field(None, description="A later checkpoint to compare to (default: the files "
+                                                          "as they are now).")
+    diff: bool = Field(False, description="Also return a unified diff of each changed text file (bounded).")

@@ -25,7 +25,8 @@ logger = logging.getLogger("corral.mcp")
 
 # What to do next, by error code: the message says what went wrong, this says how a model gets on with its task.
 _FIXES: dict[str, str] = {
-    "not_found": "list_sandboxes shows the sandboxes this API key can use; list_files shows what a directory holds",
+    "not_found": "list_sandboxes shows the sandboxes this API key can use; list_files shows what a directory "
+                 "holds; list_checkpoints shows a sandbox's checkpoints",
     "permission_denied": "use a path the sandbox user may use: under /workspace, /home/user or /tmp",
     "invalid_request": "correct the arguments as the message says and call the tool again",
     "conflict": "the sandbox is not in a state for this (paused, say); create a new one with create_sandbox",

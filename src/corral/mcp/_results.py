@@ -16,7 +16,8 @@ from .._output import egress_notice, reclaim_notice
 from ..control import SandboxRecord
 from ..engine import CodeResult, Entry, ExecResult, RichResult
 
-__all__ = ["code_result", "command_result", "entries_result", "result", "sandbox_json", "sandboxes_result"]
+__all__ = ["code_result", "command_result", "entries_result", "result", "sandbox_json", "sandboxes_result",
+           "with_checkpoint"]
 
 _IMAGE_TYPES = ("image/png", "image/jpeg")  # what MCP clients show as images; the agent sends both as base64
 _TEXT_TYPES = ("text/plain", "text/markdown", "application/json", "text/html")  # a rich result's text, best first
@@ -24,6 +25,19 @@ _TEXT_TYPES = ("text/plain", "text/markdown", "application/json", "text/html")  
 
 def result(text: str, structured: dict[str, Any], *images: types.ImageContent) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(text=text), *images], structured_content=structured)
+
+
+def with_checkpoint(done: types.CallToolResult, checkpoint: str | None) -> types.CallToolResult:
+    """A step of a sandbox with automatic checkpoints: the id of the one taken before it, in both forms (the
+    text says how to undo the step)."""
+    if checkpoint is None or not isinstance(done.structured_content, dict):
+        return done
+    first = done.content[0]
+    text = first.text if isinstance(first, types.TextContent) else ""
+    note = f"[checkpoint {checkpoint} was taken before this: restore it to undo this step]"
+    return types.CallToolResult(content=[types.TextContent(text=f"{text}\n{note}" if text else note),
+                                         *done.content[1:]],
+                                structured_content={**done.structured_content, "checkpoint": checkpoint})
 
 
 def _iso(moment: datetime) -> str:

@@ -27,7 +27,9 @@ __all__ = ["PRINCIPAL_SCOPE_KEY", "mcp_server"]
 PRINCIPAL_SCOPE_KEY = "corral.principal"  # the ASGI scope's entry that carries the caller to the tools
 INSTRUCTIONS = ("Corral runs code in isolated Linux sandboxes. Create one with create_sandbox, use its sandbox_id "
                 "with run_command, run_code, write_file, read_file and list_files, and kill_sandbox it when done. "
-                "Sandboxes have no network unless created with one.")
+                "Sandboxes have no network unless created with one. Before a risky step take a checkpoint; if a "
+                "step destroys files, restore the checkpoint from before it (list_checkpoints, list_changes): "
+                "in-place recovery is possible.")
 
 
 def mcp_server(service: Service) -> Server[Any]:

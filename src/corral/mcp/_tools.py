@@ -7,17 +7,14 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any
 
 import mcp_types as types
-from pydantic import BaseModel
 
 from .._exceptions import InvalidRequestError
 from .._paths import SandboxPath, sandbox_path
-from ..control import Principal
-from ..service import Cell, Command, CreateSandbox, Service
+from ..service import Cell, Command, CreateSandbox, current_request
 from ._args import (
     CreateArgs,
     KillArgs,
@@ -28,38 +25,24 @@ from ._args import (
     RunCommandArgs,
     WriteArgs,
 )
-from ._progress import Progress
-from ._results import code_result, command_result, entries_result, result, sandbox_json, sandboxes_result
+from ._call import CHANGES, DESTROYS, READ_ONLY, RUNS, Call, Tool
+from ._checkpoints import CHECKPOINT_TOOLS
+from ._results import (
+    code_result,
+    command_result,
+    entries_result,
+    result,
+    sandbox_json,
+    sandboxes_result,
+    with_checkpoint,
+)
 
 __all__ = ["MAX_OUTPUT", "MAX_READ", "TOOLS", "Call", "Tool", "tool_named"]
 
-Args = TypeVar("Args", bound=BaseModel)
 MAX_READ = 8 * 2**20  # bytes read_file returns: a model cannot use more, and the answer is held in memory
 # Bytes of each output stream a command keeps (the middle of more is left out, and said so): about 30k tokens,
 # what a model can still read; a command with more output should write it to a file.
 MAX_OUTPUT = 128 * 2**10
-
-
-@dataclass(frozen=True)
-class Call:
-    """One tool call: who makes it (the principal of its API key) and where its progress goes."""
-
-    service: Service
-    principal: Principal
-    progress: Progress
-
-
-@dataclass(frozen=True)
-class Tool(Generic[Args]):
-    name: str
-    description: str
-    args: type[Args]
-    run: Callable[[Call, Args], Awaitable[types.CallToolResult]]
-    annotations: types.ToolAnnotations
-
-    def listing(self) -> types.Tool:
-        return types.Tool(name=self.name, description=self.description, input_schema=self.args.model_json_schema(),
-                          annotations=self.annotations)
 
 
 def _path(path: str) -> SandboxPath:
@@ -68,11 +51,18 @@ def _path(path: str) -> SandboxPath:
     return sandbox_path(path)
 
 
+def _checkpoint_taken() -> str | None:
+    """The automatic checkpoint the service took before this call's step (a sandbox with checkpoints "auto")."""
+    request = current_request()
+    return None if request is None else request.checkpoint
+
+
 # -- sandboxes -----------------------------------------------------------------------------------------------
 
 
 async def create_sandbox(call: Call, args: CreateArgs) -> types.CallToolResult:
-    request = CreateSandbox(template=args.template, network=args.network, timeout=args.timeout)
+    request = CreateSandbox(template=args.template, network=args.network, timeout=args.timeout,
+                            checkpoints=args.checkpoints)  # None: the tenant's default
     record = await call.service.sandboxes.create(call.principal, request)
     created = sandbox_json(record)
     text = (f"Created sandbox {record.id} (template {record.template}, network {created['network']}); it lives "
@@ -102,7 +92,7 @@ async def run_command(call: Call, args: RunCommandArgs) -> types.CallToolResult:
         outcome = await stream.run(call.progress.stream("stdout"), call.progress.stream("stderr"))
     finally:
         await stream.close()
-    return command_result(outcome, args.timeout)
+    return with_checkpoint(command_result(outcome, args.timeout), _checkpoint_taken())
 
 
 async def run_code(call: Call, args: RunCodeArgs) -> types.CallToolResult:
@@ -112,7 +102,7 @@ async def run_code(call: Call, args: RunCodeArgs) -> types.CallToolResult:
         outcome = await stream.run(call.progress.stream("stdout"), call.progress.stream("stderr"))
     finally:
         await stream.close()
-    return code_result(outcome)
+    return with_checkpoint(code_result(outcome), _checkpoint_taken())
 
 
 # -- files ---------------------------------------------------------------------------------------------------
@@ -126,7 +116,8 @@ async def write_file(call: Call, args: WriteArgs) -> types.CallToolResult:
         yield data
 
     size = await call.service.files.write(call.principal, args.sandbox_id, path, body())
-    return result(f"Wrote {size} bytes to {path}.", {"path": path, "size": size})
+    return with_checkpoint(result(f"Wrote {size} bytes to {path}.", {"path": path, "size": size}),
+                           _checkpoint_taken())
 
 
 def _decode(content: str, encoding: str) -> bytes:
@@ -175,35 +166,31 @@ async def list_files(call: Call, args: ListFilesArgs) -> types.CallToolResult:
 
 # -- the table -----------------------------------------------------------------------------------------------
 
-_READ_ONLY = types.ToolAnnotations(read_only_hint=True, open_world_hint=False)
-_CHANGES = types.ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
-_DESTROYS = types.ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True,
-                                  open_world_hint=False)
-_RUNS = types.ToolAnnotations(read_only_hint=False, destructive_hint=True, open_world_hint=True)
-
 TOOLS: tuple[Tool[Any], ...] = (
     Tool("create_sandbox", "Create an isolated Linux sandbox (a fresh machine of its own: Debian, Python 3 with "
          "numpy/pandas/matplotlib/scikit-learn, Node.js, gcc) and return its sandbox_id. It has no network unless "
-         "`network` allows it, and is destroyed after `timeout` seconds. Work in /workspace.",
-         CreateArgs, create_sandbox, _CHANGES),
+         "`network` allows it, and is destroyed after `timeout` seconds. Work in /workspace. With checkpoints "
+         "\"auto\", every step you take can be undone with restore.",
+         CreateArgs, create_sandbox, CHANGES),
     Tool("list_sandboxes", "List the sandboxes this API key's tenant has running, with their ids, templates and "
-         "expiry times.", ListArgs, list_sandboxes, _READ_ONLY),
+         "expiry times.", ListArgs, list_sandboxes, READ_ONLY),
     Tool("kill_sandbox", "Destroy a sandbox now, with its processes and files. Kill sandboxes you no longer "
-         "need: they count against the tenant's quota until they expire.", KillArgs, kill_sandbox, _DESTROYS),
+         "need: they count against the tenant's quota until they expire.", KillArgs, kill_sandbox, DESTROYS),
     Tool("run_command", "Run a shell command in a sandbox and return its exit code, stdout and stderr (and "
          "whether it timed out or ran out of memory, and any network access the sandbox's policy refused). A "
          "non-zero exit code is a result, not an error. Output streams as progress while it runs.",
-         RunCommandArgs, run_command, _RUNS),
+         RunCommandArgs, run_command, RUNS),
     Tool("run_code", "Run code in a sandbox like a notebook cell (Python by default; state persists between "
          "calls) and return its output, the cell's value, displayed results, matplotlib figures as PNG images, "
-         "and the exception if it raised (name, value, traceback).", RunCodeArgs, run_code, _RUNS),
+         "and the exception if it raised (name, value, traceback).", RunCodeArgs, run_code, RUNS),
     Tool("write_file", "Write a file in a sandbox (its parent directories are made), replacing it if it exists: "
-         "UTF-8 text, or exact bytes given as base64 with encoding \"base64\".", WriteArgs, write_file, _CHANGES),
+         "UTF-8 text, or exact bytes given as base64 with encoding \"base64\".", WriteArgs, write_file, CHANGES),
     Tool("read_file", "Read a file from a sandbox: as UTF-8 text, or its exact bytes as base64 with encoding "
          "\"base64\" (use that for binary files: images, archives, anything not text).", ReadArgs, read_file,
-         _READ_ONLY),
+         READ_ONLY),
     Tool("list_files", "List a directory in a sandbox (default /workspace): each entry's path, type (file, dir, "
-         "symlink), size and permissions.", ListFilesArgs, list_files, _READ_ONLY),
+         "symlink), size and permissions.", ListFilesArgs, list_files, READ_ONLY),
+    *CHECKPOINT_TOOLS,
 )
 _BY_NAME = {tool.name: tool for tool in TOOLS}
 

@@ -1,9 +1,10 @@
-// /ui/sandboxes/{id}: CPU and memory charts, a live terminal (xterm.js over the PTY WebSocket), files, processes,
-// recent activity.
+// /ui/sandboxes/{id}: CPU and memory charts, a live terminal (xterm.js over the PTY WebSocket), the timeline of
+// checkpoints (./checkpoints.js), files, processes, recent activity.
 import * as api from "../api.js";
 import { go } from "../app.js";
 import { lineChart } from "../charts.js";
 import { age, bytes, errorBox, h, json, mount, table, time } from "../dom.js";
+import { checkpoints } from "./checkpoints.js";
 
 // What each close code of the PTY WebSocket means to the person at the terminal (docs/api.md).
 const CLOSES = {
@@ -29,6 +30,7 @@ export function sandboxPage(main, id) {
         h("div", {}, h("h3", {}, "CPU (% of its cpus)"), h("div", { id: "cpu-chart" })),
         h("div", {}, h("h3", {}, "Memory used"), h("div", { id: "memory-chart" })))),
     h("section", { class: "card" }, h("h2", {}, "Terminal"), terminal(id, cleanups)),
+    h("section", { class: "card", id: "checkpoints" }, h("h2", {}, "Checkpoints"), checkpoints(path, cleanups)),
     h("div", { class: "columns" },
       h("section", { class: "card" }, h("h2", {}, "Files"), files(path)),
       h("section", { class: "card" }, h("h2", {}, "Processes"), processes(path, cleanups))),
@@ -265,13 +267,18 @@ function processes(path, cleanups) {
   show();
   const timer = setInterval(show, 5000);
   document.addEventListener("terminal-started", show);
-  cleanups.push(() => { clearInterval(timer); document.removeEventListener("terminal-started", show); });
+  document.addEventListener("sandbox-restored", show); // a restore stopped its processes
+  cleanups.push(() => {
+    clearInterval(timer);
+    document.removeEventListener("terminal-started", show);
+    document.removeEventListener("sandbox-restored", show);
+  });
   return [h("div", { class: "toolbar" }, h("button", { id: "process-refresh", onclick: show }, "Refresh")), list];
 }
 
 // -- activity from the audit trail ------------------------------------------------------------------------------
 
-const ACTIVITY = /^(exec|sandbox\.exec|process\.start|sandbox\.pty|code\.run|egress\.)/;
+const ACTIVITY = /^(exec|sandbox\.exec|process\.start|sandbox\.pty|code\.run|egress\.|checkpoint\.(restore|delete))/;
 
 function activity(id) {
   const list = h("div", { id: "activity" });
