@@ -355,7 +355,7 @@ LIVE_SEED = int(os.environ.get("CORRAL_EVAL_SEED", "20261130"))
 
 # Why a task that Corral's own SDK passes may come out otherwise through E2B's SDK on Corral's E2B API
 # (docs/eval-report/e2b/README.md says more): E2B's semantics, E2B's SDK, or what Corral's E2B API does not offer.
-SKIPS = {"e2b lacks limits", "e2b lacks archive", "e2b lacks output_cap"}
+SKIPS = {"e2b lacks limits", "e2b lacks archive", "e2b lacks output_cap", "e2b lacks auto_checkpoints"}
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,10 @@ def plausible_request(method: str, path: str) -> dict[str, Any]:
         return {"json": {"network": "internet"}}
     if path.endswith("/mkdir"):
         return {"json": {"path": "/workspace/pwned"}}
+    if path.endswith("/restore"):
+        return {"json": {"checkpoint": "ckpt-0000000000000000"}}
+    if path.endswith("/changes"):
+        return {"params": {"since": "ckpt-0000000000000000"}}
     if path.endswith("/rename"):
         return {"json": {"src": "/workspace/secret", "dst": "/workspace/pwned"}}
     if "/files" in path or "/archive" in path:
