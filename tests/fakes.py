@@ -14,9 +14,10 @@ import contextlib
 import secrets
 import shutil
 import socket
+import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,6 +33,9 @@ from corral.backends import (
     SnapshotArtifact,
     UnixEndpoint,
 )
+from corral.control import ControlStore, Principal, Role
+from corral.engine import Engine
+from corral.service import Service
 from corral.templates import Template
 
 from .fake_agent import FakeAgent
@@ -288,3 +292,38 @@ def silent_server() -> Iterator[str]:
         for conn in held:
             conn.close()
         server.close()
+
+
+@contextlib.asynccontextmanager
+async def fake_service(prefix: str, make_backend: Callable[[Path, World], FakeBackend],
+                       people: Iterable[tuple[str, str, Role]]) -> AsyncIterator[FakeService]:
+    """A started `Service` over a fake backend in a fresh short home (the fake agents' Unix sockets live in it),
+    with tenants and one authenticated principal per (label, tenant, role) of `people`; all of it gone after."""
+    home = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    world = World(home / "world")
+    world.dir.mkdir()
+    backend = make_backend(home, world)
+    service = Service(Engine(home, backend, templates=FakeTemplates()),  # type: ignore[arg-type]
+                      ControlStore(home=home))
+    await service.start()
+    try:
+        people = list(people)
+        names = dict.fromkeys(tenant for _, tenant, _ in people)  # each tenant once, in the order first named
+        tenants = {name: (await service.store.create_tenant(name)).id for name in names}
+        who: dict[str, Principal] = {}
+        for label, tenant, role in people:
+            key = (await service.store.create_key(tenants[tenant], role)).key
+            who[label] = await service.store.authenticate(key)
+        yield FakeService(service, backend, who, tenants)
+    finally:
+        await service.close()
+        await service.engine.close(destroy_all=True)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class FakeService:
+    service: Service
+    backend: FakeBackend
+    who: dict[str, Principal]
+    tenants: dict[str, str]

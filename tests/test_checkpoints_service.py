@@ -7,9 +7,7 @@ and the SDK; tests/test_checkpoints_live.py does it on runc."""
 from __future__ import annotations
 
 import io
-import shutil
 import tarfile
-import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,10 +25,9 @@ from corral import (
 )
 from corral._paths import sandbox_path
 from corral.control import ControlStore, Principal, Quotas, Role
-from corral.engine import Engine
 from corral.service import Cell, Command, CreateSandbox, Service, request_scope
 
-from .fakes import FakeBackend, FakeTemplates, World
+from .fakes import FakeBackend, fake_service
 
 pytestmark = pytest.mark.anyio
 
@@ -65,24 +62,10 @@ class Setup:
 
 @pytest.fixture
 async def setup() -> AsyncIterator[Setup]:
-    home = Path(tempfile.mkdtemp(prefix="ck-", dir="/tmp"))  # short: the fake agents' Unix sockets live here
-    world = World(home / "world")
-    world.dir.mkdir()
-    backend = FakeBackend(home, world)
-    service = Service(Engine(home, backend, templates=FakeTemplates()),  # type: ignore[arg-type]
-                      ControlStore(home=home))
-    await service.start()
-    try:
-        tenants = {name: (await service.store.create_tenant(name)).id for name in ("a", "b")}
-        who: dict[str, Principal] = {}
-        for label, tenant, role in (("dev", "a", Role.DEVELOPER), ("aud", "a", Role.AUDITOR),
-                                    ("admin", "a", Role.ADMIN), ("other", "b", Role.DEVELOPER)):
-            who[label] = await service.store.authenticate((await service.store.create_key(tenants[tenant], role)).key)
-        yield Setup(service, backend, who, tenants)
-    finally:
-        await service.close()
-        await service.engine.close(destroy_all=True)
-        shutil.rmtree(home, ignore_errors=True)
+    people = (("dev", "a", Role.DEVELOPER), ("aud", "a", Role.AUDITOR), ("admin", "a", Role.ADMIN),
+              ("other", "b", Role.DEVELOPER))
+    async with fake_service("ck-", FakeBackend, people) as made:
+        yield Setup(made.service, made.backend, made.who, made.tenants)
 
 
 async def _chunks(data: bytes) -> AsyncIterator[bytes]:

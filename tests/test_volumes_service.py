@@ -7,9 +7,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
-import shutil
 import sqlite3
-import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,10 +27,9 @@ from corral import (
     Volume,
 )
 from corral.control import ControlStore, Principal, Quotas, Role
-from corral.engine import Engine
 from corral.service import CreateSandbox, Service
 
-from .fakes import FakeBackend, FakeTemplates, World
+from .fakes import FakeBackend, World, fake_service
 
 pytestmark = pytest.mark.anyio
 
@@ -77,25 +74,10 @@ class Setup:
 
 @pytest.fixture
 async def setup() -> AsyncIterator[Setup]:
-    home = Path(tempfile.mkdtemp(prefix="cv-", dir="/tmp"))  # short: the fake agents' Unix sockets live here
-    world = World(home / "world")
-    world.dir.mkdir()
-    backend = VolumeBackend(home, world)
-    service = Service(Engine(home, backend, templates=FakeTemplates()),  # type: ignore[arg-type]
-                      ControlStore(home=home))
-    await service.start()
-    try:
-        tenants = {name: (await service.store.create_tenant(name)).id for name in ("a", "b")}
-        who: dict[str, Principal] = {}
-        for label, tenant, role in (("a_dev", "a", Role.DEVELOPER), ("a_aud", "a", Role.AUDITOR),
-                                    ("b_dev", "b", Role.DEVELOPER)):
-            key = (await service.store.create_key(tenants[tenant], role)).key
-            who[label] = await service.store.authenticate(key)
-        yield Setup(service, backend, who, tenants)
-    finally:
-        await service.close()
-        await service.engine.close(destroy_all=True)
-        shutil.rmtree(home, ignore_errors=True)
+    people = (("a_dev", "a", Role.DEVELOPER), ("a_aud", "a", Role.AUDITOR), ("b_dev", "b", Role.DEVELOPER))
+    async with fake_service("cv-", VolumeBackend, people) as made:
+        assert isinstance(made.backend, VolumeBackend)
+        yield Setup(made.service, made.backend, made.who, made.tenants)
 
 
 async def test_create_get_list_delete_are_audited(setup: Setup) -> None:
