@@ -193,12 +193,10 @@ def test_the_graph_sees_imports() -> None:
 MAX_LINES = 600  # STYLE.md: no module over ~600 lines
 ENGINE_MAX_LINES = 400  # issue 24: each of the engine's parts small enough to read in one sitting
 CORPUS = PACKAGE / "eval" / "corpus"  # the eval corpus is data (tasks written out), not code to read
-# Modules over their limit today, each to be split along its seams; taken off this list when it is. The test
-# below fails for a module listed here that is no longer over (so the list stays true), and for any other over.
-OVER_LIMIT = frozenset({
-    "backends/docker/_backend.py",
-    "control/_store.py",
-})
+# Modules over their limit today, each to be split along its seams; taken off this list when it is (none is
+# today: keep it so, or list one here with the reason). The test below fails for a module listed here that is no
+# longer over (so the list stays true), and for any other over.
+OVER_LIMIT: frozenset[str] = frozenset()
 
 
 def _limit(path: Path) -> int:
@@ -228,4 +226,4 @@ def test_the_size_rule_counts_lines_and_knows_the_engine() -> None:
     assert lengths["engine/_session.py"][1] == ENGINE_MAX_LINES
     assert lengths["service/_sandboxes.py"][1] == MAX_LINES
     assert not any(name.startswith("eval/corpus/") for name in lengths)
-    assert lengths["control/_store.py"][0] > MAX_LINES  # a known long one is measured as long
+    assert lengths["service/_sandboxes.py"][0] > MAX_LINES // 2  # a known long one is measured as long

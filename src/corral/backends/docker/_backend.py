@@ -44,7 +44,6 @@ import os
 import re
 import secrets
 import shutil
-import stat
 import time
 from collections.abc import Mapping
 from dataclasses import replace
@@ -79,10 +78,11 @@ from ..local._agent_files import install_agent
 from ..local._bundle import SANDBOX_UID
 from ..local._system import free_disk, meminfo
 from ..local._usage import sandbox_usage
-from ._api import DEFAULT_BASE_URL, START_HINT, DockerAPI
+from ._api import DEFAULT_BASE_URL, DockerAPI
 from ._checkpoints import DockerCheckpoints
-from ._container import ContainerParams, container_config, volume_path_problem
+from ._container import ContainerParams, container_config
 from ._image import Images
+from ._preflight import check_volume_paths, daemon_problems, host_problems
 from ._record import DockerRecord
 from ._record import docker_record as _docker
 from ._snapshot import allocated, copy_image, flush_filesystem, frozen_filesystem, grow_image, mark_clean
@@ -167,7 +167,7 @@ class DockerBackend(DockerCheckpoints):
     async def create(self, sandbox_id: str, spec: SandboxSpec, template: Template,
                      source: SnapshotArtifact | None = None) -> DockerRecord:
         await self._preflight(spec)  # again: `create` is where isolation must not be missing
-        _check_volume_paths(spec, template.rootfs)
+        check_volume_paths(spec, template.rootfs)
         snapshot_disk = self._snapshot_disk(source, template, spec) if source is not None else None
         # Root's only: Docker resolves bind-mount sources as root, so no host user needs to enter. That matters
         # here more than on the local backend: the sandbox user is uid 1000 of the host too, and must not be
@@ -259,7 +259,7 @@ class DockerBackend(DockerCheckpoints):
             raise ServerError(f"sandbox {rec.sandbox_id} was created before the Docker backend could boot "
                               "sandboxes again: its record names no image")
         await self._preflight(spec)
-        _check_volume_paths(spec, None)
+        check_volume_paths(spec, None)
         if await self.alive(rec):
             raise ConflictError(f"sandbox {rec.sandbox_id} is running: only a stopped sandbox boots")
         if not (rec.dir / "disk.img").is_file():
@@ -498,13 +498,13 @@ class DockerBackend(DockerCheckpoints):
                                       details={"root": True, "backend": self.name})
         if time.monotonic() - self._checked < PREFLIGHT_TTL:
             return
-        problems = _host_problems()
+        problems = host_problems()
         info: dict[str, Any] = {}
         try:
             info = await self.api.info()
         except RuntimeUnavailableError as exc:
             problems.append(exc.message)
-        problems += _daemon_problems(info) if info else []
+        problems += daemon_problems(info) if info else []
         if problems:
             raise RuntimeUnavailableError("cannot create sandboxes safely on the Docker backend, so none will be "
                                           "created: " + "; ".join(problems), details={"problems": problems})
@@ -565,30 +565,6 @@ def _memory_cgroup(pid: int) -> str:
     return v2 if _cgroups.is_v2() else ""
 
 
-def _check_volume_paths(spec: SandboxSpec, rootfs: Path | None) -> None:
-    """`InvalidRequestError` for a volume path the container cannot take: above Corral's own mounts, or (with the
-    template's root) through something of the template that is not a directory."""
-    for path in spec.volumes:
-        problem = volume_path_problem(path) or (_template_problem(rootfs, path) if rootfs is not None else None)
-        if problem is not None:
-            raise InvalidRequestError(f"volume mount path {path!r}: {problem}", details={"path": path})
-
-
-def _template_problem(rootfs: Path, path: str) -> str | None:
-    """A symlink on the way (Debian's `/lib`: the mount would land where it points) or a file, in the template."""
-    here = rootfs
-    for name in path.split("/")[1:]:
-        here = here / name
-        try:
-            mode = os.lstat(here).st_mode
-        except FileNotFoundError:
-            return None  # the runtime makes the rest, in the container's own layer
-        if not stat.S_ISDIR(mode):
-            kind = "a symlink" if stat.S_ISLNK(mode) else "a file"
-            return f"/{here.relative_to(rootfs)} is {kind} in the template, not a directory; mount it elsewhere"
-    return None
-
-
 def _prepare_socket_dirs(sbdir: Path) -> None:
     """`run/` and `egress/` as a container start needs them: the sandbox user's, 0700; `run/` empty (whatever a
     previous run left there, its agent's socket was moved out and the directory locked: see `create`)."""
@@ -609,35 +585,3 @@ def _prepare_socket_dirs(sbdir: Path) -> None:
 def _copy_frozen(image: Path, disk: Path, dest: Path) -> None:
     with frozen_filesystem(disk):
         copy_image(image, dest)
-
-
-
-def _host_problems() -> list[str]:
-    found: list[str] = []
-    if os.geteuid() != 0:
-        found.append("Corral's Docker backend must run as root (it loop-mounts each sandbox's disk)")
-    found += [f"missing: {m}" for m in _disk.require_tools()]
-    return found
-
-
-def _daemon_problems(info: Mapping[str, Any]) -> list[str]:
-    """What the daemon lacks for the isolation `_container` asks for (Docker would otherwise start the container
-    with less, and only warn)."""
-    found: list[str] = []
-    options = " ".join(info.get("SecurityOptions") or [])
-    if info.get("OSType") != "linux":
-        found.append(f"the Docker daemon runs {info.get('OSType')!r} containers, not Linux ones")
-    if "name=seccomp" not in options:
-        found.append("the Docker daemon has no seccomp support (build it with seccomp, or use the local backend)")
-    if "name=userns" in options or "name=rootless" in options:
-        found.append("the Docker daemon remaps users daemon-wide (userns-remap) or runs rootless: the Docker "
-                     "backend needs the sandbox user to be uid 1000 of the host (turn userns-remap off, or use "
-                     "the local backend, which gives each sandbox its own user namespace)")
-    for key, what in (("MemoryLimit", "memory"), ("PidsLimit", "pids"), ("CpuCfsQuota", "CPU quota")):
-        if not info.get(key):
-            found.append(f"the Docker daemon cannot apply {what} limits (enable that cgroup controller)")
-    if "runc" not in (info.get("Runtimes") or {}):
-        found.append("the Docker daemon has no `runc` runtime")
-    if not found and not info:
-        found.append(f"the Docker daemon is not reachable; {START_HINT}")
-    return found
